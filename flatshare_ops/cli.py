@@ -1,0 +1,97 @@
+"""``flatshare``: the operator's command line. Argument parsing and exit codes only.
+
+Exit codes: 0 success; 1 drift or failed verification; 2 bad input (a
+one-line message naming the file, line, key and rule, no traceback).
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .errors import FlatshareError
+
+app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  help="Render, release and check Flatshare's GPU serving fleet.")
+profiles_app = typer.Typer(no_args_is_help=True, help="The serving profile and the files it renders.")
+app.add_typer(profiles_app, name="profiles")
+
+RootOption = Annotated[Path, typer.Option("--root", help="The checkout's top directory.")]
+ProfileOption = Annotated[
+    Optional[Path], typer.Option("--profile", help="Profile file, relative to --root.")
+]
+
+
+@profiles_app.command("render")
+def profiles_render(
+    update: Annotated[bool, typer.Option("--update", help="Write the files that drifted.")] = False,
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+) -> None:
+    """Compare the rendered files with the checkout (exit 1 on drift), or write them with --update."""
+    from .repo import drift, expected_outputs, write_outputs
+
+    outputs = expected_outputs(root, profile)
+    if update:
+        for path in write_outputs(root, outputs):
+            typer.echo(f"wrote {path}")
+        return
+    diffs = drift(root, outputs)
+    if diffs:
+        for diff in diffs.values():
+            typer.echo(diff, nl=False)
+        typer.echo(
+            f"profiles: {len(diffs)} rendered file(s) differ from the profile; "
+            "run 'make profiles UPDATE=1' to rewrite them",
+            err=True,
+        )
+        raise typer.Exit(1)
+
+
+@profiles_app.command("set")
+def profiles_set(
+    key: Annotated[str, typer.Argument(help="Dotted key, e.g. engine.make_room.decode_hold_tokens.")],
+    value: Annotated[str, typer.Argument(help="TOML value (48, true, 0.5, \"text\"); bare words are strings.")],
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+) -> None:
+    """Set one profile value (comments and layout kept), validate, and render."""
+    from .profile_edit import set_value
+    from .repo import DEFAULT_PROFILE, expected_outputs, write_outputs
+
+    path = root / (profile or DEFAULT_PROFILE)
+    old, new, _ = set_value(path, key, value)
+    typer.echo(f"{path}: {key}: {old!r} -> {new!r}")
+    for written in write_outputs(root, expected_outputs(root, profile)):
+        typer.echo(f"wrote {written}")
+
+
+@profiles_app.command("verify")
+def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None) -> None:
+    """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output)."""
+    from .profile import load_profile
+    from .render import render_profile
+    from .render.units import unit_programs
+    from .repo import DEFAULT_PROFILE
+    from .verify import verify_units
+
+    loaded = load_profile(root / (profile or DEFAULT_PROFILE))
+    rendered = render_profile(loaded)
+    output = verify_units(rendered.units, unit_programs(loaded.profile))
+    if output:
+        typer.echo(output, nl=False, err=True)
+        typer.echo("profiles: systemd-analyze verify reported the above for the rendered units", err=True)
+        raise typer.Exit(1)
+    typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
+
+
+def main() -> None:
+    """Console-script entry point: run the app, turning operator errors into one line and an exit code."""
+    try:
+        app()
+    except FlatshareError as err:
+        print(f"flatshare: {err}", file=sys.stderr)
+        sys.exit(err.exit_code)

@@ -1,0 +1,59 @@
+"""The fleet's inventory: which nodes exist, how to reach them, which profile each runs.
+
+``profiles/fleet.toml`` describes production; ``flatshare sandbox up`` writes
+``.sandbox/fleet.toml`` for the local sandbox. A node's systemd scope and
+layout come from its profile's ``[layout]`` table, so that they are written once.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+from pydantic import Field, ValidationError
+
+from .errors import ProfileError
+from .profile import _Strict, _read_toml, key_lines
+
+NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+
+
+class Node(_Strict):
+    """One node: where its SSH server is and which profile (relative to the inventory) it runs."""
+
+    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
+    port: int = Field(default=22, ge=1, le=65535)
+    user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] = "root"
+    profile: Annotated[str, Field(min_length=1)]
+    known_hosts: str | None = None
+    identity: str | None = None
+
+
+class Inventory(_Strict):
+    """The whole inventory file."""
+
+    schema_: int = Field(alias="schema", ge=1, le=1)
+    nodes: dict[NodeName, Node] = Field(min_length=1)
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Load and validate an inventory file.
+
+    Raises:
+        ProfileError: missing or malformed file, or a schema rule broken
+            (``FILE:LINE: KEY: RULE``).
+    """
+    data, text = _read_toml(Path(path))
+    try:
+        return Inventory.model_validate(data)
+    except ValidationError as err:
+        first = err.errors()[0]
+        key = ".".join(str(p) for p in first["loc"]).replace("schema_", "schema")
+        line = key_lines(text).get(key, 0)
+        place = f"{path}:{line}" if line else str(path)
+        raise ProfileError(f"{place}: {key}: {first['msg']}") from None
+
+
+def node_profile_path(inventory_path: Path, node: Node) -> Path:
+    """The profile file a node runs, resolved against the inventory's directory."""
+    return Path(inventory_path).parent / node.profile

@@ -1,0 +1,441 @@
+"""The serving profile: its schema, and loading it from TOML with ``extends``.
+
+A profile is a TOML file (read with tomlkit, so ``flatshare profiles set``
+can edit it with comments kept). A profile may name a parent with
+``extends = "other.toml"`` (relative to its own directory); tables merge
+key by key, the child's values winning, so a variant states only what
+differs. The merged document is validated strictly by the pydantic models
+below: unknown keys, wrong types, out-of-range values and combinations
+known to crash are errors that name the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import tomlkit
+import tomlkit.exceptions
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from .errors import ProfileError
+
+# --- value types -----------------------------------------------------------
+
+_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+
+
+def _no_control_chars(value: str) -> str:
+    # systemd.syntax(7): a newline in a value starts a new directive and a
+    # trailing backslash continues a line; no control character is ever
+    # wanted in a unit, so reject them all at the edge.
+    match = _CONTROL.search(value)
+    if match:
+        raise ValueError(f"must not contain control character {match.group()!r}")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, got {value!r}")
+    return value
+
+
+Text = Annotated[str, Field(min_length=1), AfterValidator(_no_control_chars)]
+AbsPath = Annotated[Text, AfterValidator(_absolute)]
+Command = Annotated[list[Text], Field(min_length=1)]
+Seconds = Annotated[float, Field(gt=0)]
+
+
+def _command_is_absolute(argv: list[str]) -> list[str]:
+    _absolute(argv[0])
+    return argv
+
+
+ExecCommand = Annotated[Command, AfterValidator(_command_is_absolute)]
+
+
+class _Strict(BaseModel):
+    """Base of every profile table: no unknown keys, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+
+
+# --- the tables ------------------------------------------------------------
+
+
+class MakeRoom(_Strict):
+    """make-room's settings, passed as ``--additional-config.make_room.KEY``."""
+
+    retain_tokens: int = Field(ge=0, description="tokens of a finished turn's prefix kept on the GPU")
+    retain_s: int = Field(ge=0, description="seconds the retained prefix is kept at most")
+    hint_hold_ms: int = Field(ge=0, description="ms agents' prefill is held after a turn hint")
+    take_reservations: bool
+    decode_hold_tokens: int = Field(ge=0, description="tokens of a voice reply agents' decodes stay out of")
+    recompute_tokens: int = Field(ge=0, description="0 turns recompute off")
+
+
+class FlatshareJit(_Strict):
+    """The JIT batch scheduler's settings, ``--additional-config.flatshare_jit.KEY``."""
+
+    margin_ms: int = Field(ge=0)
+    step_time_model: AbsPath
+
+
+class KvOffloading(_Strict):
+    """The CPU KV tier (vLLM ``--kv-offloading-size`` GiB, ``--kv-offloading-backend``)."""
+
+    enabled: bool
+    size_gib: float = Field(gt=0)
+    backend: Literal["native", "lmcache"]
+
+
+class Engine(_Strict):
+    """The vLLM engine: what ``vllm serve`` is started with."""
+
+    vllm_release: Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")]
+    venv: AbsPath
+    model: Text
+    served_model_name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9._/-]+$")]
+    host: Annotated[Text, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
+    port: int = Field(ge=1, le=65535)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    max_model_len: int = Field(gt=0)
+    max_num_seqs: int = Field(gt=0)
+    max_num_batched_tokens: int = Field(gt=0)
+    enable_prefix_caching: bool
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
+    async_scheduling: bool
+    attention_backend: Annotated[str, Field(pattern=r"^[A-Z0-9_]+$")]
+    scheduler_cls: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")]
+    start_timeout_s: Seconds
+    stop_timeout_s: Seconds
+    environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Text] = Field(
+        default_factory=dict
+    )
+    kv_offloading: KvOffloading
+    make_room: MakeRoom
+    flatshare_jit: FlatshareJit
+
+    @model_validator(mode="after")
+    def _fp8_kv_crashes_with_async_and_cpu_tier(self) -> "Engine":
+        # FACTS.md: FP8 KV crashes under async scheduling with the CPU tier
+        # (a FlashInfer plan race in stock vLLM; the fix, vLLM #64165, is not merged).
+        if self.kv_cache_dtype.startswith("fp8") and self.async_scheduling and self.kv_offloading.enabled:
+            raise ValueError(
+                "kv_cache_dtype fp8 with async_scheduling and kv_offloading crashes "
+                "(FlashInfer plan race, vLLM #64165 not merged); use kv_cache_dtype = \"auto\" "
+                "or turn off async_scheduling or kv_offloading"
+            )
+        return self
+
+
+class Module(_Strict):
+    """Flatshare's make-room serve module, built at engine start and pinned by hash."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    directory: AbsPath
+    path: AbsPath
+    build_command: ExecCommand
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+    @model_validator(mode="after")
+    def _path_inside_directory(self) -> "Module":
+        if not self.path.startswith(self.directory.rstrip("/") + "/"):
+            raise ValueError(f"path {self.path!r} must lie inside directory {self.directory!r}")
+        return self
+
+
+class Gateway(_Strict):
+    """The HTTP gateway in front of the engine."""
+
+    command: ExecCommand
+    drain_timeout_s: Seconds
+
+
+class Voice(_Strict):
+    """The voice worker: takes calls and announces each user turn."""
+
+    command: ExecCommand
+    turn_hints: bool
+    endpointing_min_s: Seconds
+    endpointing_max_s: Seconds
+
+    @model_validator(mode="after")
+    def _endpointing_ordered(self) -> "Voice":
+        if self.endpointing_min_s > self.endpointing_max_s:
+            raise ValueError(
+                f"endpointing_min_s ({self.endpointing_min_s}) must be <= "
+                f"endpointing_max_s ({self.endpointing_max_s})"
+            )
+        return self
+
+
+class Check(_Strict):
+    """serving-check's timer and command on each node."""
+
+    command: ExecCommand
+    interval_s: int = Field(ge=10)
+
+
+class Layout(_Strict):
+    """Where a node keeps units, state and runtime files, and which manager runs them."""
+
+    scope: Literal["system", "user"]
+    unit_dir: AbsPath
+    state_dir: AbsPath
+    run_dir: AbsPath
+    service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
+
+
+class Card(_Strict):
+    """The GPU the profile is tuned for."""
+
+    name: Text
+    memory_gib: int = Field(gt=0)
+
+
+class Profile(_Strict):
+    """A whole serving profile, after ``extends`` is resolved."""
+
+    schema_: Literal[1] = Field(alias="schema")
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    description: Text | None = None
+    card: Card
+    engine: Engine
+    module: Module
+    gateway: Gateway
+    voice: Voice
+    check: Check
+    layout: Layout
+
+    @model_validator(mode="after")
+    def _scheduler_in_module(self) -> "Profile":
+        top = self.engine.scheduler_cls.split(".", 1)[0]
+        if top != self.module.name:
+            raise ValueError(
+                f"engine.scheduler_cls {self.engine.scheduler_cls!r} is not in module {self.module.name!r}"
+            )
+        return self
+
+
+# --- loading ---------------------------------------------------------------
+
+
+@dataclass
+class LoadedProfile:
+    """A validated profile with where each of its keys came from.
+
+    Attributes:
+        profile: the validated model.
+        path: the file that was loaded (the leaf of the ``extends`` chain).
+        chain: every file read, leaf first.
+        data: the merged plain-Python document (what ``profile`` was built from).
+        origins: dotted key -> (file, line) where the winning value was written.
+    """
+
+    profile: Profile
+    path: Path
+    chain: list[Path]
+    data: dict[str, Any]
+    origins: dict[str, tuple[Path, int]] = field(default_factory=dict)
+
+    def sha256(self) -> str:
+        """sha256 (hex) of the resolved profile as canonical JSON (sorted keys).
+
+        Two profiles that resolve to the same values have the same hash, however
+        their ``extends`` chain spells them.
+        """
+        canonical = json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Map each dotted key in a TOML text to the 1-based line it is written on.
+
+    A small scanner, not a parser: it follows ``[table]`` headers and
+    ``key = value`` lines, which is how profiles are written. Keys inside
+    inline tables or multi-line arrays map to the line their parent key starts on.
+    """
+    lines: dict[str, int] = {}
+    table: str = ""
+    header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\s*(#.*)?$")
+    assign = re.compile(r"^\s*([A-Za-z0-9_\-\"]+(?:\s*\.\s*[A-Za-z0-9_\-\"]+)*)\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if m := header.match(line):
+            table = _dotted(m.group(1))
+            lines.setdefault(table, number)
+        elif m := assign.match(line):
+            key = _dotted(m.group(1))
+            lines.setdefault(f"{table}.{key}" if table else key, number)
+    return lines
+
+
+def _dotted(key: str) -> str:
+    return ".".join(part.strip().strip('"') for part in key.split("."))
+
+
+def _read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]:
+    try:
+        if text is None:
+            text = path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: profile file not found; check the path or create it") from None
+    except (OSError, UnicodeDecodeError) as err:
+        raise ProfileError(f"{path}: cannot read profile: {err}") from None
+    try:
+        document = tomlkit.parse(text)
+    except tomlkit.exceptions.ParseError as err:
+        raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err)}") from None
+    return document.unwrap(), text
+
+
+def _parse_reason(err: tomlkit.exceptions.ParseError) -> str:
+    # tomlkit's message ends with " at line L col C"; the line is already in front.
+    return re.sub(r" at line \d+ col \d+$", "", str(err))
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _flatten_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        keys.append(dotted)
+        if isinstance(value, dict):
+            keys.extend(_flatten_keys(value, dotted))
+    return keys
+
+
+def load_document(
+    path: Path, text: str | None = None
+) -> tuple[dict[str, Any], list[Path], dict[str, tuple[Path, int]]]:
+    """Read a profile and its ``extends`` chain and merge them, without validating.
+
+    Args:
+        path: the profile file.
+        text: the profile's text, when it is not (yet) what the file holds.
+
+    Returns:
+        (merged data, chain of files leaf first, origins of each dotted key).
+
+    Raises:
+        ProfileError: a file is missing or malformed, ``extends`` is not a
+            string, or the chain has a cycle.
+    """
+    chain: list[Path] = []
+    layers: list[tuple[Path, dict[str, Any], str]] = []
+    current = Path(path)
+    while True:
+        resolved = current.resolve()
+        if resolved in [p.resolve() for p in chain]:
+            cycle = " -> ".join(str(p) for p in [*chain, current])
+            raise ProfileError(f"{chain[-1]}: extends: cycle of extends: {cycle}; remove one of the links")
+        data, text = _read_toml(current, text if not chain else None)
+        chain.append(current)
+        layers.append((current, data, text))
+        parent = data.pop("extends", None)
+        if parent is None:
+            break
+        if not isinstance(parent, str) or not parent:
+            line = key_lines(text).get("extends", 0)
+            raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {parent!r}")
+        target = current.parent / parent
+        if not target.exists():
+            line = key_lines(text).get("extends", 0)
+            raise ProfileError(
+                f"{current}:{line}: extends: profile {target} not found; fix the name or create it"
+            )
+        current = target
+
+    merged: dict[str, Any] = {}
+    origins: dict[str, tuple[Path, int]] = {}
+    for file, data, text in reversed(layers):
+        merged = _merge(merged, data)
+        lines = key_lines(text)
+        for key in _flatten_keys(data):
+            origins[key] = (file, lines.get(key, _nearest_line(lines, key)))
+    return merged, chain, origins
+
+
+def _nearest_line(lines: dict[str, int], key: str) -> int:
+    parts = key.split(".")
+    while parts:
+        parts.pop()
+        if ".".join(parts) in lines:
+            return lines[".".join(parts)]
+    return 0
+
+
+def _where(loc: tuple[Any, ...], origins: dict[str, tuple[Path, int]], leaf: Path) -> tuple[str, str]:
+    keys = [str(part) for part in loc if not isinstance(part, int)]
+    dotted = ".".join(keys)
+    probe = list(keys)
+    while probe:
+        if ".".join(probe) in origins:
+            file, line = origins[".".join(probe)]
+            return (f"{file}:{line}" if line else str(file)), dotted
+        probe.pop()
+    return str(leaf), dotted
+
+
+def _describe(error: dict[str, Any]) -> str:
+    kind = error["type"]
+    if kind == "extra_forbidden":
+        return "unknown key; remove it or check its spelling"
+    if kind == "missing":
+        return "required key is missing"
+    message = error["msg"].removeprefix("Value error, ")
+    got = error.get("input")
+    if kind.endswith("_type") or kind.startswith(("greater", "less", "string_pattern", "literal", "too_short")):
+        return f"{message}, got {got!r}"
+    return message
+
+
+def validate(data: dict[str, Any], origins: dict[str, tuple[Path, int]], leaf: Path) -> Profile:
+    """Validate merged profile data against :class:`Profile`.
+
+    Raises:
+        ProfileError: ``FILE:LINE: KEY: RULE, got VALUE`` for the first error,
+            with a count of any further errors.
+    """
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        errors = err.errors()
+        first = errors[0]
+        place, key = _where(first["loc"], origins, leaf)
+        key = key.replace("schema_", "schema")
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        prefix = f"{key}: " if key else ""
+        raise ProfileError(f"{place}: {prefix}{_describe(first)}{more}") from None
+
+
+def load_profile(path: Path) -> LoadedProfile:
+    """Load, merge (``extends``) and validate a profile.
+
+    Args:
+        path: the profile's TOML file.
+
+    Returns:
+        A :class:`LoadedProfile`.
+
+    Raises:
+        ProfileError: one line naming the file, the line where known, the key and the rule.
+    """
+    path = Path(path)
+    data, chain, origins = load_document(path)
+    profile = validate(data, origins, path)
+    return LoadedProfile(profile=profile, path=path, chain=chain, data=data, origins=origins)

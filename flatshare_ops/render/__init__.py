@@ -1,0 +1,46 @@
+"""Pure rendering: a profile in, the text of every file the fleet runs from out.
+
+Nothing here reads the clock, the environment or the network: the same
+profile always renders byte-identical files.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..profile import LoadedProfile
+from .engine import engine_argv
+from .serving import render_serving
+from .units import render_units
+
+
+@dataclass(frozen=True)
+class Rendered:
+    """Everything one profile renders to.
+
+    Attributes:
+        units: unit name -> unit file text.
+        serving: the ``serving.json`` text.
+        argv: the engine's command line.
+    """
+
+    units: dict[str, str]
+    serving: str
+    argv: list[str]
+
+    def release_files(self) -> dict[str, str]:
+        """Files of a release directory: ``serving.json`` and ``units/NAME``."""
+        files = {"serving.json": self.serving}
+        files.update({f"units/{name}": text for name, text in self.units.items()})
+        return files
+
+
+def render_profile(loaded: LoadedProfile) -> Rendered:
+    """Render a loaded profile's units, serving.json and engine argv.
+
+    Raises:
+        systemd_escape.UnsafeValueError: only if the schema let a control character through.
+    """
+    units = render_units(loaded.profile)
+    return Rendered(units=units, serving=render_serving(loaded, units), argv=engine_argv(loaded.profile.engine))

@@ -1,0 +1,120 @@
+"""The systemd units a profile renders to, from the jinja2 templates beside this file.
+
+Every value from the profile passes through :mod:`.systemd_escape` filters
+(``exec``, ``env``, ``spec``, ``seconds``); templates never splice raw text.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import jinja2
+
+from ..profile import Profile
+from . import systemd_escape
+from .engine import engine_argv
+
+ENGINE_UNIT = "flatshare-engine.service"
+GATEWAY_UNIT = "flatshare-gateway.service"
+VOICE_UNIT = "flatshare-voice.service"
+TARGET_UNIT = "flatshare.target"
+CHECK_SERVICE = "serving-check.service"
+CHECK_TIMER = "serving-check.timer"
+
+#: Units in the order they are written and installed.
+UNIT_NAMES = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT, TARGET_UNIT, CHECK_SERVICE, CHECK_TIMER)
+#: The long-running services a release drains, restarts and checks.
+SERVICE_UNITS = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT)
+
+#: How much longer than the gateway's drain timeout systemd waits before SIGKILL (seconds).
+GATEWAY_STOP_MARGIN_S = 10.0
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("flatshare_ops.render", "templates"),
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["exec"] = systemd_escape.exec_command
+    env.filters["env"] = systemd_escape.environment_assignment
+    env.filters["spec"] = systemd_escape.escape_specifiers
+    env.filters["seconds"] = systemd_escape.seconds
+    return env
+
+
+def drain_file(profile: Profile) -> str:
+    """Path of the voice worker's drain file on a node (the release creates it to drain)."""
+    return str(PurePosixPath(profile.layout.run_dir) / "voice.drain")
+
+
+def drain_status_file(profile: Profile) -> str:
+    """Path of the status file the voice worker writes while draining."""
+    return str(PurePosixPath(profile.layout.run_dir) / "voice.status")
+
+
+def engine_url(profile: Profile) -> str:
+    """Base URL of the engine's API server, e.g. ``http://127.0.0.1:8000``."""
+    host = profile.engine.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{profile.engine.port}"
+
+
+def _context(profile: Profile) -> dict:
+    engine = profile.engine
+    engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
+    common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
+    gateway_env = [*common, ("FLATSHARE_DRAIN_TIMEOUT_S", f"{profile.gateway.drain_timeout_s:g}")]
+    voice_env = [
+        *common,
+        ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
+        ("FLATSHARE_ENDPOINTING_MIN_S", f"{profile.voice.endpointing_min_s:g}"),
+        ("FLATSHARE_ENDPOINTING_MAX_S", f"{profile.voice.endpointing_max_s:g}"),
+        ("FLATSHARE_DRAIN_FILE", drain_file(profile)),
+        ("FLATSHARE_DRAIN_STATUS", drain_status_file(profile)),
+    ]
+    user = profile.layout.service_user if profile.layout.scope == "system" else None
+    return {
+        "profile": profile,
+        "scope": profile.layout.scope,
+        "user": systemd_escape.escape_specifiers(user) if user else None,
+        "engine_env": engine_env,
+        "gateway_env": gateway_env,
+        "voice_env": voice_env,
+        "engine_argv": engine_argv(engine),
+        "module_build": profile.module.build_command,
+        "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
+    }
+
+
+def unit_programs(profile: Profile) -> list[str]:
+    """Absolute paths of every program the units run (each ``Exec*=`` line's first word)."""
+    return [
+        engine_argv(profile.engine)[0],
+        profile.module.build_command[0],
+        profile.gateway.command[0],
+        profile.voice.command[0],
+        profile.check.command[0],
+    ]
+
+
+def render_units(profile: Profile) -> dict[str, str]:
+    """Render every unit of a profile.
+
+    Args:
+        profile: a validated profile.
+
+    Returns:
+        Unit name -> unit file text, in :data:`UNIT_NAMES` order.
+
+    Raises:
+        systemd_escape.UnsafeValueError: a value holds a control character
+            (the profile schema refuses these first).
+    """
+    env = _environment()
+    context = _context(profile)
+    return {name: env.get_template(f"{name}.j2").render(context) for name in UNIT_NAMES}

@@ -1,0 +1,183 @@
+"""Start and stop a sandbox node's own systemd user manager.
+
+Recipe (seen working on this kind of machine): move the process into a
+cgroup of its own in each mounted hierarchy, enter a private mount
+namespace (``unshare -m``) in which ``/run/systemd/system`` exists (a tmpfs
+over ``/run/systemd``, so ``sd_booted()`` holds), and run
+``systemd --user`` with the node's own ``XDG_RUNTIME_DIR`` and
+``XDG_CONFIG_HOME``. Its unit directory is then
+``$XDG_CONFIG_HOME/systemd/user`` and its private D-Bus socket
+``$XDG_RUNTIME_DIR/systemd/private``.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import time
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import FlatshareError
+
+SYSTEMD = "/lib/systemd/systemd"
+CGROUP_ROOT = Path("/sys/fs/cgroup")
+
+# Runs inside the new mount namespace, then becomes the manager.
+_INNER = (
+    "mount -t tmpfs -o mode=0755 tmpfs /run/systemd && mkdir -p /run/systemd/system && "
+    f"exec {SYSTEMD} --user --log-target=console --log-level=notice"
+)
+
+
+class SandboxError(FlatshareError):
+    """The sandbox could not be brought up or down."""
+
+    exit_code = 1
+
+
+@dataclass(frozen=True)
+class ManagerDirs:
+    """A sandbox manager's directories.
+
+    Attributes:
+        name: the node's name (also its cgroup's name).
+        runtime_dir: ``XDG_RUNTIME_DIR``.
+        config_dir: ``XDG_CONFIG_HOME``; units go in ``config_dir/systemd/user``.
+        log: the manager's own console log.
+    """
+
+    name: str
+    runtime_dir: Path
+    config_dir: Path
+    log: Path
+
+    @property
+    def unit_dir(self) -> Path:
+        """Where the user manager reads unit files."""
+        return self.config_dir / "systemd" / "user"
+
+    @property
+    def private_socket(self) -> Path:
+        """The manager's private D-Bus socket."""
+        return self.runtime_dir / "systemd" / "private"
+
+
+def _cgroup_dirs(name: str) -> list[Path]:
+    return [
+        CGROUP_ROOT / hierarchy / f"flatshare-{name}"
+        for hierarchy in ("systemd", "unified")
+        if (CGROUP_ROOT / hierarchy / "cgroup.procs").exists()
+    ]
+
+
+def _enter_cgroups(name: str) -> None:
+    for directory in _cgroup_dirs(name):
+        directory.mkdir(exist_ok=True)
+        (directory / "cgroup.procs").write_text(str(os.getpid()))
+
+
+def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
+    """Start the node's user manager and wait until its private socket answers.
+
+    Args:
+        dirs: the node's directories (created if missing).
+        timeout_s: how long to wait for the socket, in seconds.
+
+    Returns:
+        The manager's process id.
+
+    Raises:
+        SandboxError: the manager exited or its socket did not appear in time.
+    """
+    for directory in (dirs.runtime_dir, dirs.unit_dir):
+        directory.mkdir(parents=True, exist_ok=True)
+    os.chmod(dirs.runtime_dir, 0o700)
+    Path("/run/systemd").mkdir(exist_ok=True)
+    env = {
+        "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
+        "HOME": os.environ.get("HOME", "/root"),
+        "LANG": "C.UTF-8",
+        "USER": "root",
+        "XDG_RUNTIME_DIR": str(dirs.runtime_dir),
+        "XDG_CONFIG_HOME": str(dirs.config_dir),
+    }
+    log = open(dirs.log, "ab")
+    process = subprocess.Popen(
+        ["unshare", "--mount", "--propagation", "private", "sh", "-c", _INNER],
+        env=env,
+        stdin=subprocess.DEVNULL,
+        stdout=log,
+        stderr=log,
+        start_new_session=True,
+        preexec_fn=lambda: _enter_cgroups(dirs.name),
+    )
+    log.close()
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SandboxError(f"{dirs.name}: systemd --user exited with {process.returncode}; see {dirs.log}")
+        if dirs.private_socket.exists():
+            return process.pid
+        time.sleep(0.05)
+    process.kill()
+    raise SandboxError(f"{dirs.name}: systemd --user did not open {dirs.private_socket} in {timeout_s:g} s")
+
+
+def stop_manager(name: str, pid: int, timeout_s: float = 30.0) -> None:
+    """Stop a user manager and everything it started.
+
+    SIGTERM makes a user manager start ``exit.target``, stopping its units
+    (systemd(1), "SIGNALS"); whatever is left in the node's cgroups after
+    ``timeout_s`` seconds is killed.
+    """
+    try:
+        os.kill(pid, signal.SIGTERM)
+    except ProcessLookupError:
+        pass
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    for directory in _cgroup_dirs(name):
+        for _ in range(50):
+            pids = _cgroup_pids(directory)
+            if not pids:
+                break
+            for leftover in pids:
+                try:
+                    os.kill(leftover, signal.SIGKILL)
+                except ProcessLookupError:
+                    pass
+            time.sleep(0.05)
+
+
+def _alive(pid: int) -> bool:
+    try:
+        waited, _ = os.waitpid(pid, os.WNOHANG)
+        if waited == pid:
+            return False
+    except ChildProcessError:
+        pass
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    return Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
+
+
+def _state(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
+    except (OSError, IndexError):
+        return "zombie"
+
+
+def _cgroup_pids(directory: Path) -> list[int]:
+    pids = []
+    for procs in [directory / "cgroup.procs", *directory.glob("**/cgroup.procs")]:
+        try:
+            pids += [int(p) for p in procs.read_text().split()]
+        except OSError:
+            continue
+    return sorted(set(pids))

@@ -1,0 +1,113 @@
+"""The only pystemd user: talk to a node's systemd manager over D-Bus.
+
+A node's manager is either the system manager (production: the system bus)
+or a user manager (the sandbox: its private socket,
+``$XDG_RUNTIME_DIR/systemd/private``, spoken to peer-to-peer so no
+dbus-daemon is needed). Properties and methods are systemd's documented
+D-Bus API, org.freedesktop.systemd1(5).
+"""
+
+from __future__ import annotations
+
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Iterator
+
+from .errors import FlatshareError
+
+
+class SystemdError(FlatshareError):
+    """The node's systemd manager could not be reached, or refused a request."""
+
+    exit_code = 3
+
+
+@dataclass(frozen=True)
+class ManagerAddress:
+    """How to reach one node's systemd manager.
+
+    Attributes:
+        scope: ``"system"`` (the system bus) or ``"user"`` (a user manager's private socket).
+        runtime_dir: the user manager's ``XDG_RUNTIME_DIR`` (only for scope ``user``).
+    """
+
+    scope: str
+    runtime_dir: Path | None = None
+
+    @property
+    def private_socket(self) -> Path:
+        """The user manager's private D-Bus socket, ``$XDG_RUNTIME_DIR/systemd/private``."""
+        if self.runtime_dir is None:
+            raise SystemdError("a user-scope manager needs its runtime directory")
+        return Path(self.runtime_dir) / "systemd" / "private"
+
+
+@contextmanager
+def connect(address: ManagerAddress) -> Iterator[object]:
+    """Open a D-Bus connection to the manager; yields a pystemd bus object.
+
+    Raises:
+        SystemdError: the socket is missing or the connection is refused.
+    """
+    from pystemd.dbuslib import DBus, DBusAddress
+
+    try:
+        if address.scope == "system":
+            bus = DBus()
+        else:
+            socket = address.private_socket
+            if not socket.exists():
+                raise SystemdError(f"{socket}: no systemd user manager listens here; is the node up?")
+            bus = DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
+        bus.open()
+    except SystemdError:
+        raise
+    except Exception as err:  # pystemd raises plain DBusError subclasses of OSError-like types
+        raise SystemdError(f"cannot reach the {address.scope} systemd manager: {err}") from None
+    try:
+        yield bus
+    finally:
+        bus.close()
+
+
+def _text(value: object) -> str:
+    return value.decode() if isinstance(value, bytes) else str(value)
+
+
+def manager(bus: object):
+    """A loaded pystemd ``Manager`` on ``bus``."""
+    from pystemd.systemd1 import Manager
+
+    m = Manager(bus=bus)
+    m.load()
+    return m
+
+
+def unit(bus: object, name: str):
+    """A loaded pystemd ``Unit`` named ``name`` on ``bus`` (systemd loads it on demand)."""
+    from pystemd.systemd1 import Unit
+
+    u = Unit(name.encode(), bus=bus)
+    u.load()
+    return u
+
+
+def daemon_reload(bus: object) -> None:
+    """Make the manager re-read every unit file (``systemctl daemon-reload``)."""
+    manager(bus).Manager.Reload()
+
+
+def exec_start_argv(bus: object, name: str) -> list[list[str]]:
+    """The argv of each command of a service's ``ExecStart=``, as systemd parsed it.
+
+    Returns:
+        One argv (list of str) per command; systemd's ``ExecStart`` property
+        is ``a(sasbttttuii)``: path, argv, ignore-failure, timestamps, pid, status.
+    """
+    return [[_text(arg) for arg in entry[1]] for entry in unit(bus, name).Service.ExecStart]
+
+
+def unit_property(bus: object, name: str, interface: str, prop: str) -> object:
+    """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``."""
+    return getattr(getattr(unit(bus, name), interface), prop)
