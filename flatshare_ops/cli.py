@@ -15,6 +15,7 @@ import typer
 from .errors import FlatshareError
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+                  rich_markup_mode=None,
                   help="Render, release and check Flatshare's GPU serving fleet.")
 profiles_app = typer.Typer(no_args_is_help=True, help="The serving profile and the files it renders.")
 app.add_typer(profiles_app, name="profiles")
@@ -51,10 +52,10 @@ def profiles_render(
         raise typer.Exit(1)
 
 
-@profiles_app.command("set")
+@profiles_app.command("set", context_settings={"ignore_unknown_options": True})
 def profiles_set(
-    key: Annotated[str, typer.Argument(help="Dotted key, e.g. engine.make_room.decode_hold_tokens.")],
-    value: Annotated[str, typer.Argument(help="TOML value (48, true, 0.5, \"text\"); bare words are strings.")],
+    key: Annotated[str, typer.Argument(metavar="KEY", help="Dotted key, e.g. engine.make_room.decode_hold_tokens.")],
+    value: Annotated[str, typer.Argument(metavar="VALUE", help="TOML value (48, true, 0.5, \"text\"); bare words are strings.")],
     root: RootOption = Path("."),
     profile: ProfileOption = None,
 ) -> None:

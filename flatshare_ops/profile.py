@@ -381,7 +381,7 @@ def _nearest_line(lines: dict[str, int], key: str) -> int:
 
 def _where(loc: tuple[Any, ...], origins: dict[str, tuple[Path, int]], leaf: Path) -> tuple[str, str]:
     keys = [str(part) for part in loc if not isinstance(part, int)]
-    dotted = ".".join(keys)
+    dotted = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
     probe = list(keys)
     while probe:
         if ".".join(probe) in origins:

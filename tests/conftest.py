@@ -1,0 +1,56 @@
+"""Shared fixtures: the checkout copied to a scratch directory, the CLI, and a real systemd user manager."""
+
+from __future__ import annotations
+
+import os
+import shutil
+import subprocess
+import sys
+import uuid
+from pathlib import Path
+
+import pytest
+
+REPO = Path(__file__).resolve().parent.parent
+BIN = Path(sys.executable).parent
+
+
+def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None):
+    """Run one of the project's console scripts; returns the CompletedProcess (text)."""
+    return subprocess.run(
+        [str(BIN / program), *args],
+        cwd=cwd,
+        capture_output=True,
+        text=True,
+        env={**os.environ, **(env or {})},
+        timeout=120,
+    )
+
+
+@pytest.fixture
+def checkout(tmp_path: Path) -> Path:
+    """A copy of the checkout's profile, rendered files and documents, to change freely."""
+    root = tmp_path / "checkout"
+    for name in ("profiles", "units"):
+        shutil.copytree(REPO / name, root / name)
+    for name in ("README.md", "PRODUCTION.md"):
+        shutil.copy2(REPO / name, root / name)
+    return root
+
+
+def snapshot(root: Path) -> dict[str, bytes]:
+    """Every file under root with its bytes: to prove nothing was written."""
+    return {str(p.relative_to(root)): p.read_bytes() for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+@pytest.fixture(scope="session")
+def user_manager(tmp_path_factory):
+    """A real ``systemd --user`` manager of its own for the test session; yields its ManagerDirs."""
+    from flatshare_ops.sandbox.manager import ManagerDirs, start_manager, stop_manager
+
+    base = tmp_path_factory.mktemp("manager")
+    name = f"test-{uuid.uuid4().hex[:8]}"
+    dirs = ManagerDirs(name=name, runtime_dir=base / "run", config_dir=base / "config", log=base / "manager.log")
+    pid = start_manager(dirs)
+    yield dirs
+    stop_manager(name, pid)

@@ -1,0 +1,115 @@
+"""The engine's command line: vLLM 0.32.0's spellings, and exactly the profile's values."""
+
+from __future__ import annotations
+
+import json
+
+from conftest import REPO
+from flatshare_ops.profile import load_profile
+from flatshare_ops.render import render_profile
+
+# FACTS.md, "vLLM 0.32.0's flag spellings (read from its own argument parser)".
+VLLM_0_32_FLAGS = {
+    "--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--attention-backend",
+    "--kv-cache-dtype", "--kv-offloading-size", "--kv-offloading-backend",
+    "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
+    "--enable-prefix-caching", "--no-enable-prefix-caching",
+    "--host", "--port", "--served-model-name", "--api-server-count", "--speculative-config",
+    "--compilation-config",
+}
+BOOLEAN_FLAGS = {"--async-scheduling", "--no-async-scheduling", "--enable-prefix-caching", "--no-enable-prefix-caching"}
+
+
+def parse_like_vllm(words: list[str]) -> tuple[dict[str, str | bool], dict]:
+    """Read flags by FACTS.md's rules: booleans stand alone, dotted additional-config
+    values go through json.loads and merge into one dict per prefix."""
+    flags: dict[str, str | bool] = {}
+    additional: dict = {}
+    i = 0
+    while i < len(words):
+        word = words[i]
+        assert word.startswith("--"), f"stray word {word!r}"
+        if word.startswith("--additional-config."):
+            *path, leaf = word.removeprefix("--additional-config.").split(".")
+            node = additional
+            for part in path:
+                node = node.setdefault(part, {})
+            assert leaf not in node, f"duplicate dotted key {word}"
+            node[leaf] = json.loads(words[i + 1])
+            i += 2
+        elif word in BOOLEAN_FLAGS:
+            flags[word] = True
+            i += 1
+        else:
+            assert word not in flags, f"repeated flag {word}"
+            flags[word] = words[i + 1]
+            i += 2
+    return flags, additional
+
+
+def _rendered():
+    loaded = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml")
+    return loaded, render_profile(loaded)
+
+
+def test_engine_command_is_vllm_serve_model_from_the_engine_venv():
+    loaded, rendered = _rendered()
+    assert rendered.argv[:3] == ["/opt/flatshare/engine-venv/bin/vllm", "serve", loaded.profile.engine.model]
+
+
+def test_every_flag_is_spelled_as_vllm_0_32_spells_it():
+    _, rendered = _rendered()
+    names = {w for w in rendered.argv[3:] if w.startswith("--") and not w.startswith("--additional-config.")}
+    assert names <= VLLM_0_32_FLAGS, names - VLLM_0_32_FLAGS
+
+
+def test_flags_give_exactly_the_profiles_values():
+    _, rendered = _rendered()
+    flags, additional = parse_like_vllm(rendered.argv[3:])
+    assert flags == {
+        "--served-model-name": "flatshare-chat",
+        "--host": "127.0.0.1",
+        "--port": "8000",
+        "--gpu-memory-utilization": "0.9",
+        "--max-model-len": "16384",
+        "--max-num-seqs": "32",
+        "--max-num-batched-tokens": "4096",
+        "--enable-prefix-caching": True,
+        "--kv-cache-dtype": "auto",
+        "--kv-offloading-size": "24.0",
+        "--kv-offloading-backend": "native",
+        "--async-scheduling": True,
+        "--attention-backend": "FLASHINFER",
+        "--scheduler-cls": "flatshare_make_room_serve.AsyncScheduler",
+    }
+    # FACTS.md's table, typed as vLLM types dotted values (JSON rules).
+    assert additional == {
+        "make_room": {
+            "retain_tokens": 3584,
+            "retain_s": 30,
+            "hint_hold_ms": 400,
+            "take_reservations": True,
+            "decode_hold_tokens": 48,
+            "recompute_tokens": 0,
+        },
+        "flatshare_jit": {"margin_ms": 30, "step_time_model": "/var/lib/flatshare/step-time/rtx-5060-ti.json"},
+    }
+
+
+def test_additional_config_is_only_ever_dotted_never_json():
+    # vLLM keeps only the dotted keys when both forms are given, silently (FACTS.md).
+    _, rendered = _rendered()
+    assert "--additional-config" not in rendered.argv
+    assert not any(w.startswith("--additional-config=") for w in rendered.argv)
+
+
+def test_make_room_flags_are_one_per_key_in_a_stable_order():
+    _, rendered = _rendered()
+    keys = [w.split(".", 2)[2] for w in rendered.argv if w.startswith("--additional-config.make_room.")]
+    assert keys == ["retain_tokens", "retain_s", "hint_hold_ms", "take_reservations", "decode_hold_tokens", "recompute_tokens"]
+
+
+def test_rendering_is_byte_identical_on_every_run():
+    loaded, first = _rendered()
+    second = render_profile(load_profile(REPO / "profiles/rtx-5060-ti-serve.toml"))
+    assert first.units == second.units and first.serving == second.serving

@@ -1,0 +1,97 @@
+"""`make profiles` (flatshare profiles render): silent without drift, a diff and exit 1 with it,
+atomic rewrites with --update; `flatshare profiles set` keeps comments and re-renders."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+
+from conftest import REPO, run_cli, snapshot
+
+
+def test_committed_files_match_the_profile():
+    result = run_cli("profiles", "render", "--root", str(REPO))
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_serving_json_hashes_the_committed_units_and_pins_the_module():
+    serving = json.loads((REPO / "profiles/rtx-5060-ti-serve.serving.json").read_text())
+    assert serving["schema"] == 1
+    assert serving["vllm_release"] == "0.32.0"
+    for name, digest in serving["units"].items():
+        assert hashlib.sha256((REPO / "units" / name).read_bytes()).hexdigest() == digest
+    assert serving["module"]["name"] == "flatshare_make_room_serve"
+    argv = serving["engine"]["argv"]
+    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "48"
+
+
+def test_drift_prints_a_unified_diff_per_file_and_exits_1(checkout):
+    unit = checkout / "units/flatshare-gateway.service"
+    unit.write_text(unit.read_text().replace("RestartSec=2s", "RestartSec=9s"))
+    before = snapshot(checkout)
+    result = run_cli("profiles", "render", "--root", str(checkout))
+    assert result.returncode == 1
+    assert "--- a/units/flatshare-gateway.service" in result.stdout
+    assert "-RestartSec=9s\n+RestartSec=2s" in result.stdout
+    assert "make profiles UPDATE=1" in result.stderr
+    assert snapshot(checkout) == before
+
+
+def test_update_rewrites_only_what_drifted_and_lists_it(checkout):
+    unit = checkout / "units/flatshare-gateway.service"
+    unit.write_text("edited by hand\n")
+    result = run_cli("profiles", "render", "--update", "--root", str(checkout))
+    assert result.returncode == 0
+    assert result.stdout == "wrote units/flatshare-gateway.service\n"
+    assert unit.read_bytes() == (REPO / "units/flatshare-gateway.service").read_bytes()
+    assert not list(checkout.rglob("*.tmp")), "no temporary file may stay behind"
+
+
+def test_text_outside_the_markers_is_never_touched(checkout):
+    readme = checkout / "README.md"
+    text = readme.read_text()
+    begin = text.index("<!-- BEGIN generated: quick-start")
+    end = text.index("<!-- END generated: quick-start -->")
+    readme.write_text("hand-written intro\n" + text[:begin] + text[begin:end].replace("--port", "--portX") + text[end:] + "hand-written tail\n")
+    assert run_cli("profiles", "render", "--update", "--root", str(checkout)).returncode == 0
+    assert readme.read_text() == "hand-written intro\n" + text + "hand-written tail\n"
+
+
+def test_missing_markers_are_a_clear_error(checkout):
+    production = checkout / "PRODUCTION.md"
+    production.write_text("# Production\n")
+    before = snapshot(checkout)
+    result = run_cli("profiles", "render", "--update", "--root", str(checkout))
+    assert result.returncode == 2
+    assert "PRODUCTION.md: generated block 'nodes' needs exactly one" in result.stderr
+    assert snapshot(checkout) == before
+
+
+def test_set_keeps_comments_validates_and_renders(checkout):
+    profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+    before = profile.read_text()
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "0", "--root", str(checkout))
+    assert result.returncode == 0, result.stderr
+    after = profile.read_text()
+    assert after == before.replace("decode_hold_tokens = 48", "decode_hold_tokens = 0")
+    unit = (checkout / "units/flatshare-engine.service").read_text()
+    assert '"--additional-config.make_room.decode_hold_tokens" "0"' in unit
+    assert "| cyan | NVIDIA GeForce RTX 5060 Ti | rtx-5060-ti-serve | 0.32.0 |" in (checkout / "PRODUCTION.md").read_text()
+    assert "| 0 |" in (checkout / "PRODUCTION.md").read_text()
+    assert run_cli("profiles", "render", "--root", str(checkout)).returncode == 0
+
+
+def test_set_refuses_an_invalid_value_and_changes_nothing(checkout):
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "-1", "--root", str(checkout))
+    assert result.returncode == 2
+    assert "engine.make_room.decode_hold_tokens" in result.stderr and "greater than or equal to 0" in result.stderr
+    assert "Traceback" not in result.stderr
+    assert snapshot(checkout) == before
+
+
+def test_set_refuses_an_unknown_key(checkout):
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold", "0", "--root", str(checkout))
+    assert result.returncode == 2 and "unknown key" in result.stderr
+    assert snapshot(checkout) == before

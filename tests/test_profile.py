@@ -1,0 +1,124 @@
+"""The production profile carries FACTS.md's values, and bad profiles get one clear line."""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, run_cli, snapshot
+from flatshare_ops.errors import ProfileError
+from flatshare_ops.profile import load_profile
+
+PROFILE = "profiles/rtx-5060-ti-serve.toml"
+
+
+def test_production_profile_carries_every_value_of_the_facts_table():
+    p = load_profile(REPO / PROFILE).profile
+    e = p.engine
+    # FACTS.md, "The serving profile's values (today's production)".
+    assert e.vllm_release == "0.32.0"
+    assert e.scheduler_cls == "flatshare_make_room_serve.AsyncScheduler"
+    assert (e.make_room.retain_tokens, e.make_room.retain_s, e.make_room.hint_hold_ms) == (3584, 30, 400)
+    assert e.make_room.take_reservations is True
+    assert e.make_room.decode_hold_tokens == 48
+    assert e.make_room.recompute_tokens == 0
+    assert e.flatshare_jit.margin_ms == 30
+    assert e.flatshare_jit.step_time_model.startswith("/")
+    assert e.kv_cache_dtype == "auto"
+    assert e.kv_offloading.enabled is True
+    assert e.async_scheduling is True
+    assert e.attention_backend == "FLASHINFER"
+    assert p.voice.turn_hints is True
+    assert (p.voice.endpointing_min_s, p.voice.endpointing_max_s) == (0.5, 3.0)
+    assert p.gateway.drain_timeout_s > 0
+    assert re.fullmatch(r"[0-9a-f]{64}", p.module.sha256)
+
+
+def test_every_non_obvious_value_in_the_profile_has_a_comment():
+    text = (REPO / PROFILE).read_text()
+    lines = text.splitlines()
+    for key in ("decode_hold_tokens", "kv_cache_dtype", "sha256", "retain_tokens", "drain_timeout_s", "vllm_release"):
+        index = next(i for i, line in enumerate(lines) if line.startswith(f"{key} ="))
+        around = "\n".join(lines[max(0, index - 3) : index + 1])
+        assert "#" in around, f"{key} has no comment"
+
+
+def _write(root: Path, name: str, text: str) -> Path:
+    path = root / "profiles" / name
+    path.write_text(text)
+    return path
+
+
+def _child(root: Path, body: str, name: str = "child.toml") -> Path:
+    return _write(root, name, f'extends = "rtx-5060-ti-serve.toml"\n{body}')
+
+
+def test_extends_overrides_only_what_the_child_states(checkout):
+    child = _child(checkout, '[layout]\nscope = "user"\nunit_dir = "/srv/units"\nstate_dir = "/srv/state"\nrun_dir = "/srv/run"\n')
+    loaded = load_profile(child)
+    assert loaded.profile.layout.unit_dir == "/srv/units"
+    assert loaded.profile.layout.service_user == "flatshare"  # the child's [layout] merges key by key...
+    assert loaded.profile.engine.make_room.decode_hold_tokens == 48  # ...and the rest is inherited
+
+
+def _render_error(checkout: Path, profile: Path) -> tuple[int, str, str]:
+    before = snapshot(checkout)
+    result = run_cli("profiles", "render", "--update", "--root", str(checkout), "--profile", str(profile.relative_to(checkout)))
+    assert snapshot(checkout) == before, "a refused profile must not write anything"
+    return result.returncode, result.stdout, result.stderr
+
+
+BAD_PROFILES = {
+    # name: (child text, what the one line must say)
+    "malformed": ("[engine\nport = 1\n", r"child\.toml:2: malformed TOML"),
+    "unknown key": ("[engine.make_room]\ndecode_hold_tokenz = 1\n", r"child\.toml:3: engine\.make_room\.decode_hold_tokenz: unknown key"),
+    "wrong type": ('[engine]\nport = "8000"\n', r"child\.toml:3: engine\.port: Input should be a valid integer"),
+    "out of range": ("[engine.make_room]\ndecode_hold_tokens = -1\n", r"child\.toml:3: engine\.make_room\.decode_hold_tokens: .*greater than or equal to 0, got -1"),
+    "fp8 with async and cpu tier": ('[engine]\nkv_cache_dtype = "fp8"\n', r"child\.toml:\d+: engine: kv_cache_dtype fp8 with async_scheduling and kv_offloading crashes"),
+    "newline in a value": ('[voice]\ncommand = ["/bin/voice", "a\\nExecStartPre=/bin/evil"]\n', r"child\.toml:3: voice\.command\[1\]: must not contain control character '\\n'"),
+    "control character": ('[engine]\nmodel = "/m\\u0007"\n', r"child\.toml:3: engine\.model: .*control character"),
+    "endpointing reversed": ("[voice]\nendpointing_min_s = 4.0\n", r"child\.toml:2: voice: .*endpointing_min_s \(4\.0\) must be <="),
+}
+
+
+@pytest.mark.parametrize("case", sorted(BAD_PROFILES))
+def test_bad_profile_gets_one_line_naming_file_line_key_and_rule(checkout, case):
+    text, expected = BAD_PROFILES[case]
+    child = _child(checkout, text)
+    code, out, err = _render_error(checkout, child)
+    assert code == 2
+    assert out == ""
+    assert len(err.strip().splitlines()) == 1, err
+    assert "Traceback" not in err
+    assert re.search(expected, err), err
+
+
+def test_missing_extends_target_names_the_line_and_the_missing_file(checkout):
+    child = _write(checkout, "child.toml", 'schema = 1\nextends = "nope.toml"\n')
+    code, _, err = _render_error(checkout, child)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert re.search(r"child\.toml:2: extends: profile .*nope\.toml not found", err), err
+
+
+def test_cycle_of_extends_is_refused(checkout):
+    _write(checkout, "a.toml", 'extends = "b.toml"\n')
+    b = _write(checkout, "b.toml", 'extends = "a.toml"\n')
+    code, _, err = _render_error(checkout, b)
+    assert code == 2 and len(err.strip().splitlines()) == 1
+    assert "cycle of extends" in err and "a.toml" in err and "b.toml" in err
+
+
+def test_missing_profile_file(checkout):
+    code, _, err = _render_error(checkout, checkout / "profiles" / "absent.toml")
+    assert code == 2
+    assert re.search(r"absent\.toml: profile file not found", err), err
+
+
+def test_error_in_the_parent_names_the_parent_file(checkout):
+    parent = checkout / PROFILE
+    parent.write_text(parent.read_text().replace("margin_ms = 30 ", "margin_ms = -30 "))
+    child = _child(checkout, "")
+    with pytest.raises(ProfileError, match=r"rtx-5060-ti-serve\.toml:\d+: engine\.flatshare_jit\.margin_ms"):
+        load_profile(child)

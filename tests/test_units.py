@@ -1,0 +1,122 @@
+"""Rendered units: systemd-analyze verify is silent, and hostile values reach the process intact.
+
+The escaping test loads units rendered from a profile full of characters
+systemd treats specially into a real systemd user manager, then compares
+what systemd reports over D-Bus, and the argv of the process it starts
+(``/proc/PID/cmdline``), with the values the profile holds.
+"""
+
+from __future__ import annotations
+
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+from flatshare_ops.profile import load_profile
+from flatshare_ops.render import render_profile
+from flatshare_ops.render.units import UNIT_NAMES, unit_programs
+from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, exec_start_argv, manager, unit_property
+from flatshare_ops.verify import verify_units
+
+HOSTILE_ARGS = [
+    "100%", "%n", "%%h", "$HOME", "${PATH}", "$$", 'say "hi"', "back\\slash", "\\n", "two words",
+    ";", "a;b", "'single'", "trailing\\",
+]
+HOSTILE_ENV = 'a b "c" \\d %n $HOME ; e'
+
+
+def _hostile_profile(root: Path) -> Path:
+    """A profile whose voice command and engine environment hold every character systemd treats specially."""
+    def toml_string(s: str) -> str:
+        return '"' + s.replace("\\", "\\\\").replace('"', '\\"') + '"'
+
+    args = ", ".join(toml_string(a) for a in [sys.executable, "-c", "import time; time.sleep(600)", *HOSTILE_ARGS])
+    child = root / "hostile.toml"
+    child.write_text(
+        f'extends = "{REPO}/profiles/rtx-5060-ti-serve.toml"\n'
+        f"[voice]\ncommand = [{args}]\n"
+        f"[engine.environment]\nHOSTILE = {toml_string(HOSTILE_ENV)}\n"
+        '[layout]\nscope = "user"\n'
+    )
+    return child
+
+
+def test_systemd_analyze_verify_prints_nothing_for_the_rendered_units():
+    loaded = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml")
+    rendered = render_profile(loaded)
+    assert set(rendered.units) == set(UNIT_NAMES)
+    assert verify_units(rendered.units, unit_programs(loaded.profile)) == ""
+
+
+def test_verify_reports_a_broken_unit():
+    loaded = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml")
+    units = render_profile(loaded).units
+    units["flatshare-voice.service"] += "NoSuchSetting=1\n"
+    output = verify_units(units, unit_programs(loaded.profile))
+    assert "Unknown key 'NoSuchSetting'" in output
+
+
+def _wait_main_pid(bus, name: str, timeout_s: float = 30.0) -> int:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        pid = unit_property(bus, name, "Service", "MainPID")
+        if pid:
+            return pid
+        time.sleep(0.05)
+    raise AssertionError(f"{name} did not start")
+
+
+def test_hostile_values_reach_systemd_and_the_process_exactly(tmp_path, user_manager):
+    loaded = load_profile(_hostile_profile(tmp_path))
+    units = render_profile(loaded).units
+    intended = [sys.executable, "-c", "import time; time.sleep(600)", *HOSTILE_ARGS]
+    (user_manager.unit_dir / "flatshare-voice.service").write_text(units["flatshare-voice.service"])
+    (user_manager.unit_dir / "flatshare-engine.service").write_text(units["flatshare-engine.service"])
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    try:
+        with connect(address) as bus:
+            daemon_reload(bus)
+            # systemd keeps "$" unexpanded until exec time, so D-Bus shows "$$" for a literal "$".
+            assert exec_start_argv(bus, "flatshare-voice.service") == [[a.replace("$", "$$") for a in intended]]
+            env = [e.decode() for e in unit_property(bus, "flatshare-engine.service", "Service", "Environment")]
+            assert f"HOSTILE={HOSTILE_ENV}" in env
+
+            manager(bus).Manager.StartUnit(b"flatshare-voice.service", b"replace")
+            pid = _wait_main_pid(bus, "flatshare-voice.service")
+            cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
+            assert [a.decode() for a in cmdline] == intended
+    finally:
+        with connect(address) as bus:
+            manager(bus).Manager.StopUnit(b"flatshare-voice.service", b"replace")
+        for name in ("flatshare-voice.service", "flatshare-engine.service"):
+            (user_manager.unit_dir / name).unlink(missing_ok=True)
+        with connect(address) as bus:
+            daemon_reload(bus)
+
+
+def test_gateway_stop_timeout_outlasts_its_drain_as_systemd_reads_it(tmp_path, user_manager):
+    child = tmp_path / "user.toml"
+    child.write_text(f'extends = "{REPO}/profiles/rtx-5060-ti-serve.toml"\n[layout]\nscope = "user"\n')
+    loaded = load_profile(child)
+    (user_manager.unit_dir / "flatshare-gateway.service").write_text(render_profile(loaded).units["flatshare-gateway.service"])
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    try:
+        with connect(address) as bus:
+            daemon_reload(bus)
+            stop_usec = unit_property(bus, "flatshare-gateway.service", "Service", "TimeoutStopUSec")
+        assert stop_usec > loaded.profile.gateway.drain_timeout_s * 1_000_000
+    finally:
+        (user_manager.unit_dir / "flatshare-gateway.service").unlink()
+
+
+@pytest.mark.parametrize("bad", ["line\nbreak", "tab\there", "bell\x07", "del\x7f"])
+def test_escaping_refuses_control_characters(bad):
+    from flatshare_ops.render.systemd_escape import UnsafeValueError, environment_assignment, exec_command
+
+    with pytest.raises(UnsafeValueError):
+        exec_command(["/bin/true", bad])
+    with pytest.raises(UnsafeValueError):
+        environment_assignment("X", bad)
