@@ -89,6 +89,63 @@ def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None)
     typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
 
 
+sandbox_app = typer.Typer(no_args_is_help=True, help="The local two-node sandbox fleet (cyan, peacock).")
+app.add_typer(sandbox_app, name="sandbox")
+SandboxDir = Annotated[Path, typer.Option("--dir", help="The sandbox directory.")]
+
+
+@sandbox_app.command("up")
+def sandbox_up(
+    directory: SandboxDir = Path(".sandbox"),
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+) -> None:
+    """Bring the sandbox up (idempotent): managers, sshd, layout, stand-ins; install and start the units."""
+    from .repo import DEFAULT_PROFILE
+    from .sandbox.fleet import up
+
+    inventory = up(directory, root / (profile or DEFAULT_PROFILE), echo=typer.echo)
+    typer.echo(f"sandbox up: inventory {inventory}")
+
+
+@sandbox_app.command("status")
+def sandbox_status(
+    directory: SandboxDir = Path(".sandbox"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """What runs on each sandbox node (exit 1 if anything is down)."""
+    import json
+
+    from .sandbox.fleet import status
+
+    report = status(directory)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        if not report:
+            typer.echo("sandbox: not up (run 'flatshare sandbox up')")
+        for node, entry in report.items():
+            units = ", ".join(f"{name} {state}" for name, state in entry["units"].items()) or "no units"
+            typer.echo(
+                f"{node}: manager {'up' if entry['manager'] else 'DOWN'}, sshd {'up' if entry['sshd'] else 'DOWN'}; "
+                f"{units}; engine pid {entry['engine_pid']}, /health {entry['engine_health']}"
+            )
+    healthy = bool(report) and all(
+        e["manager"] and e["sshd"] and e["engine_health"] == 200 and set(e["units"].values()) == {"active"}
+        for e in report.values()
+    )
+    raise typer.Exit(0 if healthy else 1)
+
+
+@sandbox_app.command("down")
+def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
+    """Stop every process the sandbox started (by process id)."""
+    from .sandbox.fleet import down
+
+    down(directory, echo=typer.echo)
+    typer.echo("sandbox down")
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning operator errors into one line and an exit code."""
     try:

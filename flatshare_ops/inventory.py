@@ -8,9 +8,9 @@ layout come from its profile's ``[layout]`` table, so that they are written once
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Annotated
+from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError
+from pydantic import Field, ValidationError, model_validator
 
 from .errors import ProfileError
 from .profile import _Strict, _read_toml, key_lines
@@ -27,6 +27,14 @@ class Node(_Strict):
     profile: Annotated[str, Field(min_length=1)]
     known_hosts: str | None = None
     identity: str | None = None
+    scope: Literal["system", "user"] = "system"
+    runtime_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _user_scope_needs_runtime_dir(self) -> "Node":
+        if self.scope == "user" and not self.runtime_dir:
+            raise ValueError("scope 'user' needs runtime_dir (the user manager's XDG_RUNTIME_DIR)")
+        return self
 
 
 class Inventory(_Strict):
@@ -57,3 +65,8 @@ def load_inventory(path: Path) -> Inventory:
 def node_profile_path(inventory_path: Path, node: Node) -> Path:
     """The profile file a node runs, resolved against the inventory's directory."""
     return Path(inventory_path).parent / node.profile
+
+
+def resolve(inventory_path: Path, relative: str | None) -> Path | None:
+    """A path from the inventory, resolved against the inventory's directory (None stays None)."""
+    return None if relative is None else (Path(inventory_path).parent / relative)

@@ -111,3 +111,63 @@ def exec_start_argv(bus: object, name: str) -> list[list[str]]:
 def unit_property(bus: object, name: str, interface: str, prop: str) -> object:
     """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``."""
     return getattr(getattr(unit(bus, name), interface), prop)
+
+
+class JobFailed(SystemdError):
+    """A systemd job ended with a result other than ``done``."""
+
+    exit_code = 1
+
+
+_MANAGER_PATH = b"/org/freedesktop/systemd1"
+_MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
+
+
+def run_job(bus: object, verb: str, name: str, timeout_s: float, mode: str = "replace") -> str:
+    """Queue a job on a unit and wait for systemd's ``JobRemoved`` signal for it.
+
+    Args:
+        bus: an open bus (from :func:`connect`).
+        verb: ``"start"``, ``"stop"`` or ``"restart"`` (``StartUnit``, ``StopUnit``, ``RestartUnit``).
+        name: the unit's name.
+        timeout_s: how long to wait, in seconds.
+        mode: the job mode (``replace``, ``fail``...).
+
+    Returns:
+        The job's result: ``"done"`` (``done`` means started, not ready: readiness
+        is the service's own health endpoint), or raises.
+
+    Raises:
+        JobFailed: the result was ``failed``, ``timeout``, ``canceled``,
+            ``dependency`` or ``skipped``, or no signal came within ``timeout_s``.
+
+    Source: org.freedesktop.systemd1(5), ``JobRemoved(u id, o job, s unit, s result)``;
+    a client must call ``Subscribe()`` to get the manager's signals.
+    """
+    import time as _time
+
+    results: dict[bytes, bytes] = {}
+
+    def on_job_removed(msg, error=None, userdata=None):
+        msg.process_reply(False)
+        _job_id, job_path, _unit, result = msg.body
+        results[job_path] = result
+
+    bus.match_signal(None, _MANAGER_PATH, _MANAGER_IFACE, b"JobRemoved", on_job_removed)
+    m = manager(bus)
+    m.Manager.Subscribe()
+    method = {"start": m.Manager.StartUnit, "stop": m.Manager.StopUnit, "restart": m.Manager.RestartUnit}[verb]
+    job = method(name.encode(), mode.encode())
+    deadline = _time.monotonic() + timeout_s
+    while job not in results:
+        remaining = deadline - _time.monotonic()
+        if remaining <= 0:
+            raise JobFailed(f"{name}: {verb} job {job.decode()} did not finish within {timeout_s:g} s")
+        bus.process()
+        if job not in results:
+            # sd_bus_wait returns at once while messages are already queued.
+            bus.wait(int(min(remaining, 1.0) * 1_000_000))
+    result = results[job].decode()
+    if result != "done":
+        raise JobFailed(f"{name}: {verb} job ended '{result}'; see the unit's journal or status")
+    return result

@@ -94,6 +94,8 @@ def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
     for directory in (dirs.runtime_dir, dirs.unit_dir):
         directory.mkdir(parents=True, exist_ok=True)
     os.chmod(dirs.runtime_dir, 0o700)
+    # A socket left by an earlier manager would look like this one being ready.
+    dirs.private_socket.unlink(missing_ok=True)
     Path("/run/systemd").mkdir(exist_ok=True)
     env = {
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",

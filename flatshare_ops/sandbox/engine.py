@@ -1,0 +1,165 @@
+"""Stand-in for the vLLM engine (``vllm serve``), for the sandbox only.
+
+Installed as ``bin/vllm`` in a sandbox node's engine venv, beside a
+``vllm-0.32.0.dist-info`` metadata directory, and started by the rendered
+engine unit exactly as production starts vLLM: ``vllm serve MODEL FLAGS...``.
+It speaks the interfaces flatshare-ops reads from the real engine:
+
+- its command line (``/proc/PID/cmdline``), parsed here with the flag set the
+  renderer writes; an unknown flag is refused (exit 2), as vLLM refuses one;
+- ``GET /health`` (503 while loading, 200 when ready), ``GET /version``
+  (``{"version": ...}`` from the venv's installed metadata, or
+  ``FLATSHARE_STANDIN_VERSION``), ``GET /metrics`` (Prometheus text with
+  ``vllm:num_requests_running``, ``vllm:cache_config_info`` and make-room's
+  ``flatshare:make_room_turns_announced_total``);
+- ``POST /v1/turns`` (the voice worker's turn hint) and ``POST /v1/requests/start``
+  / ``POST /v1/requests/end`` to move the running-requests gauge.
+
+``FLATSHARE_STANDIN_LOAD_S`` (seconds, default 1) is how long it takes to get ready.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+import threading
+import time
+from pathlib import Path
+
+from .http import json_body, serve
+
+BOOLEAN_FLAGS = ("enable-prefix-caching", "async-scheduling")
+VALUE_FLAGS = (
+    "served-model-name", "host", "port", "gpu-memory-utilization", "max-model-len", "max-num-seqs",
+    "max-num-batched-tokens", "kv-cache-dtype", "kv-offloading-size", "kv-offloading-backend",
+    "attention-backend", "scheduler-cls", "api-server-count", "speculative-config", "compilation-config",
+    "additional-config",
+)
+
+
+def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, dict]:
+    """Parse ``serve MODEL FLAGS...``; dotted ``--additional-config.X.Y V`` keys are collected
+    with ``json.loads`` values (falling back to the raw string), as vLLM does.
+
+    Raises:
+        SystemExit(2): an unknown flag or a missing value (argparse's error).
+    """
+    parser = argparse.ArgumentParser(prog="vllm")
+    sub = parser.add_subparsers(dest="command", required=True)
+    serve_parser = sub.add_parser("serve")
+    serve_parser.add_argument("model")
+    for flag in BOOLEAN_FLAGS:
+        serve_parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction)
+    for flag in VALUE_FLAGS:
+        serve_parser.add_argument(f"--{flag}")
+    additional: dict = {}
+    rest: list[str] = []
+    i = 0
+    while i < len(argv):
+        word = argv[i]
+        if word.startswith("--additional-config."):
+            key, _, inline = word.partition("=")
+            if inline:
+                value, i = inline, i + 1
+            elif i + 1 < len(argv):
+                value, i = argv[i + 1], i + 2
+            else:
+                parser.error(f"{word} needs a value")
+            node = additional
+            *path, leaf = key.removeprefix("--additional-config.").split(".")
+            for part in path:
+                node = node.setdefault(part, {})
+            try:
+                node[leaf] = json.loads(value)
+            except json.JSONDecodeError:
+                node[leaf] = value
+        else:
+            rest.append(word)
+            i += 1
+    args = parser.parse_args(rest)
+    return args, additional
+
+
+def installed_release() -> str:
+    """The vLLM release this venv has installed, read from its dist-info METADATA."""
+    override = os.environ.get("FLATSHARE_STANDIN_VERSION")
+    if override:
+        return override
+    venv = Path(sys.argv[0]).resolve().parent.parent
+    for metadata in venv.glob("lib/python*/site-packages/vllm-*.dist-info/METADATA"):
+        for line in metadata.read_text().splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return "unknown"
+
+
+class EngineState:
+    """What the stand-in engine counts while it runs."""
+
+    def __init__(self, args: argparse.Namespace, additional: dict) -> None:
+        self.args = args
+        self.additional = additional
+        self.ready = False
+        self.running = 0
+        self.turns = 0
+        self.lock = threading.Lock()
+
+    def metrics(self) -> str:
+        """Prometheus text exposition of the stand-in's gauges and counters."""
+        a = self.args
+        labels = (
+            f'cache_dtype="{a.kv_cache_dtype or "auto"}",'
+            f'enable_prefix_caching="{bool(a.enable_prefix_caching)}",'
+            f'kv_offloading_size="{a.kv_offloading_size or "None"}"'
+        )
+        name = a.served_model_name or a.model
+        return (
+            "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
+            "# TYPE vllm:num_requests_running gauge\n"
+            f'vllm:num_requests_running{{model_name="{name}"}} {self.running}\n'
+            "# HELP vllm:cache_config_info Information of the LLMEngine CacheConfig\n"
+            "# TYPE vllm:cache_config_info gauge\n"
+            f"vllm:cache_config_info{{{labels}}} 1.0\n"
+            "# HELP flatshare:make_room_turns_announced_total Voice turns announced to make-room.\n"
+            "# TYPE flatshare:make_room_turns_announced_total counter\n"
+            f"flatshare:make_room_turns_announced_total {self.turns}\n"
+        )
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Run the stand-in engine until SIGTERM."""
+    args, additional = parse_serve_args(sys.argv[1:] if argv is None else argv)
+    state = EngineState(args, additional)
+
+    def health(_q):
+        return json_body(200 if state.ready else 503, {"ready": state.ready})
+
+    def change(delta: int, field: str):
+        def handler(_q):
+            with state.lock:
+                setattr(state, field, max(0, getattr(state, field) + delta))
+            return json_body(200, {field: getattr(state, field)})
+        return handler
+
+    routes = {
+        ("GET", "/health"): health,
+        ("GET", "/version"): lambda _q: json_body(200, {"version": installed_release()}),
+        ("GET", "/metrics"): lambda _q: (200, {"Content-Type": "text/plain; version=0.0.4"}, state.metrics().encode()),
+        ("POST", "/v1/turns"): change(1, "turns"),
+        ("POST", "/v1/requests/start"): change(1, "running"),
+        ("POST", "/v1/requests/end"): change(-1, "running"),
+    }
+    server = serve(args.host or "127.0.0.1", int(args.port or 8000), routes)
+    load_s = float(os.environ.get("FLATSHARE_STANDIN_LOAD_S", "1"))
+    threading.Timer(load_s, lambda: setattr(state, "ready", True)).start()
+    import signal
+
+    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
+    print(f"stand-in engine: serving {args.model} on {args.host}:{args.port}, ready in {load_s:g} s", flush=True)
+    server.serve_forever()
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,428 @@
+"""``flatshare sandbox up | status | down``: the local two-node fleet.
+
+Each node gets, under ``BASE/NODE/``:
+
+- ``etc/systemd/user/``: its unit directory (the manager's ``XDG_CONFIG_HOME`` is ``etc``);
+- ``var/lib/flatshare/``: state (releases, the serve module), ``run/flatshare/``: drain files;
+- ``run/user/``: its systemd user manager's ``XDG_RUNTIME_DIR``;
+- ``opt/engine-venv/``: an engine venv with the stand-in ``bin/vllm`` and vLLM's metadata;
+- ``ssh/``: its OpenSSH server's host key, config and log;
+- ``profile.toml``: the production profile, extended with this node's layout.
+
+``BASE/ssh/`` holds the operator's client key, ``authorized_keys`` and
+``known_hosts``; ``BASE/fleet.toml`` is the sandbox inventory and
+``BASE/state.json`` the process ids ``down`` stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+import urllib.request
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..atomic import write_atomic
+from ..profile import load_profile
+from ..render import render_profile
+from ..render.units import ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
+from ..systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+from .manager import ManagerDirs, SandboxError, _alive, start_manager, stop_manager
+from .module_build import MODULE_NAME, module_source
+
+DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
+SSH_PORT = 2222
+GATEWAY_PORT = 8080
+VOICE_PORT = 8090
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    """One sandbox node's name, loopback address and directories."""
+
+    name: str
+    address: str
+    base: Path
+
+    @property
+    def root(self) -> Path:
+        """The node's root directory."""
+        return self.base / self.name
+
+    @property
+    def manager(self) -> ManagerDirs:
+        """The node's systemd user manager directories."""
+        return ManagerDirs(
+            # Unique per sandbox directory, so two checkouts' sandboxes never share a cgroup.
+            name=f"{self.name}-{_sha256(str(self.base).encode())[:8]}",
+            runtime_dir=self.root / "run/user",
+            config_dir=self.root / "etc",
+            log=self.root / "manager.log",
+        )
+
+    @property
+    def venv(self) -> Path:
+        """The node's engine venv."""
+        return self.root / "opt/engine-venv"
+
+    @property
+    def state_dir(self) -> Path:
+        """What production keeps in /var/lib/flatshare."""
+        return self.root / "var/lib/flatshare"
+
+    @property
+    def run_dir(self) -> Path:
+        """What production keeps in /run/flatshare."""
+        return self.root / "run/flatshare"
+
+    @property
+    def ssh_dir(self) -> Path:
+        """The node's sshd files."""
+        return self.root / "ssh"
+
+    @property
+    def profile(self) -> Path:
+        """The node's profile (extends the production one)."""
+        return self.root / "profile.toml"
+
+
+def nodes(base: Path, addresses: dict[str, str] | None = None) -> list[SandboxNode]:
+    """The sandbox's nodes, in inventory order."""
+    return [SandboxNode(name, address, base) for name, address in (addresses or DEFAULT_ADDRESSES).items()]
+
+
+# --- files -----------------------------------------------------------------
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _toml_array(values: list[str]) -> str:
+    return "[" + ", ".join(_toml_string(v) for v in values) + "]"
+
+
+def write_node_profile(node: SandboxNode, production: Path, vllm_release: str) -> None:
+    """Write the node's profile: production's, with the sandbox layout and stand-in commands."""
+    python = sys.executable
+    module_dir = node.state_dir / "module"
+    text = f"""# Written by `flatshare sandbox up`: the production profile, with this sandbox
+# node's layout, its loopback address and the stand-ins' commands.
+extends = {_toml_string(str(production))}
+
+[engine]
+venv = {_toml_string(str(node.venv))}
+model = {_toml_string(str(node.state_dir / "models/flatshare-chat"))}
+host = {_toml_string(node.address)}
+start_timeout_s = 60
+stop_timeout_s = 15
+
+[engine.environment]
+FLATSHARE_STANDIN_LOAD_S = "1"   # the stand-in engine's load time, seconds
+
+[engine.flatshare_jit]
+step_time_model = {_toml_string(str(node.state_dir / "step-time/rtx-5060-ti.json"))}
+
+[module]
+directory = {_toml_string(str(module_dir))}
+path = {_toml_string(str(module_dir / f"{MODULE_NAME}.py"))}
+build_command = {_toml_array([python, "-m", "flatshare_ops.sandbox.module_build", "--out", str(module_dir)])}
+sha256 = {_toml_string(_sha256(module_source()))}  # the stand-in build's output
+
+[gateway]
+command = {_toml_array([python, "-m", "flatshare_ops.sandbox.gateway", "--listen", f"{node.address}:{GATEWAY_PORT}"])}
+drain_timeout_s = 5
+
+[voice]
+command = {_toml_array([python, "-m", "flatshare_ops.sandbox.voice", "--listen", f"{node.address}:{VOICE_PORT}"])}
+
+[check]
+command = {_toml_array([str(Path(python).parent / "serving-check"), "--quiet"])}
+
+[layout]
+scope = "user"
+unit_dir = {_toml_string(str(node.manager.unit_dir))}
+state_dir = {_toml_string(str(node.state_dir))}
+run_dir = {_toml_string(str(node.run_dir))}
+"""
+    _write_if_changed(node.profile, text.encode())
+    load_profile(node.profile)  # refuse to go on with a profile that does not validate
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_bytes() == data:
+        return False
+    write_atomic(path, data, mode)
+    return True
+
+
+def make_engine_venv(node: SandboxNode, vllm_release: str) -> None:
+    """Create the node's engine venv: a real venv, the stand-in ``bin/vllm``, vLLM's metadata."""
+    if not (node.venv / "bin/python").exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(node.venv)
+    vllm = f"#!{sys.executable}\n# Stand-in for vLLM's console script (flatshare-ops sandbox).\n" \
+        "from flatshare_ops.sandbox.engine import main\nmain()\n"
+    _write_if_changed(node.venv / "bin/vllm", vllm.encode(), mode=0o755)
+    site = next(node.venv.glob("lib/python*/site-packages"))
+    for stale in site.glob("vllm-*.dist-info"):
+        if stale.name != f"vllm-{vllm_release}.dist-info":
+            for f in stale.iterdir():
+                f.unlink()
+            stale.rmdir()
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm_release}\nSummary: flatshare-ops sandbox stand-in\n"
+    _write_if_changed(site / f"vllm-{vllm_release}.dist-info/METADATA", metadata.encode())
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+
+
+def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
+    """Generate host keys and the client key; write authorized_keys, known_hosts and each sshd_config."""
+    client_key = base / "ssh/id_ed25519"
+    _keygen(client_key, "flatshare-sandbox-operator")
+    _write_if_changed(base / "ssh/authorized_keys", client_key.with_suffix(".pub").read_bytes(), 0o600)
+    known = []
+    for node in sandbox_nodes:
+        host_key = node.ssh_dir / "ssh_host_ed25519_key"
+        _keygen(host_key, f"{node.name}-host")
+        kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
+        known.append(f"[{node.address}]:{SSH_PORT} {kind} {blob}\n")
+        config = f"""# sshd for sandbox node {node.name} (written by flatshare sandbox up)
+ListenAddress {node.address}:{SSH_PORT}
+HostKey {host_key}
+PidFile {node.ssh_dir / "sshd.pid"}
+AuthorizedKeysFile {base / "ssh/authorized_keys"}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+SetEnv FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}
+Subsystem sftp internal-sftp
+"""
+        _write_if_changed(node.ssh_dir / "sshd_config", config.encode())
+    _write_if_changed(base / "ssh/known_hosts", "".join(known).encode())
+
+
+def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
+    """Write ``BASE/fleet.toml``, the sandbox's inventory; returns its path."""
+    lines = ["# The sandbox inventory, written by `flatshare sandbox up`.", "schema = 1", ""]
+    for node in sandbox_nodes:
+        lines += [
+            f"[nodes.{node.name}]",
+            f"host = {_toml_string(node.address)}",
+            f"port = {SSH_PORT}",
+            'user = "root"',
+            f"profile = {_toml_string(str(node.profile.relative_to(base)))}",
+            'known_hosts = "ssh/known_hosts"',
+            'identity = "ssh/id_ed25519"',
+            'scope = "user"',
+            f"runtime_dir = {_toml_string(str(node.manager.runtime_dir.relative_to(base)))}",
+            "",
+        ]
+    path = base / "fleet.toml"
+    _write_if_changed(path, "\n".join(lines).encode())
+    return path
+
+
+# --- processes -------------------------------------------------------------
+
+
+def _read_state(base: Path) -> dict:
+    try:
+        return json.loads((base / "state.json").read_text())
+    except FileNotFoundError:
+        return {"schema": 1, "nodes": {}}
+    except json.JSONDecodeError:
+        raise SandboxError(f"{base / 'state.json'}: corrupt; stop stray processes by hand and remove it") from None
+
+
+def _write_state(base: Path, state: dict) -> None:
+    write_atomic(base / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+
+
+def _manager_answers(node: SandboxNode) -> bool:
+    try:
+        with connect(ManagerAddress("user", node.manager.runtime_dir)):
+            return True
+    except Exception:
+        return False
+
+
+def _start_sshd(node: SandboxNode) -> int:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    log = open(node.ssh_dir / "sshd.log", "ab")
+    process = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(node.ssh_dir / "sshd_config")],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+    )
+    log.close()
+    import socket
+
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline:
+        if process.poll() is not None:
+            raise SandboxError(f"{node.name}: sshd exited with {process.returncode}; see {node.ssh_dir / 'sshd.log'}")
+        try:
+            socket.create_connection((node.address, SSH_PORT), timeout=0.2).close()
+            return process.pid
+        except OSError:
+            time.sleep(0.05)
+    process.kill()
+    raise SandboxError(f"{node.name}: sshd did not listen on {node.address}:{SSH_PORT} within 10 s")
+
+
+def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
+    """Write the node's units (atomically, only those that changed); returns the names written."""
+    written = []
+    for name, text in units.items():
+        if _write_if_changed(node.manager.unit_dir / name, text.encode()):
+            written.append(name)
+    return written
+
+
+def wait_healthy(url: str, timeout_s: float) -> None:
+    """Poll ``url`` until it answers 200, for at most ``timeout_s`` seconds.
+
+    Raises:
+        SandboxError: no 200 in time.
+    """
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            with urllib.request.urlopen(url, timeout=1) as response:
+                if response.status == 200:
+                    return
+        except OSError:
+            pass
+        time.sleep(0.1)
+    raise SandboxError(f"{url} did not answer 200 within {timeout_s:g} s")
+
+
+def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print) -> Path:
+    """Bring the sandbox fleet up (idempotent) and start the rendered units on each node.
+
+    Args:
+        base: the sandbox directory (``.sandbox``).
+        production: the production profile every node's profile extends.
+        addresses: node name -> loopback address (default cyan 127.0.0.2, peacock 127.0.0.3).
+        echo: where progress lines go.
+
+    Returns:
+        The sandbox inventory's path.
+
+    Raises:
+        SandboxError, ProfileError, SystemdError: a step failed; the message names it.
+    """
+    base = base.resolve()
+    base.mkdir(parents=True, exist_ok=True)
+    sandbox_nodes = nodes(base, addresses)
+    release = load_profile(production).profile.engine.vllm_release
+    for node in sandbox_nodes:
+        for directory in (node.state_dir, node.run_dir, node.ssh_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        write_node_profile(node, production.resolve(), release)
+        make_engine_venv(node, release)
+    write_ssh_files(base, sandbox_nodes)
+    inventory = write_inventory(base, sandbox_nodes)
+
+    state = _read_state(base)
+    for node in sandbox_nodes:
+        record = state["nodes"].setdefault(node.name, {})
+        if not (record.get("manager_pid") and _alive(record["manager_pid"]) and _manager_answers(node)):
+            record["manager_pid"] = start_manager(node.manager)
+            echo(f"{node.name}: systemd user manager started (pid {record['manager_pid']})")
+        if not (record.get("sshd_pid") and _alive(record["sshd_pid"])):
+            record["sshd_pid"] = _start_sshd(node)
+            echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record['sshd_pid']})")
+        _write_state(base, state)
+
+    for node in sandbox_nodes:
+        loaded = load_profile(node.profile)
+        units = render_profile(loaded).units
+        written = install_units(node, units)
+        address = ManagerAddress("user", node.manager.runtime_dir)
+        with connect(address) as bus:
+            if written:
+                daemon_reload(bus)
+                echo(f"{node.name}: installed {', '.join(written)}")
+            run_job(bus, "start", TARGET_UNIT, loaded.profile.engine.start_timeout_s)
+        wait_healthy(engine_url(loaded.profile) + "/health", loaded.profile.engine.start_timeout_s)
+    return inventory
+
+
+def status(base: Path) -> dict[str, dict]:
+    """Each node's processes and unit states.
+
+    Returns:
+        node -> {"manager": bool, "sshd": bool, "units": {unit: ActiveState}, "engine_pid": int,
+        "engine_health": int | None}.
+    """
+    base = base.resolve()
+    state = _read_state(base)
+    report: dict[str, dict] = {}
+    for name, record in state["nodes"].items():
+        node = SandboxNode(name, "", base)
+        entry: dict = {
+            "manager": bool(record.get("manager_pid")) and _alive(record["manager_pid"]),
+            "sshd": bool(record.get("sshd_pid")) and _alive(record["sshd_pid"]),
+            "units": {},
+            "engine_pid": 0,
+            "engine_health": None,
+        }
+        if entry["manager"] and _manager_answers(node):
+            with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+                for unit_name in (TARGET_UNIT, *SERVICE_UNITS):
+                    entry["units"][unit_name] = unit_property(bus, unit_name, "Unit", "ActiveState").decode()
+                entry["engine_pid"] = unit_property(bus, ENGINE_UNIT, "Service", "MainPID")
+            if node.profile.exists():
+                try:
+                    url = engine_url(load_profile(node.profile).profile) + "/health"
+                    with urllib.request.urlopen(url, timeout=1) as response:
+                        entry["engine_health"] = response.status
+                except OSError as err:
+                    entry["engine_health"] = getattr(err, "code", None)
+        report[name] = entry
+    return report
+
+
+def down(base: Path, echo=print) -> None:
+    """Stop every process the sandbox started, by process id; leaves the files for the next ``up``."""
+    base = base.resolve()
+    state = _read_state(base)
+    for name, record in state["nodes"].items():
+        node = SandboxNode(name, "", base)
+        if record.get("sshd_pid") and _alive(record["sshd_pid"]):
+            os.kill(record["sshd_pid"], signal.SIGTERM)
+            _wait_gone(record["sshd_pid"])
+            echo(f"{name}: sshd stopped (pid {record['sshd_pid']})")
+        if record.get("manager_pid"):
+            stop_manager(node.manager.name, record["manager_pid"])
+            echo(f"{name}: systemd user manager and its units stopped (pid {record['manager_pid']})")
+    if (base / "state.json").exists():
+        (base / "state.json").unlink()
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline and _alive(pid):
+        time.sleep(0.05)
+    if _alive(pid):
+        os.kill(pid, signal.SIGKILL)
