@@ -43,9 +43,46 @@ class ManagerAddress:
         return Path(self.runtime_dir) / "systemd" / "private"
 
 
+class SystemdBus:
+    """An open connection to one manager, with its ``JobRemoved`` subscription.
+
+    pystemd keeps only a raw pointer to a signal callback, so the callback
+    lives on this object for as long as the connection, and is registered once.
+    A connection belongs to one thread (sd-bus is not thread-safe).
+
+    Attributes:
+        raw: the pystemd bus object.
+    """
+
+    def __init__(self, raw: object) -> None:
+        self.raw = raw
+        self.job_results: dict[bytes, bytes] = {}
+        self._subscribed = False
+        self._callback = None
+
+    def watch_jobs(self) -> None:
+        """Subscribe to the manager's signals and record every ``JobRemoved`` (once per connection)."""
+        if self._subscribed:
+            return
+
+        def on_job_removed(msg, error=None, userdata=None):
+            msg.process_reply(False)
+            _job_id, job_path, _unit, result = msg.body
+            self.job_results[job_path] = result
+
+        self._callback = on_job_removed  # keep it alive: pystemd holds only a raw pointer
+        self.raw.match_signal(None, _MANAGER_PATH, _MANAGER_IFACE, b"JobRemoved", on_job_removed)
+        manager(self).Manager.Subscribe()
+        self._subscribed = True
+
+
+_MANAGER_PATH = b"/org/freedesktop/systemd1"
+_MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
+
+
 @contextmanager
-def connect(address: ManagerAddress) -> Iterator[object]:
-    """Open a D-Bus connection to the manager; yields a pystemd bus object.
+def connect(address: ManagerAddress) -> Iterator[SystemdBus]:
+    """Open a D-Bus connection to the manager; yields a :class:`SystemdBus`.
 
     Raises:
         SystemdError: the socket is missing or the connection is refused.
@@ -54,51 +91,52 @@ def connect(address: ManagerAddress) -> Iterator[object]:
 
     try:
         if address.scope == "system":
-            bus = DBus()
+            raw = DBus()
         else:
             socket = address.private_socket
             if not socket.exists():
                 raise SystemdError(f"{socket}: no systemd user manager listens here; is the node up?")
-            bus = DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
-        bus.open()
+            raw = DBusAddress(f"unix:path={socket}".encode(), peer_to_peer=True)
+        raw.open()
     except SystemdError:
         raise
-    except Exception as err:  # pystemd raises plain DBusError subclasses of OSError-like types
+    except Exception as err:  # pystemd's DBusError
         raise SystemdError(f"cannot reach the {address.scope} systemd manager: {err}") from None
+    bus = SystemdBus(raw)
     try:
         yield bus
     finally:
-        bus.close()
+        raw.close()
 
 
 def _text(value: object) -> str:
     return value.decode() if isinstance(value, bytes) else str(value)
 
 
-def manager(bus: object):
+def manager(bus: SystemdBus):
     """A loaded pystemd ``Manager`` on ``bus``."""
     from pystemd.systemd1 import Manager
 
-    m = Manager(bus=bus)
+    m = Manager(bus=bus.raw)
     m.load()
     return m
 
 
-def unit(bus: object, name: str):
+def unit(bus: SystemdBus, name: str):
     """A loaded pystemd ``Unit`` named ``name`` on ``bus`` (systemd loads it on demand)."""
     from pystemd.systemd1 import Unit
 
-    u = Unit(name.encode(), bus=bus)
+    u = Unit(name.encode(), bus=bus.raw)
     u.load()
     return u
 
 
-def daemon_reload(bus: object) -> None:
+def daemon_reload(bus: SystemdBus) -> None:
     """Make the manager re-read every unit file (``systemctl daemon-reload``)."""
     manager(bus).Manager.Reload()
 
 
-def exec_start_argv(bus: object, name: str) -> list[list[str]]:
+def exec_start_argv(bus: SystemdBus, name: str) -> list[list[str]]:
     """The argv of each command of a service's ``ExecStart=``, as systemd parsed it.
 
     Returns:
@@ -108,7 +146,7 @@ def exec_start_argv(bus: object, name: str) -> list[list[str]]:
     return [[_text(arg) for arg in entry[1]] for entry in unit(bus, name).Service.ExecStart]
 
 
-def unit_property(bus: object, name: str, interface: str, prop: str) -> object:
+def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> object:
     """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``."""
     return getattr(getattr(unit(bus, name), interface), prop)
 
@@ -119,23 +157,19 @@ class JobFailed(SystemdError):
     exit_code = 1
 
 
-_MANAGER_PATH = b"/org/freedesktop/systemd1"
-_MANAGER_IFACE = b"org.freedesktop.systemd1.Manager"
-
-
-def run_job(bus: object, verb: str, name: str, timeout_s: float, mode: str = "replace") -> str:
+def run_job(bus: SystemdBus, verb: str, name: str, timeout_s: float, mode: str = "replace") -> str:
     """Queue a job on a unit and wait for systemd's ``JobRemoved`` signal for it.
 
     Args:
-        bus: an open bus (from :func:`connect`).
+        bus: an open connection (from :func:`connect`).
         verb: ``"start"``, ``"stop"`` or ``"restart"`` (``StartUnit``, ``StopUnit``, ``RestartUnit``).
         name: the unit's name.
         timeout_s: how long to wait, in seconds.
         mode: the job mode (``replace``, ``fail``...).
 
     Returns:
-        The job's result: ``"done"`` (``done`` means started, not ready: readiness
-        is the service's own health endpoint), or raises.
+        ``"done"``. That means started, not ready: readiness is the service's
+        own health endpoint.
 
     Raises:
         JobFailed: the result was ``failed``, ``timeout``, ``canceled``,
@@ -144,30 +178,29 @@ def run_job(bus: object, verb: str, name: str, timeout_s: float, mode: str = "re
     Source: org.freedesktop.systemd1(5), ``JobRemoved(u id, o job, s unit, s result)``;
     a client must call ``Subscribe()`` to get the manager's signals.
     """
+    import select
     import time as _time
 
-    results: dict[bytes, bytes] = {}
-
-    def on_job_removed(msg, error=None, userdata=None):
-        msg.process_reply(False)
-        _job_id, job_path, _unit, result = msg.body
-        results[job_path] = result
-
-    bus.match_signal(None, _MANAGER_PATH, _MANAGER_IFACE, b"JobRemoved", on_job_removed)
+    bus.watch_jobs()
     m = manager(bus)
-    m.Manager.Subscribe()
     method = {"start": m.Manager.StartUnit, "stop": m.Manager.StopUnit, "restart": m.Manager.RestartUnit}[verb]
     job = method(name.encode(), mode.encode())
     deadline = _time.monotonic() + timeout_s
-    while job not in results:
+    fd = bus.raw.get_fd()
+    while job not in bus.job_results:
         remaining = deadline - _time.monotonic()
         if remaining <= 0:
             raise JobFailed(f"{name}: {verb} job {job.decode()} did not finish within {timeout_s:g} s")
-        bus.process()
-        if job not in results:
-            # sd_bus_wait returns at once while messages are already queued.
-            bus.wait(int(min(remaining, 1.0) * 1_000_000))
-    result = results[job].decode()
+        # Wait in select(), which releases the GIL (pystemd's sd_bus_wait holds it
+        # and would freeze every other thread of the process), then dispatch
+        # whatever arrived; a dispatched signal returns an empty message, so
+        # process a bounded batch rather than "until empty".
+        select.select([fd], [], [], min(remaining, 0.2))
+        for _ in range(64):
+            bus.raw.process()
+            if job in bus.job_results:
+                break
+    result = bus.job_results.pop(job).decode()
     if result != "done":
-        raise JobFailed(f"{name}: {verb} job ended '{result}'; see the unit's journal or status")
+        raise JobFailed(f"{name}: {verb} job ended '{result}'; see the unit's status and log")
     return result

@@ -54,3 +54,22 @@ def user_manager(tmp_path_factory):
     pid = start_manager(dirs)
     yield dirs
     stop_manager(name, pid)
+
+
+TEST_ADDRESSES = {"cyan": "127.0.1.2", "peacock": "127.0.1.3"}
+
+
+@pytest.fixture(scope="session")
+def sandbox(tmp_path_factory):
+    """The sandbox fleet, up once for the test session on its own loopback addresses; down at the end.
+
+    Yields the sandbox directory; its inventory is ``DIR/fleet.toml``.
+    """
+    from flatshare_ops.sandbox.fleet import down, up
+
+    base = tmp_path_factory.mktemp("sandbox")
+    try:
+        up(base, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _line: None)
+        yield base
+    finally:
+        down(base, echo=lambda _line: None)

@@ -129,7 +129,7 @@ class EngineState:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """Run the stand-in engine until SIGTERM."""
+    """Run the stand-in engine until SIGTERM (whose default action ends it)."""
     args, additional = parse_serve_args(sys.argv[1:] if argv is None else argv)
     state = EngineState(args, additional)
 
@@ -154,9 +154,6 @@ def main(argv: list[str] | None = None) -> None:
     server = serve(args.host or "127.0.0.1", int(args.port or 8000), routes)
     load_s = float(os.environ.get("FLATSHARE_STANDIN_LOAD_S", "1"))
     threading.Timer(load_s, lambda: setattr(state, "ready", True)).start()
-    import signal
-
-    signal.signal(signal.SIGTERM, lambda *_: threading.Thread(target=server.shutdown).start())
     print(f"stand-in engine: serving {args.model} on {args.host}:{args.port}, ready in {load_s:g} s", flush=True)
     server.serve_forever()
 

@@ -62,33 +62,26 @@ def main(argv: list[str] | None = None) -> None:
     def health(_q):
         return json_body(503 if state.draining else 200, {"draining": state.draining})
 
+    # SIGTERM is taken with sigwait in the main thread: blocked before any
+    # thread starts, so no thread can swallow it and nothing runs in a handler.
+    signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGTERM, signal.SIGINT})
     server = serve(host, int(port), {
         ("POST", "/v1/chat"): chat,
         ("GET", "/health"): health,
         ("GET", "/stats"): lambda _q: json_body(200, state.stats()),
     })
-    done = threading.Event()
-
-    def drain(*_):
-        with state.lock:
-            state.draining = True
-        print(f"gateway: draining, {state.in_flight} in flight, timeout {drain_timeout_s:g} s", flush=True)
-
-        def wait():
-            deadline = time.monotonic() + drain_timeout_s
-            with state.lock:
-                while state.in_flight and time.monotonic() < deadline:
-                    state.lock.wait(timeout=max(0.0, deadline - time.monotonic()))
-                print(f"gateway: drained: completed {state.completed}, drained {state.in_flight}", flush=True)
-            done.set()
-            server.shutdown()
-
-        threading.Thread(target=wait, daemon=True).start()
-
-    signal.signal(signal.SIGTERM, drain)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
     print(f"gateway: serving on {host}:{port}", flush=True)
-    server.serve_forever()
-    done.wait()
+    signal.sigwait({signal.SIGTERM, signal.SIGINT})
+
+    with state.lock:
+        state.draining = True
+        print(f"gateway: draining, {state.in_flight} in flight, timeout {drain_timeout_s:g} s", flush=True)
+        deadline = time.monotonic() + drain_timeout_s
+        while state.in_flight and time.monotonic() < deadline:
+            state.lock.wait(timeout=max(0.0, deadline - time.monotonic()))
+        print(f"gateway: drained: completed {state.completed}, drained {state.in_flight}", flush=True)
+    server.shutdown()
     sys.exit(0)
 
 

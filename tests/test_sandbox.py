@@ -1,0 +1,263 @@
+"""The sandbox fleet: separate managers, real SSH with host keys checked, stand-ins on their interfaces,
+and the rendered units installed and running."""
+
+from __future__ import annotations
+
+import json
+import subprocess
+import threading
+import time
+import urllib.error
+import urllib.request
+import uuid
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, TEST_ADDRESSES, run_cli
+from flatshare_ops.inventory import load_inventory, resolve
+from flatshare_ops.profile import load_profile
+from flatshare_ops.remote import RemoteError, SSHTarget, open_ssh, run
+from flatshare_ops.render import render_profile
+from flatshare_ops.sandbox.fleet import SandboxNode, down, status, up
+from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+
+
+def _address(base: Path, node: str) -> ManagerAddress:
+    return ManagerAddress("user", SandboxNode(node, TEST_ADDRESSES[node], base).manager.runtime_dir)
+
+
+def _target(base: Path, node: str, known_hosts: Path | None = None) -> SSHTarget:
+    inventory = load_inventory(base / "fleet.toml")
+    n = inventory.nodes[node]
+    return SSHTarget(node, n.host, n.port, n.user, known_hosts or resolve(base / "fleet.toml", n.known_hosts),
+                     resolve(base / "fleet.toml", n.identity))
+
+
+def _get(url: str) -> tuple[int, dict, bytes]:
+    """(status, headers, body); status 0 when nothing listens."""
+    try:
+        with urllib.request.urlopen(url, timeout=5) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+    except urllib.error.URLError:
+        return 0, {}, b""
+
+
+def _post(url: str) -> tuple[int, dict, bytes]:
+    request = urllib.request.Request(url, method="POST", data=b"")
+    try:
+        with urllib.request.urlopen(request, timeout=10) as r:
+            return r.status, dict(r.headers), r.read()
+    except urllib.error.HTTPError as err:
+        return err.code, dict(err.headers), err.read()
+
+
+def _wait_for(predicate, timeout_s: float = 10.0):
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        value = predicate()
+        if value:
+            return value
+        time.sleep(0.05)
+    raise AssertionError("condition not met in time")
+
+
+def test_a_unit_started_on_cyan_is_not_seen_by_peacocks_manager(sandbox):
+    name = f"probe-{uuid.uuid4().hex[:8]}.service"
+    unit_file = SandboxNode("cyan", "", sandbox).manager.unit_dir / name
+    unit_file.write_text("[Service]\nType=exec\nExecStart=/bin/sleep 300\n")
+    try:
+        with connect(_address(sandbox, "cyan")) as bus:
+            daemon_reload(bus)
+            run_job(bus, "start", name, 10)
+            assert unit_property(bus, name, "Unit", "ActiveState") == b"active"
+        with connect(_address(sandbox, "peacock")) as bus:
+            assert unit_property(bus, name, "Unit", "LoadState") == b"not-found"
+            assert unit_property(bus, name, "Unit", "ActiveState") == b"inactive"
+    finally:
+        with connect(_address(sandbox, "cyan")) as bus:
+            run_job(bus, "stop", name, 10)
+        unit_file.unlink()
+
+
+def test_each_node_manager_runs_in_its_own_cgroup(sandbox):
+    state = json.loads((sandbox / "state.json").read_text())
+    groups = {}
+    for node, record in state["nodes"].items():
+        groups[node] = Path(f"/proc/{record['manager_pid']}/cgroup").read_text()
+    assert groups["cyan"] != groups["peacock"]
+    assert "flatshare-cyan-" in groups["cyan"] and "flatshare-peacock-" in groups["peacock"]
+
+
+@pytest.mark.parametrize("node", ["cyan", "peacock"])
+def test_ssh_reaches_each_node_with_its_host_key_checked(sandbox, node):
+    client = open_ssh(_target(sandbox, node))
+    try:
+        result = run(client, ["sh", "-c", 'printf %s "$FLATSHARE_NODE"'])
+    finally:
+        client.close()
+    assert (result.status, result.stdout) == (0, node)
+
+
+def test_a_changed_host_key_is_refused(sandbox, tmp_path):
+    impostor = tmp_path / "impostor"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(impostor)], check=True)
+    kind, blob = impostor.with_suffix(".pub").read_text().split()[:2]
+    known = tmp_path / "known_hosts"
+    known.write_text(f"[{TEST_ADDRESSES['cyan']}]:2222 {kind} {blob}\n")
+    with pytest.raises(RemoteError, match="does not match"):
+        open_ssh(_target(sandbox, "cyan", known))
+
+
+def test_an_unknown_host_is_refused_not_added(sandbox, tmp_path):
+    known = tmp_path / "known_hosts"
+    known.write_text("")
+    with pytest.raises(RemoteError, match="is not in"):
+        open_ssh(_target(sandbox, "cyan", known))
+    assert known.read_text() == ""
+
+
+def test_stand_in_engine_answers_health_version_and_metrics(sandbox):
+    node = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox)
+    url = f"http://{node.address}:8000"
+    assert _get(url + "/health")[0] == 200
+    metadata = next(node.venv.glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")).read_text()
+    installed = next(line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Version:"))
+    assert json.loads(_get(url + "/version")[2]) == {"version": installed} == {"version": "0.32.0"}
+    metrics = _get(url + "/metrics")[2].decode()
+    assert 'vllm:num_requests_running{model_name="flatshare-chat"}' in metrics
+    assert 'cache_dtype="auto"' in metrics
+    assert "flatshare:make_room_turns_announced_total" in metrics
+
+
+def test_stand_in_engine_refuses_an_unknown_flag(sandbox):
+    node = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox)
+    result = subprocess.run([str(node.venv / "bin/vllm"), "serve", "/m", "--bogus-flag", "1"], capture_output=True, text=True)
+    assert result.returncode == 2
+    assert "unrecognized arguments: --bogus-flag 1" in result.stderr
+
+
+@pytest.mark.parametrize("node", ["cyan", "peacock"])
+def test_rendered_units_are_installed_and_running(sandbox, node):
+    n = SandboxNode(node, TEST_ADDRESSES[node], sandbox)
+    rendered = render_profile(load_profile(n.profile))
+    for name, text in rendered.units.items():
+        assert (n.manager.unit_dir / name).read_text() == text
+    with connect(_address(sandbox, node)) as bus:
+        for name in ("flatshare.target", "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"):
+            assert unit_property(bus, name, "Unit", "ActiveState") == b"active", name
+        pid = unit_property(bus, "flatshare-engine.service", "Service", "MainPID")
+    cmdline = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    # The console script runs under its interpreter: [python, VENV/bin/vllm, serve, MODEL, flags...]
+    assert cmdline[1:] == rendered.argv
+    # The pre-start step built the module the node's profile pins.
+    import hashlib
+
+    module = load_profile(n.profile).profile.module
+    assert hashlib.sha256(Path(module.path).read_bytes()).hexdigest() == module.sha256
+
+
+def test_gateway_drains_on_stop_503_with_retry_after_and_lets_requests_finish(sandbox):
+    node = SandboxNode("peacock", TEST_ADDRESSES["peacock"], sandbox)
+    gateway = f"http://{node.address}:8080"
+    results = {}
+    slow = threading.Thread(target=lambda: results.setdefault("slow", _post(gateway + "/v1/chat?hold=1.5")))
+    slow.start()
+    _wait_for(lambda: json.loads(_get(gateway + "/stats")[2])["in_flight"] == 1)
+    def stop_gateway():
+        # Its own connection: an sd-bus connection belongs to one thread.
+        with connect(_address(sandbox, "peacock")) as bus:
+            run_job(bus, "stop", "flatshare-gateway.service", 30)
+
+    stopper = threading.Thread(target=stop_gateway)
+    stopper.start()
+    try:
+        _wait_for(lambda: _get(gateway + "/health")[0] == 503)
+        status, headers, _ = _post(gateway + "/v1/chat")
+        stopper.join()
+        slow.join()
+        assert status == 503 and headers.get("Retry-After") == "1"
+        assert results["slow"][0] == 200
+    finally:
+        stopper.join()
+        with connect(_address(sandbox, "peacock")) as bus:
+            run_job(bus, "start", "flatshare-gateway.service", 30)
+    _wait_for(lambda: _get(gateway + "/health")[0] == 200)
+
+
+def _voice_status(node: SandboxNode) -> dict:
+    return json.loads((node.run_dir / "voice.status").read_text())
+
+
+def test_voice_worker_drains_after_its_calls_end_and_serves_again(sandbox):
+    node = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox)
+    voice = f"http://{node.address}:8090"
+    drain_file = node.run_dir / "voice.drain"
+    assert _post(voice + "/calls/start?seconds=1&turns=1")[0] == 200
+    began = time.time()
+    drain_id = uuid.uuid4().hex
+    drain_file.write_text(drain_id)
+    try:
+        draining = _wait_for(lambda: (s := _voice_status(node))["drain_id"] == drain_id and s)
+        assert draining["state"] == "draining" and draining["calls_in_progress"] == 1
+        assert _post(voice + "/calls/start")[0] == 503
+        drained = _wait_for(lambda: (s := _voice_status(node))["state"] == "drained" and s)
+        assert drained["drain_id"] == drain_id and drained["written_at"] >= began
+        assert drained["calls_in_progress"] == 0
+    finally:
+        drain_file.unlink()
+    _wait_for(lambda: _voice_status(node)["state"] == "serving")
+    assert _post(voice + "/calls/start?seconds=0.1")[0] == 200
+
+
+def _turns(url: str) -> float:
+    for line in _get(url + "/metrics")[2].decode().splitlines():
+        if line.startswith("flatshare:make_room_turns_announced_total"):
+            return float(line.split()[-1])
+    raise AssertionError("no turns counter")
+
+
+def test_voice_worker_announces_turns_to_the_engine_when_hints_are_on(sandbox):
+    node = SandboxNode("peacock", TEST_ADDRESSES["peacock"], sandbox)
+    engine = f"http://{node.address}:8000"
+    before = _turns(engine)
+    assert _post(f"http://{node.address}:8090/calls/start?seconds=0.3&turns=3")[0] == 200
+    _wait_for(lambda: _turns(engine) == before + 3)
+
+
+def test_sandbox_up_again_changes_nothing(sandbox):
+    before_state = (sandbox / "state.json").read_text()
+    with connect(_address(sandbox, "cyan")) as bus:
+        invocation = unit_property(bus, "flatshare-engine.service", "Unit", "InvocationID")
+    up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None)
+    assert (sandbox / "state.json").read_text() == before_state
+    with connect(_address(sandbox, "cyan")) as bus:
+        assert unit_property(bus, "flatshare-engine.service", "Unit", "InvocationID") == invocation
+
+
+def test_status_reports_each_node(sandbox):
+    result = run_cli("sandbox", "status", "--dir", str(sandbox), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert set(report) == {"cyan", "peacock"}
+    assert all(entry["engine_health"] == 200 for entry in report.values())
+
+
+def test_down_stops_every_process_it_started(tmp_path):
+    addresses = {"cyan": "127.0.2.2", "peacock": "127.0.2.3"}
+    base = tmp_path / "sb"
+    up(base, REPO / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
+    state = json.loads((base / "state.json").read_text())
+    pids = [pid for record in state["nodes"].values() for pid in record.values()]
+    groups = [Path(f"/sys/fs/cgroup/systemd/flatshare-{SandboxNode(n, a, base.resolve()).manager.name}")
+              for n, a in addresses.items()]
+    down(base, echo=lambda _l: None)
+    for pid in pids:
+        stat = Path(f"/proc/{pid}/stat")
+        assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z", f"pid {pid} still runs"
+    for group in groups:
+        leftover = [p for procs in group.rglob("cgroup.procs") for p in procs.read_text().split()]
+        assert leftover == [], f"{group} still holds {leftover}"
+    assert status(base) == {}
