@@ -4,17 +4,25 @@
 VENV := .venv
 BIN := $(VENV)/bin
 
-.PHONY: setup demo test profiles verify
+.PHONY: setup demo test profiles verify sandbox-down
 
 setup:
 	@./scripts/setup.sh
 
+# The main job on the local sandbox fleet: check the checkout renders without
+# drift, bring cyan and peacock up with the rendered units, show their state.
 demo: setup
 	$(BIN)/flatshare profiles render
 	$(BIN)/flatshare profiles verify
+	$(BIN)/flatshare sandbox up
+	$(BIN)/flatshare sandbox status
 
 test: setup
+	@./scripts/vllm-parser-venv.sh
 	$(BIN)/python -m pytest -q
+
+sandbox-down: setup
+	$(BIN)/flatshare sandbox down
 
 profiles: setup
 	@$(BIN)/flatshare profiles render $(if $(UPDATE),--update)

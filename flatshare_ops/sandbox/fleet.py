@@ -266,7 +266,24 @@ def _manager_answers(node: SandboxNode) -> bool:
         return False
 
 
+def _listening(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((address, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
 def _start_sshd(node: SandboxNode) -> int:
+    if _listening(node.address, SSH_PORT):
+        # Another sandbox (or a stray sshd) owns the address: ours would fail to bind,
+        # and a check that connects would be fooled by theirs.
+        raise SandboxError(
+            f"{node.name}: {node.address}:{SSH_PORT} is already in use; run 'flatshare sandbox down' "
+            "for the sandbox that holds it (or stop that process)"
+        )
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     log = open(node.ssh_dir / "sshd.log", "ab")
     process = subprocess.Popen(
@@ -274,17 +291,13 @@ def _start_sshd(node: SandboxNode) -> int:
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
     )
     log.close()
-    import socket
-
     deadline = time.monotonic() + 10
     while time.monotonic() < deadline:
         if process.poll() is not None:
             raise SandboxError(f"{node.name}: sshd exited with {process.returncode}; see {node.ssh_dir / 'sshd.log'}")
-        try:
-            socket.create_connection((node.address, SSH_PORT), timeout=0.2).close()
+        if _listening(node.address, SSH_PORT):
             return process.pid
-        except OSError:
-            time.sleep(0.05)
+        time.sleep(0.05)
     process.kill()
     raise SandboxError(f"{node.name}: sshd did not listen on {node.address}:{SSH_PORT} within 10 s")
 
