@@ -56,7 +56,14 @@ def user_manager(tmp_path_factory):
     stop_manager(name, pid)
 
 
-TEST_ADDRESSES = {"cyan": "127.0.1.2", "peacock": "127.0.1.3"}
+def loopback_pair(offset: int) -> dict[str, str]:
+    """Loopback addresses for a test sandbox, distinct per test process, so that two
+    test runs (or a test run beside `make demo`'s 127.0.0.x) never share an address."""
+    slot = (os.getpid() * 2 + offset) % 60000
+    return {"cyan": f"127.{1 + slot // 250}.{slot % 250}.2", "peacock": f"127.{1 + slot // 250}.{slot % 250}.3"}
+
+
+TEST_ADDRESSES = loopback_pair(0)
 
 
 @pytest.fixture(scope="session")

@@ -14,7 +14,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEST_ADDRESSES, run_cli
+from conftest import REPO, TEST_ADDRESSES, loopback_pair, run_cli
 from flatshare_ops.inventory import load_inventory, resolve
 from flatshare_ops.profile import load_profile
 from flatshare_ops.remote import RemoteError, SSHTarget, open_ssh, run
@@ -246,7 +246,7 @@ def test_status_reports_each_node(sandbox):
 
 
 def test_down_stops_every_process_it_started(tmp_path):
-    addresses = {"cyan": "127.0.2.2", "peacock": "127.0.2.3"}
+    addresses = loopback_pair(1)
     base = tmp_path / "sb"
     up(base, REPO / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
     state = json.loads((base / "state.json").read_text())
