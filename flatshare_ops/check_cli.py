@@ -1,13 +1,86 @@
 """``serving-check``: verify the running engine against the node's active release.
 
-Not built yet (issue 4). Until then it answers UNKNOWN, exit 3, by the Nagios
-plugin convention for a check that cannot run.
+Run from cron or ``serving-check.timer`` on each node. The local path uses
+argparse and the standard library only (it runs every minute): no SSH,
+templates or CLI framework is imported unless ``--node``/``--all`` asks for
+other nodes.
+
+Exit codes follow the Nagios plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
+3 UNKNOWN (the check's own trouble, never a drifted engine).
 """
 
+from __future__ import annotations
+
+import argparse
+import json
+import os
 import sys
+from pathlib import Path
+
+DEFAULT_STATE_DIR = Path("/var/lib/flatshare")
 
 
-def main() -> None:
-    """Console-script entry point."""
-    print("SERVING-CHECK UNKNOWN - serving-check is not implemented yet")
-    sys.exit(3)
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(
+        prog="serving-check",
+        description="Check that the running vLLM engine is what the node's active release says.",
+    )
+    parser.add_argument("--state-dir", type=Path, default=DEFAULT_STATE_DIR,
+                        help="the node's state directory (default /var/lib/flatshare)")
+    parser.add_argument("--runtime-dir", type=Path, default=None,
+                        help="a user-scope manager's XDG_RUNTIME_DIR (default: $XDG_RUNTIME_DIR)")
+    parser.add_argument("--node-name", default=None, help="this node's name in messages (default: $FLATSHARE_NODE or the host name)")
+    parser.add_argument("--quiet", action="store_true", help="print nothing when everything is OK (for cron)")
+    parser.add_argument("--json", action="store_true", help="print the findings as JSON")
+    parser.add_argument("--textfile", type=Path, default=None, metavar="DIR",
+                        help="also write DIR/serving_check.prom for node_exporter's textfile collector")
+    parser.add_argument("--node", action="append", default=[], metavar="NAME",
+                        help="check this inventory node over SSH instead of this machine (repeatable)")
+    parser.add_argument("--all", action="store_true", help="check every inventory node over SSH")
+    parser.add_argument("--inventory", type=Path, default=None,
+                        help="the inventory (default: $FLATSHARE_INVENTORY or profiles/fleet.toml)")
+    return parser
+
+
+def _print_report(report, args) -> None:
+    from .check import nagios_text
+
+    if args.json:
+        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+    elif not (args.quiet and report.status == "OK"):
+        sys.stdout.write(nagios_text(report))
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: run the checks and exit with the Nagios code."""
+    try:
+        _main(argv)
+    except BrokenPipeError:
+        # The reader went away (``| head``): the exit code still carries the result.
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        sys.exit(3)
+
+
+def _main(argv: list[str] | None) -> None:
+    args = _parser().parse_args(argv)
+    if args.node or args.all:
+        from .remote_check import check_nodes
+
+        sys.exit(check_nodes(args))
+
+    from .check import run_checks, write_textfile
+
+    node = args.node_name or os.environ.get("FLATSHARE_NODE") or os.uname().nodename
+    report = run_checks(args.state_dir, node, args.runtime_dir)
+    if args.textfile:
+        try:
+            write_textfile(args.textfile, report)
+        except OSError as err:
+            print(f"SERVING-CHECK UNKNOWN - cannot write {args.textfile}/serving_check.prom: {err}")
+            sys.exit(3)
+    _print_report(report, args)
+    sys.exit(report.exit_code)
+
+
+if __name__ == "__main__":
+    main()

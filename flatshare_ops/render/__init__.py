@@ -6,6 +6,7 @@ profile always renders byte-identical files.
 
 from __future__ import annotations
 
+import json
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -23,15 +24,17 @@ class Rendered:
         units: unit name -> unit file text.
         serving: the ``serving.json`` text.
         argv: the engine's command line.
+        profile_json: the resolved profile as JSON (the release's record of it).
     """
 
     units: dict[str, str]
     serving: str
     argv: list[str]
+    profile_json: str
 
     def release_files(self) -> dict[str, str]:
-        """Files of a release directory: ``serving.json`` and ``units/NAME``."""
-        files = {"serving.json": self.serving}
+        """Files of a release directory: ``serving.json``, ``profile.json`` and ``units/NAME``."""
+        files = {"serving.json": self.serving, "profile.json": self.profile_json}
         files.update({f"units/{name}": text for name, text in self.units.items()})
         return files
 
@@ -43,4 +46,9 @@ def render_profile(loaded: LoadedProfile) -> Rendered:
         systemd_escape.UnsafeValueError: only if the schema let a control character through.
     """
     units = render_units(loaded.profile)
-    return Rendered(units=units, serving=render_serving(loaded, units), argv=engine_argv(loaded.profile.engine))
+    return Rendered(
+        units=units,
+        serving=render_serving(loaded, units),
+        argv=engine_argv(loaded.profile.engine),
+        profile_json=json.dumps(loaded.data, indent=2, sort_keys=True) + "\n",
+    )

@@ -64,6 +64,11 @@ def engine_url(profile: Profile) -> str:
     return f"http://{host}:{profile.engine.port}"
 
 
+def check_argv(profile: Profile) -> list[str]:
+    """serving-check's command on a node: the profile's command, told the node's state directory."""
+    return [*profile.check.command, "--state-dir", profile.layout.state_dir]
+
+
 def _context(profile: Profile) -> dict:
     engine = profile.engine
     engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
@@ -88,6 +93,7 @@ def _context(profile: Profile) -> dict:
         "engine_argv": engine_argv(engine),
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
+        "check_argv": check_argv(profile),
     }
 
 

@@ -28,6 +28,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..atomic import write_atomic
+from ..checkout import describe
+from ..release_store import current_release, release_id, store_release, switch_current
 from ..profile import load_profile
 from ..render import render_profile
 from ..render.units import ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
@@ -367,15 +369,21 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
             echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record['sshd_pid']})")
         _write_state(base, state)
 
+    commit = describe(production.resolve().parent)
     for node in sandbox_nodes:
         loaded = load_profile(node.profile)
-        units = render_profile(loaded).units
-        written = install_units(node, units)
         address = ManagerAddress("user", node.manager.runtime_dir)
         with connect(address) as bus:
-            if written:
+            if current_release(node.state_dir) is None:
+                # The node's first state: the checkout's render, installed as its first release.
+                rendered = render_profile(loaded)
+                files = rendered.release_files()
+                rid = release_id(files, commit)
+                store_release(node.state_dir, rid, files)
+                install_units(node, rendered.units)
                 daemon_reload(bus)
-                echo(f"{node.name}: installed {', '.join(written)}")
+                switch_current(node.state_dir, rid)
+                echo(f"{node.name}: installed release {rid}")
             run_job(bus, "start", TARGET_UNIT, loaded.profile.engine.start_timeout_s)
         wait_healthy(engine_url(loaded.profile) + "/health", loaded.profile.engine.start_timeout_s)
     return inventory

@@ -1,0 +1,286 @@
+"""serving-check on the sandbox fleet: OK when all matches, and each kind of drift made for real
+gives the right status, names the right thing and exits with the right code."""
+
+from __future__ import annotations
+
+import json
+import os
+import socket
+import subprocess
+import sys
+import time
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import TEST_ADDRESSES, run_cli
+from flatshare_ops.check import compare_argv, normalize_argv
+from flatshare_ops.profile import load_profile
+from flatshare_ops.render.systemd_escape import exec_command
+from flatshare_ops.sandbox.fleet import SandboxNode, wait_healthy
+from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job
+
+ENGINE = "flatshare-engine.service"
+
+
+def _node(sandbox: Path, name: str = "cyan") -> SandboxNode:
+    return SandboxNode(name, TEST_ADDRESSES[name], sandbox)
+
+
+def _check(sandbox: Path, *extra: str, name: str = "cyan"):
+    node = _node(sandbox, name)
+    return run_cli("--state-dir", str(node.state_dir), "--runtime-dir", str(node.manager.runtime_dir),
+                   "--node-name", name, *extra, program="serving-check")
+
+
+def _restart(sandbox: Path, unit: str = ENGINE, name: str = "cyan") -> None:
+    node = _node(sandbox, name)
+    with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+        daemon_reload(bus)
+        run_job(bus, "restart", unit, 60)
+    wait_healthy(f"http://{node.address}:8000/health", 30)
+
+
+class DropIn:
+    """A drop-in on a node's unit for the length of a test; removed (and the unit restarted) after."""
+
+    def __init__(self, sandbox: Path, unit: str, text: str, name: str = "cyan", link: bool = False):
+        self.sandbox, self.unit, self.name = sandbox, unit, name
+        node = _node(sandbox, name)
+        self.directory = node.manager.unit_dir / f"{unit}.d"
+        self.path = self.directory / "50-test.conf"
+        self.directory.mkdir(exist_ok=True)
+        if link:
+            self.target = node.root / "bench/e2-point.conf"
+            self.target.parent.mkdir(exist_ok=True)
+            self.target.write_text(text)
+            self.path.symlink_to(self.target)
+        else:
+            self.target = None
+            self.path.write_text(text)
+
+    def remove(self, restart: bool = True) -> None:
+        self.path.unlink(missing_ok=True)
+        if self.target:
+            self.target.unlink(missing_ok=True)
+        if restart:
+            _restart(self.sandbox, self.unit, self.name)
+        else:
+            with connect(ManagerAddress("user", _node(self.sandbox, self.name).manager.runtime_dir)) as bus:
+                daemon_reload(bus)
+
+
+def _serving(sandbox: Path, name: str = "cyan") -> dict:
+    return json.loads((_node(sandbox, name).state_dir / "releases/current/serving.json").read_text())
+
+
+def test_ok_when_everything_matches(sandbox):
+    result = _check(sandbox)
+    assert result.returncode == 0, result.stdout
+    first = result.stdout.splitlines()[0]
+    assert first.startswith("SERVING-CHECK OK - cyan: ") and " | " in first
+
+
+def test_quiet_prints_nothing_when_ok(sandbox):
+    result = _check(sandbox, "--quiet")
+    assert (result.returncode, result.stdout, result.stderr) == (0, "", "")
+
+
+def test_a_flag_changed_through_a_drop_in_is_named_with_both_values(sandbox):
+    argv = _serving(sandbox)["engine"]["argv"]
+    changed = list(argv)
+    changed[changed.index("--additional-config.make_room.decode_hold_tokens") + 1] = "0"
+    drop_in = DropIn(sandbox, ENGINE, f"[Service]\nExecStart=\nExecStart={exec_command(changed)}\n")
+    try:
+        _restart(sandbox)
+        result = _check(sandbox)
+        assert result.returncode == 2, result.stdout
+        assert result.stdout.startswith("SERVING-CHECK CRITICAL")
+        assert "--additional-config.make_room.decode_hold_tokens: running 0, profile 48" in result.stdout
+        assert f"drop-in {drop_in.path}" in result.stdout
+    finally:
+        drop_in.remove()
+    assert _check(sandbox).returncode == 0
+
+
+def test_a_different_vllm_version_is_critical(sandbox):
+    drop_in = DropIn(sandbox, ENGINE, '[Service]\nEnvironment="FLATSHARE_STANDIN_VERSION=0.33.0"\n')
+    try:
+        _restart(sandbox)
+        result = _check(sandbox, "--json")
+        assert result.returncode == 2
+        report = json.loads(result.stdout)
+        (finding,) = [f for f in report["findings"] if f["check"] == "vllm_release"]
+        assert finding["status"] == "CRITICAL"
+        assert finding["details"] == ["GET /version: running 0.33.0, profile 0.32.0"]
+    finally:
+        drop_in.remove()
+
+
+def test_a_module_rebuilt_after_the_engine_started_needs_a_restart(sandbox):
+    serving = _serving(sandbox)
+    module = Path(serving["module"]["path"])
+    subprocess.run([sys.executable, "-m", "flatshare_ops.sandbox.module_build", "--out", str(module.parent),
+                    "--patch", "1"], check=True)
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 2
+        assert f"{module}: sha256 " in result.stdout and f"profile pins {serving['module']['sha256']}" in result.stdout
+        assert "after the engine started" in result.stdout and "restart it" in result.stdout
+    finally:
+        _restart(sandbox)  # the pre-start step rebuilds the pinned module
+    assert _check(sandbox).returncode == 0
+
+
+def test_a_changed_installed_unit_is_critical(sandbox):
+    unit = _node(sandbox).manager.unit_dir / "flatshare-voice.service"
+    original = unit.read_bytes()
+    unit.write_bytes(original + b"# edited on the node\n")
+    try:
+        result = _check(sandbox, "--json")
+        report = json.loads(result.stdout)
+        assert result.returncode == 2
+        (units,) = [f for f in report["findings"] if f["check"] == "units"]
+        assert units["status"] == "CRITICAL"
+        assert units["details"][0].startswith("flatshare-voice.service: installed file differs from the release")
+        (notes,) = [f for f in report["findings"] if f["check"] == "drop_ins"]
+        assert "flatshare-voice.service: unit file changed on disk; systemd needs a daemon-reload" in notes["details"]
+    finally:
+        unit.write_bytes(original)
+        with connect(ManagerAddress("user", _node(sandbox).manager.runtime_dir)) as bus:
+            daemon_reload(bus)
+
+
+def test_a_stopped_engine_is_critical(sandbox):
+    node = _node(sandbox, "peacock")
+    with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+        run_job(bus, "stop", ENGINE, 30)
+    try:
+        result = _check(sandbox, name="peacock")
+        assert result.returncode == 2
+        assert "CRITICAL engine_unit: flatshare-engine.service is inactive, not running" in result.stdout
+    finally:
+        with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+            run_job(bus, "start", ENGINE, 60)
+        wait_healthy(f"http://{node.address}:8000/health", 30)
+
+
+def test_an_e2_drop_in_on_cyan_is_a_warning_naming_it(sandbox):
+    drop_in = DropIn(sandbox, "flatshare-gateway.service", '[Service]\nEnvironment="E2_POINT=7"\n', link=True)
+    try:
+        with connect(ManagerAddress("user", _node(sandbox).manager.runtime_dir)) as bus:
+            daemon_reload(bus)
+        result = _check(sandbox)
+        assert result.returncode == 1, result.stdout
+        assert result.stdout.startswith("SERVING-CHECK WARNING")
+        assert f"E2 drop-in {drop_in.path} -> {drop_in.target}" in result.stdout
+    finally:
+        drop_in.remove(restart=False)
+
+
+def test_no_active_release_is_unknown(sandbox, tmp_path):
+    result = run_cli("--state-dir", str(tmp_path), "--runtime-dir", str(_node(sandbox).manager.runtime_dir),
+                     program="serving-check")
+    assert result.returncode == 3
+    assert result.stdout.startswith("SERVING-CHECK UNKNOWN")
+    assert "serving.json not found" in result.stdout
+
+
+def test_a_release_holding_the_lock_is_reported_not_alarmed(sandbox):
+    releases = _node(sandbox).state_dir / "releases"
+    unit = _node(sandbox).manager.unit_dir / "flatshare-voice.service"
+    original = unit.read_bytes()
+    holder = {"host": os.uname().nodename, "pid": os.getpid(), "user": "root", "release": "next",
+              "started_at": time.time()}
+    (releases / "lock.json").write_text(json.dumps(holder))
+    unit.write_bytes(original + b"# mid-release\n")  # what a release in progress looks like
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 0, result.stdout
+        assert "release in progress" in result.stdout and f"pid {os.getpid()}" in result.stdout
+    finally:
+        (releases / "lock.json").unlink()
+        unit.write_bytes(original)
+        with connect(ManagerAddress("user", _node(sandbox).manager.runtime_dir)) as bus:
+            daemon_reload(bus)
+
+
+def test_an_unfinished_switch_is_a_warning(sandbox):
+    journal = _node(sandbox).state_dir / "releases/switching.json"
+    journal.write_text(json.dumps({"schema": 1, "from": "a", "to": "b", "pid": 999999}))
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 1
+        assert "unfinished switch (from a to b" in result.stdout and "flatshare release" in result.stdout
+    finally:
+        journal.unlink()
+
+
+def test_calls_without_turn_hints_are_a_warning(sandbox):
+    node = _node(sandbox, "peacock")
+    drop_in = DropIn(sandbox, "flatshare-voice.service", '[Service]\nEnvironment="FLATSHARE_TURN_HINTS=0"\n', name="peacock")
+    try:
+        _restart(sandbox, "flatshare-voice.service", name="peacock")
+        _restart(sandbox, ENGINE, name="peacock")  # a fresh engine: its turn counter starts at 0
+        request = urllib.request.Request(f"http://{node.address}:8090/calls/start?seconds=3&turns=3", method="POST", data=b"")
+        urllib.request.urlopen(request, timeout=5).read()
+        result = _check(sandbox, name="peacock")
+        assert result.returncode == 1, result.stdout
+        assert "no voice turn announced since the engine started" in result.stdout
+    finally:
+        drop_in.remove()  # restarts the voice worker with hints on
+        _restart(sandbox, ENGINE, name="peacock")  # and forget the cut call's running request
+
+
+def test_textfile_is_written_for_node_exporter(sandbox, tmp_path):
+    result = _check(sandbox, "--quiet", "--textfile", str(tmp_path))
+    assert result.returncode == 0
+    assert [p.name for p in tmp_path.iterdir()] == ["serving_check.prom"]
+    text = (tmp_path / "serving_check.prom").read_text()
+    assert 'flatshare_serving_check_status{node="cyan",check="flags"} 0' in text
+    assert "# TYPE flatshare_serving_check_last_run_timestamp_seconds gauge" in text
+
+
+def test_remote_check_of_the_other_node_over_ssh(sandbox):
+    result = run_cli("--node", "peacock", "--inventory", str(sandbox / "fleet.toml"), program="serving-check")
+    assert result.returncode == 0, result.stdout
+    assert result.stdout.startswith("SERVING-CHECK OK - peacock: ")
+
+
+def test_all_nodes_json(sandbox):
+    result = run_cli("--all", "--json", "--inventory", str(sandbox / "fleet.toml"), program="serving-check")
+    assert result.returncode == 0
+    assert {node: report["status"] for node, report in json.loads(result.stdout).items()} == {"cyan": "OK", "peacock": "OK"}
+
+
+# --- comparing argv by meaning (pure) -------------------------------------------
+
+BASE = ["/venv/bin/python3", "/venv/bin/vllm", "serve", "/m", "--port", "8000", "--async-scheduling",
+        "--additional-config.make_room.decode_hold_tokens", "48", "--additional-config.make_room.take_reservations", "true"]
+
+
+@pytest.mark.parametrize("running", [
+    ["/venv/bin/vllm", "serve", "/m", "--async-scheduling", "--port=8000",
+     "--additional-config.make_room.take_reservations", "true", "--additional-config.make_room.decode_hold_tokens", "48"],
+    ["/venv/bin/vllm", "serve", "/m", "--port", "8000", "--async-scheduling",
+     "--additional-config", '{"make_room": {"decode_hold_tokens": 48, "take_reservations": true}}'],
+])
+def test_equivalent_spellings_are_equal(running):
+    assert compare_argv(running, BASE) == []
+
+
+def test_differences_are_named_with_both_values():
+    running = ["/venv/bin/vllm", "serve", "/m", "--port", "8001", "--no-async-scheduling", "--enforce-eager",
+               "--additional-config.make_room.decode_hold_tokens", "0"]
+    assert compare_argv(running, BASE) == [
+        "--additional-config.make_room.decode_hold_tokens: running 0, profile 48",
+        "--additional-config.make_room.take_reservations: missing (profile on)",
+        "--async-scheduling: running off, profile on",
+        "--enforce-eager: extra (running on)",
+        "--port: running 8001, profile 8000",
+    ]
+
+
+def test_normalize_reads_the_model():
+    assert normalize_argv(BASE)[0] == "/m"
