@@ -89,6 +89,25 @@ def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None)
     typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
 
 
+@app.command("check")
+def check(
+    all_nodes: Annotated[bool, typer.Option("--all", help="Check every inventory node.")] = False,
+    node: Annotated[Optional[list[str]], typer.Option("--node", help="Check this node (repeatable).")] = None,
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", envvar="FLATSHARE_INVENTORY",
+                                                      help="The inventory (default profiles/fleet.toml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing for nodes that are OK.")] = False,
+) -> None:
+    """Run serving-check on inventory nodes over SSH and print each node's result (Nagios exit codes)."""
+    from .check_cli import main as serving_check
+
+    argv = ["--all"] if all_nodes or not node else [a for n in node for a in ("--node", n)]
+    argv += ["--inventory", str(inventory)] if inventory else []
+    argv += ["--json"] if as_json else []
+    argv += ["--quiet"] if quiet else []
+    serving_check(argv)
+
+
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local two-node sandbox fleet (cyan, peacock).")
 app.add_typer(sandbox_app, name="sandbox")
 SandboxDir = Annotated[Path, typer.Option("--dir", help="The sandbox directory.")]

@@ -23,9 +23,7 @@ import tempfile
 from pathlib import Path
 
 from .atomic import write_atomic
-
-RELEASES = "releases"
-CURRENT = "current"
+from .node_files import CURRENT, RELEASES
 
 
 def releases_dir(state_dir: Path) -> Path:
@@ -98,11 +96,3 @@ def switch_current(state_dir: Path, rid: str) -> None:
 def active_serving_json(state_dir: Path) -> Path:
     """Path of the active release's ``serving.json``."""
     return releases_dir(state_dir) / CURRENT / "serving.json"
-
-
-#: The release journal, the lock and its holder record (see releases/README.md).
-JOURNAL = "switching.json"
-LOCK = ".lock"
-LOCK_HOLDER = "lock.json"
-HISTORY = "history.jsonl"
-LOG = "release.log"

@@ -48,7 +48,8 @@ def remote_report(inventory_file: Path, name: str) -> Report:
         client.close()
     try:
         document = json.loads(result.stdout)
-        return Report(name, [Finding(**f) for f in document["findings"]], document.get("perfdata", {}))
+        findings = [Finding(f["check"], f["status"], f["summary"], f["details"]) for f in document["findings"]]
+        return Report(name, findings, document.get("perfdata", {}))
     except (json.JSONDecodeError, KeyError, TypeError):
         tail = (result.stderr or result.stdout).strip().splitlines()[-1:] or ["no output"]
         return Report(name, [Finding("ssh", UNKNOWN, f"serving-check on {name} exited {result.status}: {tail[0]}")])

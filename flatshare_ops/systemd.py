@@ -9,12 +9,33 @@ D-Bus API, org.freedesktop.systemd1(5).
 
 from __future__ import annotations
 
+import sys
+from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterator
 
 from .errors import FlatshareError
+
+
+def dbuslib():
+    """pystemd's low-level D-Bus module (``pystemd.dbuslib``), imported without
+    running pystemd's package ``__init__``.
+
+    That ``__init__`` imports every pystemd submodule, lxml included: about
+    20 ms, a quarter of what serving-check may cost (issue 4's budget). The
+    package object is created from its spec but not executed; submodules
+    (``pystemd.systemd1`` for the CLI's job handling) still import normally.
+    """
+    if "pystemd" not in sys.modules:
+        import importlib.util
+
+        spec = importlib.util.find_spec("pystemd")
+        if spec is None:
+            raise SystemdError("pystemd is not installed; run scripts/setup.sh")
+        sys.modules["pystemd"] = importlib.util.module_from_spec(spec)
+    from pystemd import dbuslib as module
+
+    return module
 
 
 class SystemdError(FlatshareError):
@@ -23,7 +44,6 @@ class SystemdError(FlatshareError):
     exit_code = 3
 
 
-@dataclass(frozen=True)
 class ManagerAddress:
     """How to reach one node's systemd manager.
 
@@ -32,8 +52,12 @@ class ManagerAddress:
         runtime_dir: the user manager's ``XDG_RUNTIME_DIR`` (only for scope ``user``).
     """
 
-    scope: str
-    runtime_dir: Path | None = None
+    # A plain class: serving-check imports this module every minute, and
+    # dataclasses would pull in inspect (about 5 ms).
+    __slots__ = ("scope", "runtime_dir")
+
+    def __init__(self, scope: str, runtime_dir: Path | None = None) -> None:
+        self.scope, self.runtime_dir = scope, runtime_dir
 
     @property
     def private_socket(self) -> Path:
@@ -87,8 +111,8 @@ def connect(address: ManagerAddress) -> Iterator[SystemdBus]:
     Raises:
         SystemdError: the socket is missing or the connection is refused.
     """
-    from pystemd.dbuslib import DBus, DBusAddress
-
+    lib = dbuslib()
+    DBus, DBusAddress = lib.DBus, lib.DBusAddress
     try:
         if address.scope == "system":
             raw = DBus()
@@ -146,9 +170,32 @@ def exec_start_argv(bus: SystemdBus, name: str) -> list[list[str]]:
     return [[_text(arg) for arg in entry[1]] for entry in unit(bus, name).Service.ExecStart]
 
 
+def _unit_path(name: str) -> bytes:
+    return dbuslib().path_encode(b"/org/freedesktop/systemd1/unit", name.encode())
+
+
 def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> object:
-    """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``."""
-    return getattr(getattr(unit(bus, name), interface), prop)
+    """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``.
+
+    Read with ``org.freedesktop.DBus.Properties.Get`` on the unit's object path
+    (systemd loads the unit on demand), without pystemd's introspection.
+    Strings come back as bytes, as pystemd returns them.
+    """
+    apply_signature = dbuslib().apply_signature
+    return bus.raw.call_method(
+        b"org.freedesktop.systemd1", _unit_path(name), b"org.freedesktop.DBus.Properties", b"Get",
+        apply_signature(b"ss", [f"org.freedesktop.systemd1.{interface}".encode(), prop.encode()]),
+    ).body
+
+
+def unit_properties(bus: SystemdBus, name: str, interface: str) -> dict[str, object]:
+    """Every property of one interface of a unit (``Properties.GetAll``): name -> value."""
+    apply_signature = dbuslib().apply_signature
+    body = bus.raw.call_method(
+        b"org.freedesktop.systemd1", _unit_path(name), b"org.freedesktop.DBus.Properties", b"GetAll",
+        apply_signature(b"s", [f"org.freedesktop.systemd1.{interface}".encode()]),
+    ).body
+    return {key.decode(): value for key, value in body.items()}
 
 
 class JobFailed(SystemdError):

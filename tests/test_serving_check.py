@@ -284,3 +284,19 @@ def test_differences_are_named_with_both_values():
 
 def test_normalize_reads_the_model():
     assert normalize_argv(BASE)[0] == "/m"
+
+
+def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox):
+    node = _node(sandbox)
+    code = (
+        "import sys\n"
+        "from flatshare_ops import check_cli\n"
+        "try:\n"
+        f"    check_cli.main(['--quiet', '--state-dir', {str(node.state_dir)!r}, '--runtime-dir', {str(node.manager.runtime_dir)!r}])\n"
+        "except SystemExit as e:\n"
+        "    code = e.code\n"
+        "heavy = ('paramiko', 'jinja2', 'typer', 'click', 'rich', 'pydantic', 'tomlkit', 'lxml', 'urllib.request')\n"
+        "print(code, sorted(m for m in heavy if m in sys.modules))\n"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "0 []", result.stdout + result.stderr

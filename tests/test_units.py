@@ -9,7 +9,6 @@ what systemd reports over D-Bus, and the argv of the process it starts
 from __future__ import annotations
 
 import sys
-import time
 from pathlib import Path
 
 import pytest
@@ -18,7 +17,9 @@ from conftest import REPO
 from flatshare_ops.profile import load_profile
 from flatshare_ops.render import render_profile
 from flatshare_ops.render.units import UNIT_NAMES, unit_programs
-from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, exec_start_argv, manager, unit_property
+from flatshare_ops.systemd import (
+    ManagerAddress, connect, daemon_reload, exec_start_argv, manager, run_job, unit_property,
+)
 from flatshare_ops.verify import verify_units
 
 HOSTILE_ARGS = [
@@ -59,16 +60,6 @@ def test_verify_reports_a_broken_unit():
     assert "Unknown key 'NoSuchSetting'" in output
 
 
-def _wait_main_pid(bus, name: str, timeout_s: float = 30.0) -> int:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        pid = unit_property(bus, name, "Service", "MainPID")
-        if pid:
-            return pid
-        time.sleep(0.05)
-    raise AssertionError(f"{name} did not start")
-
-
 def test_hostile_values_reach_systemd_and_the_process_exactly(tmp_path, user_manager):
     loaded = load_profile(_hostile_profile(tmp_path))
     units = render_profile(loaded).units
@@ -84,8 +75,9 @@ def test_hostile_values_reach_systemd_and_the_process_exactly(tmp_path, user_man
             env = [e.decode() for e in unit_property(bus, "flatshare-engine.service", "Service", "Environment")]
             assert f"HOSTILE={HOSTILE_ENV}" in env
 
-            manager(bus).Manager.StartUnit(b"flatshare-voice.service", b"replace")
-            pid = _wait_main_pid(bus, "flatshare-voice.service")
+            # Type=exec: the start job is done once the program has been exec'd.
+            run_job(bus, "start", "flatshare-voice.service", 30)
+            pid = unit_property(bus, "flatshare-voice.service", "Service", "MainPID")
             cmdline = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]
             assert [a.decode() for a in cmdline] == intended
     finally:

@@ -1,0 +1,69 @@
+"""Cost of one local serving-check run against a shell script doing the same probes.
+
+Brings up its own sandbox fleet (loopback 127.0.9.x), then alternates, N times:
+  - `serving-check --quiet` (a new process, as cron or the timer starts it);
+  - `bench/serving_check_baseline.sh` (systemctl show, /proc/PID/cmdline, curl
+    /health /version /metrics, sha256sum of the module and units).
+Prints each one's median wall time and the ratio of the medians. Target: <= 1.5.
+
+Run: .venv/bin/python bench/serving_check.py [N]   (about 10 s)
+"""
+
+from __future__ import annotations
+
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up  # noqa: E402
+
+ADDRESSES = {"cyan": "127.0.9.2", "peacock": "127.0.9.3"}
+
+
+def timed(argv: list[str], env: dict) -> float:
+    start = time.perf_counter()
+    result = subprocess.run(argv, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    elapsed = time.perf_counter() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{argv[0]} exited {result.returncode}: {result.stderr.decode()[-500:]}")
+    return elapsed
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 21
+    # An installed package has its bytecode compiled (pip does it); this
+    # machine sets PYTHONDONTWRITEBYTECODE, so compile explicitly, as an install would.
+    import compileall
+
+    compileall.compile_dir(str(REPO / "flatshare_ops"), quiet=1)
+    with tempfile.TemporaryDirectory(prefix="flatshare-bench-") as scratch:
+        base = Path(scratch)
+        up(base, REPO / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+        try:
+            node = SandboxNode("cyan", ADDRESSES["cyan"], base.resolve())
+            env = {**os.environ, "XDG_RUNTIME_DIR": str(node.manager.runtime_dir)}
+            check = [str(Path(sys.executable).parent / "serving-check"), "--quiet",
+                     "--state-dir", str(node.state_dir), "--runtime-dir", str(node.manager.runtime_dir)]
+            baseline = ["bash", str(REPO / "bench/serving_check_baseline.sh"), str(node.state_dir),
+                        str(node.manager.unit_dir), str(node.venv), f"http://{node.address}:8000"]
+            timed(check, env), timed(baseline, env)  # warm the page cache for both
+            ours, theirs = [], []
+            for _ in range(runs):
+                ours.append(timed(check, env))
+                theirs.append(timed(baseline, env))
+        finally:
+            down(base, echo=lambda _l: None)
+    a, b = statistics.median(ours), statistics.median(theirs)
+    print(f"serving-check median {a * 1000:.1f} ms, shell baseline median {b * 1000:.1f} ms over {runs} runs")
+    print(f"ratio serving-check / baseline = {a / b:.2f} (target <= 1.5)")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,16 @@
+#!/usr/bin/env bash
+# The same probes serving-check makes, as a shell script: the baseline its cost is measured against.
+# Usage: serving_check_baseline.sh STATE_DIR UNIT_DIR ENGINE_VENV ENGINE_URL
+#        (XDG_RUNTIME_DIR set to the node manager's)
+set -u
+state=$1 units=$2 venv=$3 url=$4
+cat "$state/releases/current/serving.json" >/dev/null
+pid=$(systemctl --user show -p MainPID --value flatshare-engine.service)
+systemctl --user show -p ActiveState,LoadState,ExecMainStartTimestamp,DropInPaths,NeedDaemonReload \
+  flatshare-engine.service flatshare-gateway.service flatshare-voice.service >/dev/null
+tr '\0' ' ' < "/proc/$pid/cmdline" >/dev/null
+curl -s "$url/health" >/dev/null
+curl -s "$url/version" >/dev/null
+curl -s "$url/metrics" >/dev/null
+sha256sum "$state"/module/*.py "$units"/* >/dev/null
+cat "$venv"/lib/python*/site-packages/vllm-*.dist-info/METADATA >/dev/null
