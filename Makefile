@@ -25,7 +25,7 @@ sandbox-down: setup
 	$(BIN)/flatshare sandbox down
 
 profiles: setup
-	@$(BIN)/flatshare profiles render $(if $(UPDATE),--update)
+	@$(BIN)/flatshare profiles render $(if $(filter 1 yes true,$(UPDATE)),--update)
 
 verify: setup
 	$(BIN)/flatshare profiles verify

@@ -30,12 +30,12 @@ ProfileOption = Annotated[
 def profiles_render(
     update: Annotated[bool, typer.Option("--update", help="Write the files that drifted.")] = False,
     root: RootOption = Path("."),
-    profile: ProfileOption = None,
 ) -> None:
-    """Compare the rendered files with the checkout (exit 1 on drift), or write them with --update."""
+    """Compare the production profile's rendered files with the checkout (exit 1 on drift), or write them
+    with --update. (Other profiles, such as variants, are checked with 'flatshare profiles verify --profile'.)"""
     from .repo import drift, expected_outputs, write_outputs
 
-    outputs = expected_outputs(root, profile)
+    outputs = expected_outputs(root)
     if update:
         for path in write_outputs(root, outputs):
             typer.echo(f"wrote {path}")
@@ -59,15 +59,16 @@ def profiles_set(
     root: RootOption = Path("."),
     profile: ProfileOption = None,
 ) -> None:
-    """Set one profile value (comments and layout kept), validate, and render."""
+    """Set one profile value (comments and layout kept), validate, and render the checkout's files.
+
+    Nothing is written unless the edited profile validates and every rendered file can be produced."""
     from .profile_edit import set_value
     from .repo import DEFAULT_PROFILE, expected_outputs, write_outputs
 
     path = root / (profile or DEFAULT_PROFILE)
-    old, new, _ = set_value(path, key, value)
+    old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)),
+                            echo=lambda written: [typer.echo(f"wrote {p}") for p in written])
     typer.echo(f"{path}: {key}: {old!r} -> {new!r}")
-    for written in write_outputs(root, expected_outputs(root, profile)):
-        typer.echo(f"wrote {written}")
 
 
 @profiles_app.command("verify")
@@ -118,12 +119,15 @@ def sandbox_up(
     directory: SandboxDir = Path(".sandbox"),
     root: RootOption = Path("."),
     profile: ProfileOption = None,
+    addresses: Annotated[Optional[str], typer.Option(
+        "--addresses", envvar="FLATSHARE_SANDBOX_ADDRESSES",
+        help="Node loopback addresses, e.g. cyan=127.0.0.2,peacock=127.0.0.3 (the default).")] = None,
 ) -> None:
     """Bring the sandbox up (idempotent): managers, sshd, layout, stand-ins; install and start the units."""
     from .repo import DEFAULT_PROFILE
-    from .sandbox.fleet import up
+    from .sandbox.fleet import parse_addresses, up
 
-    inventory = up(directory, root / (profile or DEFAULT_PROFILE), echo=typer.echo)
+    inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo)
     typer.echo(f"sandbox up: inventory {inventory}")
 
 

@@ -48,11 +48,22 @@ def _absolute(value: str) -> str:
 Text = Annotated[str, Field(min_length=1), AfterValidator(_no_control_chars)]
 AbsPath = Annotated[Text, AfterValidator(_absolute)]
 Command = Annotated[list[Text], Field(min_length=1)]
-Seconds = Annotated[float, Field(gt=0)]
+Seconds = Annotated[float, Field(gt=0, le=86400)]
+#: Counts (tokens, sequences, milliseconds): non-negative and within a 32-bit int.
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Positive = Annotated[int, Field(gt=0, le=2**31 - 1)]
+
+
+def _no_dollar(value: str) -> str:
+    # systemd expands $VAR in ExecStart= words, and "$$" is not undone in the
+    # program path: a program path holding "$" cannot be written reliably.
+    if "$" in value:
+        raise ValueError(f"a program path must not contain '$', got {value!r}")
+    return value
 
 
 def _command_is_absolute(argv: list[str]) -> list[str]:
-    _absolute(argv[0])
+    _no_dollar(_absolute(argv[0]))
     return argv
 
 
@@ -62,7 +73,7 @@ ExecCommand = Annotated[Command, AfterValidator(_command_is_absolute)]
 class _Strict(BaseModel):
     """Base of every profile table: no unknown keys, no type coercion."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, frozen=True)
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
 
 
 # --- the tables ------------------------------------------------------------
@@ -71,18 +82,18 @@ class _Strict(BaseModel):
 class MakeRoom(_Strict):
     """make-room's settings, passed as ``--additional-config.make_room.KEY``."""
 
-    retain_tokens: int = Field(ge=0, description="tokens of a finished turn's prefix kept on the GPU")
-    retain_s: int = Field(ge=0, description="seconds the retained prefix is kept at most")
-    hint_hold_ms: int = Field(ge=0, description="ms agents' prefill is held after a turn hint")
+    retain_tokens: Count = Field(description="tokens of a finished turn's prefix kept on the GPU")
+    retain_s: Count = Field(description="seconds the retained prefix is kept at most")
+    hint_hold_ms: Count = Field(description="ms agents' prefill is held after a turn hint")
     take_reservations: bool
-    decode_hold_tokens: int = Field(ge=0, description="tokens of a voice reply agents' decodes stay out of")
-    recompute_tokens: int = Field(ge=0, description="0 turns recompute off")
+    decode_hold_tokens: Count = Field(description="tokens of a voice reply agents' decodes stay out of")
+    recompute_tokens: Count = Field(description="0 turns recompute off")
 
 
 class FlatshareJit(_Strict):
     """The JIT batch scheduler's settings, ``--additional-config.flatshare_jit.KEY``."""
 
-    margin_ms: int = Field(ge=0)
+    margin_ms: Count
     step_time_model: AbsPath
 
 
@@ -90,7 +101,7 @@ class KvOffloading(_Strict):
     """The CPU KV tier (vLLM ``--kv-offloading-size`` GiB, ``--kv-offloading-backend``)."""
 
     enabled: bool
-    size_gib: float = Field(gt=0)
+    size_gib: float = Field(gt=0, le=65536)
     backend: Literal["native", "lmcache"]
 
 
@@ -98,15 +109,15 @@ class Engine(_Strict):
     """The vLLM engine: what ``vllm serve`` is started with."""
 
     vllm_release: Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")]
-    venv: AbsPath
+    venv: Annotated[AbsPath, AfterValidator(_no_dollar)]
     model: Text
     served_model_name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9._/-]+$")]
     host: Annotated[Text, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
     port: int = Field(ge=1, le=65535)
     gpu_memory_utilization: float = Field(gt=0, le=1)
-    max_model_len: int = Field(gt=0)
-    max_num_seqs: int = Field(gt=0)
-    max_num_batched_tokens: int = Field(gt=0)
+    max_model_len: Positive
+    max_num_seqs: Positive
+    max_num_batched_tokens: Positive
     enable_prefix_caching: bool
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
     async_scheduling: bool
@@ -122,12 +133,22 @@ class Engine(_Strict):
     flatshare_jit: FlatshareJit
 
     @model_validator(mode="after")
+    def _batch_holds_every_sequence(self) -> "Engine":
+        # vLLM's scheduler config refuses max_num_batched_tokens < max_num_seqs at start.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens: must be >= max_num_seqs ({self.max_num_seqs}), "
+                f"got {self.max_num_batched_tokens}; vLLM refuses to start otherwise"
+            )
+        return self
+
+    @model_validator(mode="after")
     def _fp8_kv_crashes_with_async_and_cpu_tier(self) -> "Engine":
         # FACTS.md: FP8 KV crashes under async scheduling with the CPU tier
         # (a FlashInfer plan race in stock vLLM; the fix, vLLM #64165, is not merged).
         if self.kv_cache_dtype.startswith("fp8") and self.async_scheduling and self.kv_offloading.enabled:
             raise ValueError(
-                "kv_cache_dtype fp8 with async_scheduling and kv_offloading crashes "
+                "kv_cache_dtype: fp8 with async_scheduling and kv_offloading crashes "
                 "(FlashInfer plan race, vLLM #64165 not merged); use kv_cache_dtype = \"auto\" "
                 "or turn off async_scheduling or kv_offloading"
             )
@@ -169,8 +190,8 @@ class Voice(_Strict):
     def _endpointing_ordered(self) -> "Voice":
         if self.endpointing_min_s > self.endpointing_max_s:
             raise ValueError(
-                f"endpointing_min_s ({self.endpointing_min_s}) must be <= "
-                f"endpointing_max_s ({self.endpointing_max_s})"
+                f"endpointing_min_s: must be <= endpointing_max_s ({self.endpointing_max_s}), "
+                f"got {self.endpointing_min_s}"
             )
         return self
 
@@ -179,7 +200,7 @@ class Check(_Strict):
     """serving-check's timer and command on each node."""
 
     command: ExecCommand
-    interval_s: int = Field(ge=10)
+    interval_s: int = Field(ge=10, le=86400)
 
 
 class Layout(_Strict):
@@ -196,7 +217,7 @@ class Card(_Strict):
     """The GPU the profile is tuned for."""
 
     name: Text
-    memory_gib: int = Field(gt=0)
+    memory_gib: int = Field(gt=0, le=4096)
 
 
 class Profile(_Strict):
@@ -280,18 +301,42 @@ def _dotted(key: str) -> str:
 
 
 def _read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]:
-    try:
-        if text is None:
-            text = path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: profile file not found; check the path or create it") from None
-    except (OSError, UnicodeDecodeError) as err:
-        raise ProfileError(f"{path}: cannot read profile: {err}") from None
+    if text is None:
+        text = _read_text(path)
     try:
         document = tomlkit.parse(text)
+        return document.unwrap(), text
     except tomlkit.exceptions.ParseError as err:
         raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err)}") from None
-    return document.unwrap(), text
+    except tomlkit.exceptions.TOMLKitError as err:
+        # Semantic errors (a key or table defined twice) carry no line: find the key's first line.
+        line = _line_of_repeated_key(text, str(err))
+        raise ProfileError(f"{path}:{line}: malformed TOML: {err}" if line else f"{path}: malformed TOML: {err}") from None
+
+
+def _read_text(path: Path) -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: profile file not found; check the path or create it") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path}: is a directory, not a profile file") from None
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read profile: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ProfileError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); TOML files are UTF-8") from None
+
+
+def _line_of_repeated_key(text: str, message: str) -> int:
+    match = re.search(r'[Kk]ey "([^"]+)"', message)
+    if not match:
+        return 0
+    key = match.group(1).split(".")[-1]
+    hits = [n for n, line in enumerate(text.splitlines(), 1) if re.match(rf"\s*{re.escape(key)}\s*=", line)]
+    return hits[1] if len(hits) > 1 else (hits[0] if hits else 0)
 
 
 def _parse_reason(err: tomlkit.exceptions.ParseError) -> str:
@@ -353,7 +398,7 @@ def load_document(
             line = key_lines(text).get("extends", 0)
             raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {parent!r}")
         target = current.parent / parent
-        if not target.exists():
+        if not target.is_file():
             line = key_lines(text).get("extends", 0)
             raise ProfileError(
                 f"{current}:{line}: extends: profile {target} not found; fix the name or create it"
@@ -414,9 +459,16 @@ def validate(data: dict[str, Any], origins: dict[str, tuple[Path, int]], leaf: P
     try:
         return Profile.model_validate(data)
     except ValidationError as err:
-        errors = err.errors()
+        # An unknown key first: a typo also makes its intended key "missing".
+        errors = sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
         first = errors[0]
-        place, key = _where(first["loc"], origins, leaf)
+        loc = tuple(first["loc"])
+        named = re.match(r"(?:Value error, )?([a-z_]+): ", first["msg"])
+        if named and first["type"] == "value_error":
+            # A rule across keys names the key it is about: point at that key's line.
+            loc = (*loc, named.group(1))
+            first = {**first, "msg": first["msg"].replace(f"{named.group(1)}: ", "", 1)}
+        place, key = _where(loc, origins, leaf)
         key = key.replace("schema_", "schema")
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         prefix = f"{key}: " if key else ""

@@ -29,6 +29,14 @@ def _read(path: Path) -> str:
         return ""
 
 
+def _document(root: Path, name: str) -> str:
+    """A document holding generated blocks; it must exist (its hand-written text is not ours to make)."""
+    path = root / name
+    if not path.is_file():
+        raise ProfileError(f"{name}: not found in {root}; restore it (git checkout {name}) before rendering")
+    return _read(path)
+
+
 def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path, str]:
     """Every committed file the profile renders, with its expected full text.
 
@@ -48,14 +56,14 @@ def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path,
     outputs: dict[Path, str] = {Path("units") / name: text for name, text in rendered.units.items()}
     outputs[profile_path.with_name(f"{loaded.profile.name}.serving.json")] = rendered.serving
 
-    readme = _read(root / "README.md")
+    readme = _document(root, "README.md")
     outputs[Path("README.md")] = replace_block(readme, "quick-start", quick_start(loaded, rendered.argv), "README.md")
 
     inventory = load_inventory(root / FLEET)
     by_node: dict[str, LoadedProfile] = {
         name: load_profile(node_profile_path(root / FLEET, node)) for name, node in inventory.nodes.items()
     }
-    production = _read(root / "PRODUCTION.md")
+    production = _document(root, "PRODUCTION.md")
     outputs[Path("PRODUCTION.md")] = replace_block(production, "nodes", node_rows(by_node), "PRODUCTION.md")
     return outputs
 

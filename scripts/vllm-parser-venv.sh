@@ -7,7 +7,9 @@ set -euo pipefail
 cd "$(dirname "$0")/.."
 V=.venv-vllm
 stamp=$V/.complete
-[ -f "$stamp" ] && [ "$stamp" -nt "$0" ] && exit 0
+# Rebuild only when this script's content changed (not its mtime: a fresh clone is always newer).
+want=$(sha256sum "$0" | cut -d' ' -f1)
+[ -f "$stamp" ] && [ "$(cat "$stamp")" = "$want" ] && exit 0
 rm -rf "$V"
 PYTHON=${PYTHON:-python3}
 "$PYTHON" -m venv "$V"
@@ -26,4 +28,4 @@ pip numpy==2.4.6 regex==2026.11.19 PyYAML==6.0.4 packaging==26.4 \
   llguidance==1.7.6 uvicorn==0.54.0 watchfiles==1.3.0
 # xgrammar is imported at module level, but its hard dependency triton (1 GB) is not needed to parse.
 pip --no-deps xgrammar==0.2.8 apache-tvm-ffi==0.1.11
-touch "$stamp"
+echo "$want" > "$stamp"

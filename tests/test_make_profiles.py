@@ -95,3 +95,36 @@ def test_set_refuses_an_unknown_key(checkout):
     result = run_cli("profiles", "set", "engine.make_room.decode_hold", "0", "--root", str(checkout))
     assert result.returncode == 2 and "unknown key" in result.stderr
     assert snapshot(checkout) == before
+
+
+def test_set_writes_nothing_when_a_rendered_file_cannot_be_made(checkout):
+    (checkout / "README.md").write_text("# no markers here\n")
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "0", "--root", str(checkout))
+    assert result.returncode == 2
+    assert "README.md: generated block 'quick-start'" in result.stderr
+    assert snapshot(checkout) == before
+
+
+def test_set_keeps_the_lines_own_comment(checkout):
+    profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+    before = profile.read_text()
+    assert run_cli("profiles", "set", "engine.port", "8001", "--root", str(checkout)).returncode == 0
+    assert profile.read_text() == before.replace(
+        "port = 8000                                        # vLLM's default port",
+        "port = 8001                                        # vLLM's default port")
+
+
+def test_set_refuses_a_value_with_more_than_one_value(checkout):
+    before = snapshot(checkout)
+    for value in ['8001\nhost = "0.0.0.0"', "8001 # new comment"]:
+        result = run_cli("profiles", "set", "engine.port", value, "--root", str(checkout))
+        assert result.returncode == 2 and "VALUE must be" in result.stderr, result.stderr
+    assert snapshot(checkout) == before
+
+
+def test_set_refuses_to_replace_a_table(checkout):
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", "engine.make_room", "5", "--root", str(checkout))
+    assert result.returncode == 2 and "engine.make_room: is a table; set one of its keys" in result.stderr
+    assert snapshot(checkout) == before

@@ -65,7 +65,7 @@ def test_extends_overrides_only_what_the_child_states(checkout):
 
 def _render_error(checkout: Path, profile: Path) -> tuple[int, str, str]:
     before = snapshot(checkout)
-    result = run_cli("profiles", "render", "--update", "--root", str(checkout), "--profile", str(profile.relative_to(checkout)))
+    result = run_cli("profiles", "verify", "--root", str(checkout), "--profile", str(profile.relative_to(checkout)))
     assert snapshot(checkout) == before, "a refused profile must not write anything"
     return result.returncode, result.stdout, result.stderr
 
@@ -76,10 +76,16 @@ BAD_PROFILES = {
     "unknown key": ("[engine.make_room]\ndecode_hold_tokenz = 1\n", r"child\.toml:3: engine\.make_room\.decode_hold_tokenz: unknown key"),
     "wrong type": ('[engine]\nport = "8000"\n', r"child\.toml:3: engine\.port: Input should be a valid integer"),
     "out of range": ("[engine.make_room]\ndecode_hold_tokens = -1\n", r"child\.toml:3: engine\.make_room\.decode_hold_tokens: .*greater than or equal to 0, got -1"),
-    "fp8 with async and cpu tier": ('[engine]\nkv_cache_dtype = "fp8"\n', r"child\.toml:\d+: engine: kv_cache_dtype fp8 with async_scheduling and kv_offloading crashes"),
+    "fp8 with async and cpu tier": ('[engine]\nkv_cache_dtype = "fp8"\n', r"child\.toml:3: engine\.kv_cache_dtype: fp8 with async_scheduling and kv_offloading crashes"),
     "newline in a value": ('[voice]\ncommand = ["/bin/voice", "a\\nExecStartPre=/bin/evil"]\n', r"child\.toml:3: voice\.command\[1\]: must not contain control character '\\n'"),
     "control character": ('[engine]\nmodel = "/m\\u0007"\n', r"child\.toml:3: engine\.model: .*control character"),
-    "endpointing reversed": ("[voice]\nendpointing_min_s = 4.0\n", r"child\.toml:2: voice: .*endpointing_min_s \(4\.0\) must be <="),
+    "endpointing reversed": ("[voice]\nendpointing_min_s = 4.0\n", r"child\.toml:3: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
+    "duplicate key": ("[voice]\nturn_hints = true\nturn_hints = false\n", r"child\.toml:4: malformed TOML: Key \"turn_hints\" already exists"),
+    "typo": ("[engine.make_room]\ndecode_hold_token = 48\n", r"child\.toml:3: engine\.make_room\.decode_hold_token: unknown key"),
+    "infinite size": ("[engine.kv_offloading]\nsize_gib = inf\n", r"child\.toml:3: engine\.kv_offloading\.size_gib: .*finite"),
+    "dollar in a program path": ('[gateway]\ncommand = ["/opt/gate$way/bin/gw"]\n', r"child\.toml:3: gateway\.command: a program path must not contain '\$'"),
+    "batch smaller than sequences": ("[engine]\nmax_num_batched_tokens = 1\n", r"child\.toml:3: engine\.max_num_batched_tokens: must be >= max_num_seqs \(32\), got 1"),
+    "huge integer": ("[engine.flatshare_jit]\nmargin_ms = 99999999999999999999\n", r"child\.toml:3: engine\.flatshare_jit\.margin_ms: "),
 }
 
 

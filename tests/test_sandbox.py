@@ -4,6 +4,7 @@ and the rendered units installed and running."""
 from __future__ import annotations
 
 import json
+import socket
 import subprocess
 import threading
 import time
@@ -261,3 +262,54 @@ def test_down_stops_every_process_it_started(tmp_path):
         leftover = [p for procs in group.rglob("cgroup.procs") for p in procs.read_text().split()]
         assert leftover == [], f"{group} still holds {leftover}"
     assert status(base) == {}
+
+
+@pytest.mark.parametrize("state", [
+    '{"schema": 1, "nodes": {"cyan": {"manager_pid": -1, "sshd_pid": 0}}}',
+    '{"schema": 1, "nodes": {"cyan": {"manager_pid": true}}}',
+    '{"nodes": []}',
+    "[]",
+    "not json",
+])
+def test_down_refuses_a_corrupt_state_file_and_signals_nothing(tmp_path, state):
+    (tmp_path / "state.json").write_text(state)
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        result = run_cli("sandbox", "down", "--dir", str(tmp_path))
+        assert result.returncode == 2, result.stdout + result.stderr
+        assert "state.json: unreadable sandbox state" in result.stderr
+        assert "Traceback" not in result.stderr
+        assert sleeper.poll() is None, "an unrelated process was signalled"
+    finally:
+        sleeper.kill()
+
+
+def test_down_never_signals_a_recorded_pid_that_is_not_the_sandboxs(tmp_path):
+    sleeper = subprocess.Popen(["sleep", "30"])
+    try:
+        (tmp_path / "state.json").write_text(json.dumps(
+            {"schema": 1, "nodes": {"cyan": {"manager_pid": sleeper.pid, "sshd_pid": sleeper.pid}}}))
+        result = run_cli("sandbox", "down", "--dir", str(tmp_path))
+        assert result.returncode == 0, result.stderr
+        assert f"sshd pid {sleeper.pid} is gone or no longer ours; not touched" in result.stdout
+        assert sleeper.poll() is None
+    finally:
+        sleeper.kill()
+
+
+def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(tmp_path):
+    addresses = loopback_pair(2)
+    holder = socket.create_server((addresses["peacock"], 2222))
+    base = tmp_path / "sb"
+    try:
+        result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO),
+                         env={"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"})
+        assert result.returncode == 1
+        assert f"peacock: {addresses['peacock']}:2222 is already in use" in result.stderr
+    finally:
+        holder.close()
+        assert run_cli("sandbox", "down", "--dir", str(base)).returncode == 0
+    state = base / "state.json"
+    assert not state.exists()
+    group = Path(f"/sys/fs/cgroup/systemd/flatshare-{SandboxNode('cyan', '', base.resolve()).manager.name}")
+    assert not group.exists() or not [p for f in group.rglob("cgroup.procs") for p in f.read_text().split()]

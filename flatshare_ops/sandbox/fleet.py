@@ -18,6 +18,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -26,19 +27,24 @@ import urllib.request
 import venv
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Literal
+
+from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from ..atomic import write_atomic
 from ..checkout import describe
 from ..release_store import current_release, release_id, store_release, switch_current
 from ..profile import load_profile
 from ..render import render_profile
-from ..render.units import ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
+from ..render.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
 from ..systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
 from .manager import ManagerDirs, SandboxError, _alive, start_manager, stop_manager
 from .module_build import MODULE_NAME, module_source
 
 DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
 SSH_PORT = 2222
+ENGINE_PORT = 8000  # the production profile's engine port, kept in the sandbox
 GATEWAY_PORT = 8080
 VOICE_PORT = 8090
 SSHD = "/usr/sbin/sshd"
@@ -92,6 +98,29 @@ class SandboxNode:
     def profile(self) -> Path:
         """The node's profile (extends the production one)."""
         return self.root / "profile.toml"
+
+
+def parse_addresses(text: str | None) -> dict[str, str] | None:
+    """``cyan=127.0.0.2,peacock=127.0.0.3`` -> {name: address}; None keeps the defaults.
+
+    Raises:
+        SandboxError: not NAME=ADDRESS pairs, or an address outside 127.0.0.0/8.
+    """
+    if not text:
+        return None
+    import ipaddress
+
+    result = {}
+    for pair in text.split(","):
+        name, _, address = pair.strip().partition("=")
+        try:
+            loopback = ipaddress.IPv4Address(address).is_loopback
+        except ValueError:
+            loopback = False
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", name) or not loopback:
+            raise SandboxError(f"--addresses: {pair!r} is not NAME=127.x.y.z (a loopback address)", exit_code=2)
+        result[name] = address
+    return result
 
 
 def nodes(base: Path, addresses: dict[str, str] | None = None) -> list[SandboxNode]:
@@ -247,17 +276,64 @@ def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
 # --- processes -------------------------------------------------------------
 
 
-def _read_state(base: Path) -> dict:
+class NodeRecord(BaseModel):
+    """The process ids ``up`` started on one node (``state.json``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    manager_pid: int | None = Field(default=None, gt=1)
+    sshd_pid: int | None = Field(default=None, gt=1)
+
+
+class SandboxState(BaseModel):
+    """``BASE/state.json``: what ``down`` may stop."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    nodes: dict[str, NodeRecord] = Field(default_factory=dict)
+
+
+def _read_state(base: Path) -> SandboxState:
+    path = base / "state.json"
+    if base.exists() and not base.is_dir():
+        raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
     try:
-        return json.loads((base / "state.json").read_text())
+        return SandboxState.model_validate_json(path.read_bytes())
     except FileNotFoundError:
-        return {"schema": 1, "nodes": {}}
-    except json.JSONDecodeError:
-        raise SandboxError(f"{base / 'state.json'}: corrupt; stop stray processes by hand and remove it") from None
+        return SandboxState()
+    except (OSError, ValidationError, UnicodeDecodeError) as err:
+        reason = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        raise SandboxError(
+            f"{path}: unreadable sandbox state ({reason}); stop its processes by hand "
+            "(ps aux | grep -e 'systemd --user' -e sshd) and remove the file", exit_code=2,
+        ) from None
 
 
-def _write_state(base: Path, state: dict) -> None:
-    write_atomic(base / "state.json", (json.dumps(state, indent=2, sort_keys=True) + "\n").encode())
+def _write_state(base: Path, state: SandboxState) -> None:
+    text = state.model_dump_json(by_alias=True, indent=2) + "\n"
+    write_atomic(base / "state.json", text.encode())
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+    except OSError:
+        return ""
+
+
+def _owns_manager(node: SandboxNode, pid: int | None) -> bool:
+    """``pid`` is this node's systemd user manager: alive, systemd, in the node's own cgroup."""
+    if not pid or not _alive(pid) or "systemd --user" not in _cmdline(pid):
+        return False
+    try:
+        groups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return f"/flatshare-{node.manager.name}" in groups
+
+
+def _owns_sshd(node: SandboxNode, pid: int | None) -> bool:
+    """``pid`` is this node's sshd: alive and started with the node's own sshd_config."""
+    return bool(pid) and _alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid)
 
 
 def _manager_answers(node: SandboxNode) -> bool:
@@ -278,14 +354,17 @@ def _listening(address: str, port: int) -> bool:
         return False
 
 
+def _refuse_taken_ports(node: SandboxNode) -> None:
+    """Before starting a node from scratch: nothing else may listen on its address's ports."""
+    for port in (SSH_PORT, ENGINE_PORT, GATEWAY_PORT, VOICE_PORT):
+        if _listening(node.address, port):
+            raise SandboxError(
+                f"{node.name}: {node.address}:{port} is already in use; run 'flatshare sandbox down' "
+                "for the sandbox that holds it (or stop that process)"
+            )
+
+
 def _start_sshd(node: SandboxNode) -> int:
-    if _listening(node.address, SSH_PORT):
-        # Another sandbox (or a stray sshd) owns the address: ours would fail to bind,
-        # and a check that connects would be fooled by theirs.
-        raise SandboxError(
-            f"{node.name}: {node.address}:{SSH_PORT} is already in use; run 'flatshare sandbox down' "
-            "for the sandbox that holds it (or stop that process)"
-        )
     Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
     log = open(node.ssh_dir / "sshd.log", "ab")
     process = subprocess.Popen(
@@ -302,6 +381,16 @@ def _start_sshd(node: SandboxNode) -> int:
         time.sleep(0.05)
     process.kill()
     raise SandboxError(f"{node.name}: sshd did not listen on {node.address}:{SSH_PORT} within 10 s")
+
+
+def _sandbox_lock(base: Path) -> FileLock:
+    """One ``up`` or ``down`` at a time per sandbox directory."""
+    lock = FileLock(str(base / ".lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SandboxError(f"{base}: another 'flatshare sandbox up/down' is running on this sandbox; wait for it") from None
+    return lock
 
 
 def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
@@ -334,6 +423,9 @@ def wait_healthy(url: str, timeout_s: float) -> None:
 def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print) -> Path:
     """Bring the sandbox fleet up (idempotent) and start the rendered units on each node.
 
+    A node with no active release gets the checkout's render as its first
+    release; a node that has one keeps it (releases change it, not ``up``).
+
     Args:
         base: the sandbox directory (``.sandbox``).
         production: the production profile every node's profile extends.
@@ -346,10 +438,16 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
     Raises:
         SandboxError, ProfileError, SystemdError: a step failed; the message names it.
     """
+    release = load_profile(production).profile.engine.vllm_release  # refuse a bad profile before any change
     base = base.resolve()
+    if base.exists() and not base.is_dir():
+        raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
     base.mkdir(parents=True, exist_ok=True)
-    sandbox_nodes = nodes(base, addresses)
-    release = load_profile(production).profile.engine.vllm_release
+    with _sandbox_lock(base):
+        return _up(base, production, nodes(base, addresses), release, echo)
+
+
+def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
     for node in sandbox_nodes:
         for directory in (node.state_dir, node.run_dir, node.ssh_dir):
             directory.mkdir(parents=True, exist_ok=True)
@@ -360,14 +458,21 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
 
     state = _read_state(base)
     for node in sandbox_nodes:
-        record = state["nodes"].setdefault(node.name, {})
-        if not (record.get("manager_pid") and _alive(record["manager_pid"]) and _manager_answers(node)):
-            record["manager_pid"] = start_manager(node.manager)
-            echo(f"{node.name}: systemd user manager started (pid {record['manager_pid']})")
-        if not (record.get("sshd_pid") and _alive(record["sshd_pid"])):
-            record["sshd_pid"] = _start_sshd(node)
-            echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record['sshd_pid']})")
-        _write_state(base, state)
+        record = state.nodes.setdefault(node.name, NodeRecord())
+        manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
+        sshd_ok = _owns_sshd(node, record.sshd_pid)
+        if not manager_ok and not sshd_ok:
+            _refuse_taken_ports(node)
+        if not manager_ok:
+            record.manager_pid = start_manager(node.manager)
+            _write_state(base, state)  # recorded at once, so 'down' can stop it whatever happens next
+            echo(f"{node.name}: systemd user manager started (pid {record.manager_pid})")
+        if not sshd_ok:
+            if _listening(node.address, SSH_PORT):
+                raise SandboxError(f"{node.name}: {node.address}:{SSH_PORT} is already in use by another process")
+            record.sshd_pid = _start_sshd(node)
+            _write_state(base, state)
+            echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record.sshd_pid})")
 
     commit = describe(production.resolve().parent)
     for node in sandbox_nodes:
@@ -385,6 +490,7 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
                 switch_current(node.state_dir, rid)
                 echo(f"{node.name}: installed release {rid}")
             run_job(bus, "start", TARGET_UNIT, loaded.profile.engine.start_timeout_s)
+            run_job(bus, "start", CHECK_TIMER, 30)
         wait_healthy(engine_url(loaded.profile) + "/health", loaded.profile.engine.start_timeout_s)
     return inventory
 
@@ -393,17 +499,18 @@ def status(base: Path) -> dict[str, dict]:
     """Each node's processes and unit states.
 
     Returns:
-        node -> {"manager": bool, "sshd": bool, "units": {unit: ActiveState}, "engine_pid": int,
-        "engine_health": int | None}.
+        node -> {"manager": bool, "sshd": bool, "release": str | None, "units": {unit: ActiveState},
+        "engine_pid": int, "engine_health": int | None}.
     """
     base = base.resolve()
     state = _read_state(base)
     report: dict[str, dict] = {}
-    for name, record in state["nodes"].items():
+    for name, record in state.nodes.items():
         node = SandboxNode(name, "", base)
         entry: dict = {
-            "manager": bool(record.get("manager_pid")) and _alive(record["manager_pid"]),
-            "sshd": bool(record.get("sshd_pid")) and _alive(record["sshd_pid"]),
+            "manager": _owns_manager(node, record.manager_pid),
+            "sshd": _owns_sshd(node, record.sshd_pid),
+            "release": current_release(node.state_dir),
             "units": {},
             "engine_pid": 0,
             "engine_health": None,
@@ -425,20 +532,32 @@ def status(base: Path) -> dict[str, dict]:
 
 
 def down(base: Path, echo=print) -> None:
-    """Stop every process the sandbox started, by process id; leaves the files for the next ``up``."""
+    """Stop every process the sandbox started; leaves the files for the next ``up``.
+
+    A recorded process id is signalled only if it still is this sandbox's
+    process (its sshd_config on the command line; a ``systemd --user`` in the
+    node's own cgroup), so a reused id is never touched. Whatever is left in
+    the node's cgroups is killed.
+    """
     base = base.resolve()
-    state = _read_state(base)
-    for name, record in state["nodes"].items():
-        node = SandboxNode(name, "", base)
-        if record.get("sshd_pid") and _alive(record["sshd_pid"]):
-            os.kill(record["sshd_pid"], signal.SIGTERM)
-            _wait_gone(record["sshd_pid"])
-            echo(f"{name}: sshd stopped (pid {record['sshd_pid']})")
-        if record.get("manager_pid"):
-            stop_manager(node.manager.name, record["manager_pid"])
-            echo(f"{name}: systemd user manager and its units stopped (pid {record['manager_pid']})")
-    if (base / "state.json").exists():
-        (base / "state.json").unlink()
+    if not base.exists():
+        echo(f"{base}: no sandbox here")
+        return
+    with _sandbox_lock(base):
+        state = _read_state(base)
+        for name, record in state.nodes.items():
+            node = SandboxNode(name, "", base)
+            if _owns_sshd(node, record.sshd_pid):
+                os.kill(record.sshd_pid, signal.SIGTERM)
+                _wait_gone(record.sshd_pid)
+                echo(f"{name}: sshd stopped (pid {record.sshd_pid})")
+            elif record.sshd_pid:
+                echo(f"{name}: sshd pid {record.sshd_pid} is gone or no longer ours; not touched")
+            owned = _owns_manager(node, record.manager_pid)
+            stop_manager(node.manager.name, record.manager_pid if owned else None)
+            echo(f"{name}: systemd user manager and its units stopped"
+                 + (f" (pid {record.manager_pid})" if owned else " (its cgroup swept)"))
+        (base / "state.json").unlink(missing_ok=True)
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:

@@ -32,9 +32,11 @@ _INNER = (
 
 
 class SandboxError(FlatshareError):
-    """The sandbox could not be brought up or down."""
+    """The sandbox could not be brought up or down (exit 1; 2 for bad input such as a corrupt state file)."""
 
-    exit_code = 1
+    def __init__(self, message: str, exit_code: int = 1) -> None:
+        super().__init__(message)
+        self.exit_code = exit_code
 
 
 @dataclass(frozen=True)
@@ -127,26 +129,35 @@ def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
     raise SandboxError(f"{dirs.name}: systemd --user did not open {dirs.private_socket} in {timeout_s:g} s")
 
 
-def stop_manager(name: str, pid: int, timeout_s: float = 30.0) -> None:
+def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
     """Stop a user manager and everything it started.
+
+    Args:
+        name: the manager's name (its cgroups are ``flatshare-NAME``).
+        pid: the manager's process id, already checked to be that manager; None
+            to only sweep the cgroups.
+        timeout_s: how long to let it stop its units, in seconds.
 
     SIGTERM makes a user manager start ``exit.target``, stopping its units
     (systemd(1), "SIGNALS"); whatever is left in the node's cgroups after
     ``timeout_s`` seconds is killed.
     """
-    try:
-        os.kill(pid, signal.SIGTERM)
-    except ProcessLookupError:
-        pass
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(pid):
-        time.sleep(0.05)
+    if pid is not None and pid > 1:
+        try:
+            os.kill(pid, signal.SIGTERM)
+        except ProcessLookupError:
+            pass
+        deadline = time.monotonic() + timeout_s
+        while time.monotonic() < deadline and _alive(pid):
+            time.sleep(0.05)
     for directory in _cgroup_dirs(name):
         for _ in range(50):
             pids = _cgroup_pids(directory)
             if not pids:
                 break
             for leftover in pids:
+                if leftover <= 1:
+                    continue
                 try:
                     os.kill(leftover, signal.SIGKILL)
                 except ProcessLookupError:
@@ -155,6 +166,8 @@ def stop_manager(name: str, pid: int, timeout_s: float = 30.0) -> None:
 
 
 def _alive(pid: int) -> bool:
+    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
+        return False  # never probe process groups (0, -1) or init
     try:
         waited, _ = os.waitpid(pid, os.WNOHANG)
         if waited == pid:
