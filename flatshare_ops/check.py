@@ -468,13 +468,14 @@ def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts
     return facts, drop_ins, need_reload
 
 
-def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None) -> Report:
+def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, inside_release: bool = False) -> Report:
     """Check this node's running engine against its active release.
 
     Args:
         state_dir: the node's state directory (``/var/lib/flatshare``).
         node: the node's name, for messages.
         runtime_dir: a user-scope manager's ``XDG_RUNTIME_DIR`` (default: the environment's).
+        inside_release: run by the release holding the lock (its last step): skip the release-state check.
 
     Returns:
         A :class:`Report`. UNKNOWN findings are the check's own trouble (no
@@ -482,7 +483,7 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None) -> R
     """
     started = time.monotonic()
     releases = Path(state_dir) / RELEASES
-    in_progress, unfinished = _release_state(releases)
+    in_progress, unfinished = (None, None) if inside_release else _release_state(releases)
     if in_progress:
         return Report(node, [in_progress], {"check_seconds": round(time.monotonic() - started, 4)})
     findings = [unfinished] if unfinished else []

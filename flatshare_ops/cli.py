@@ -169,6 +169,187 @@ def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
     typer.echo("sandbox down")
 
 
+InventoryOption = Annotated[Optional[Path], typer.Option(
+    "--inventory", envvar="FLATSHARE_INVENTORY", help="The inventory (default profiles/fleet.toml).")]
+NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node to act on (repeatable).")]
+
+
+@app.command("release")
+def release(
+    node: NodesOption = None,
+    all_nodes: Annotated[bool, typer.Option("--all", help="Every inventory node, one batch at a time.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Release even with E2 drop-ins linked (recorded).")] = False,
+    batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Nodes switched at once.")] = 1,
+    inventory: InventoryOption = None,
+    root: RootOption = Path("."),
+) -> None:
+    """Switch nodes to what the checkout renders (without --node: the node this runs on).
+
+    Exit codes: 0 released, 1 failed mid-switch (journal kept), 2 bad input, 3 refused, 4 nothing to do."""
+    from .rollout import inventory_path, refuse_drift, roll, targets, terminal
+
+    out = terminal()
+    refuse_drift(root, out)
+    path = inventory_path(inventory)
+    chosen = targets(path, node or [], all_nodes)
+    everyone = targets(path, [], True) if not chosen[0].local else chosen
+    raise typer.Exit(roll(root, chosen, everyone, out, force=force, dry_run=dry_run, batch_size=batch_size))
+
+
+@app.command("rollback")
+def rollback(
+    node: NodesOption = None,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    inventory: InventoryOption = None,
+    root: RootOption = Path("."),
+) -> None:
+    """Switch nodes back to the release their active one replaced."""
+    from .rollout import inventory_path, roll, targets, terminal
+
+    path = inventory_path(inventory)
+    chosen = targets(path, node or [], False)
+    everyone = targets(path, [], True) if not chosen[0].local else chosen
+    raise typer.Exit(roll(root, chosen, everyone, terminal(), dry_run=dry_run, rollback=True))
+
+
+def _node_reports(node: list[str] | None, inventory: Path | None, command: str) -> dict[str, object]:
+    import json as _json
+
+    from .rollout import inventory_path, run_on_node, targets
+
+    reports: dict[str, object] = {}
+    for target in targets(inventory_path(inventory), node or [], not node):
+        if target.local:
+            from .release import node_status, read_history
+
+            ctx = target.context()
+            reports[target.name] = node_status(ctx) if command == "status" else read_history(ctx)
+            continue
+        lines: list[str] = []
+        status = run_on_node(target, target.node_argv(command, "--json"), "", lines.append)
+        try:
+            reports[target.name] = _json.loads("\n".join(lines))
+        except ValueError:
+            reports[target.name] = {"error": f"exit {status}: {' '.join(lines[-1:])}"}
+    return reports
+
+
+@app.command("status")
+def status(
+    node: NodesOption = None,
+    inventory: InventoryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each node's active release, any unfinished switch, and its units' states (default: every node)."""
+    import json as _json
+
+    reports = _node_reports(node, inventory, "status")
+    if as_json:
+        typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
+        return
+    for name, report in reports.items():
+        if "error" in report:
+            typer.echo(f"{name}: {report['error']}")
+            continue
+        units = ", ".join(f"{u} {s}" for u, s in report["units"].items())
+        typer.echo(f"{name}: release {report['release']}; "
+                   + (f"UNFINISHED {report['switching']}; " if report["switching"] else "") + units)
+
+
+@app.command("releases")
+def releases(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+    """The release history of each node (default: every node)."""
+    import time as _time
+
+    for name, history in _node_reports(node, inventory, "history").items():
+        typer.echo(f"{name}:")
+        if isinstance(history, dict):
+            typer.echo(f"  {history.get('error')}")
+            continue
+        for r in history:
+            when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(r.get("started_at", 0)))
+            typer.echo(f"  {when}Z {r.get('from')} -> {r.get('to')}: {r.get('result')} "
+                       f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
+                       + (", forced" if r.get("forced") else "") + ")")
+
+
+node_app = typer.Typer(no_args_is_help=True, help="Node-side commands (run on a node by release/status over SSH).")
+app.add_typer(node_app, name="node")
+NodeName = Annotated[str, typer.Option("--node", help="This node's name.")]
+StateDir = Annotated[Path, typer.Option("--state-dir", help="The node's state directory.")]
+Scope = Annotated[str, typer.Option("--scope", help="system or user (its systemd manager).")]
+RuntimeDir = Annotated[Optional[Path], typer.Option("--runtime-dir", help="A user manager's XDG_RUNTIME_DIR.")]
+
+
+def _ctx(node: str, state_dir: Path, scope: str, runtime_dir: Path | None):
+    from .release import NodeContext
+    from .systemd import ManagerAddress
+
+    if scope not in ("system", "user"):
+        raise typer.BadParameter("--scope must be system or user")
+    return NodeContext(node, state_dir, ManagerAddress(scope, runtime_dir))
+
+
+@node_app.command("switch")
+def node_switch(
+    node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
+    bundle: Annotated[Optional[str], typer.Option("--bundle", help="'-': read the release as JSON on stdin.")] = None,
+    force: Annotated[bool, typer.Option("--force")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
+    rollback_: Annotated[bool, typer.Option("--rollback")] = False,
+) -> None:
+    """Switch this node to the release given on stdin (or back, with --rollback)."""
+    import json as _json
+
+    from .output import ReleaseOutput
+    from .release import log_path, switch_node
+
+    ctx = _ctx(node, state_dir, scope, runtime_dir)
+    payload = None
+    if bundle == "-":
+        try:
+            payload = _json.loads(sys.stdin.read())
+            assert isinstance(payload, dict) and isinstance(payload["id"], str) and isinstance(payload["files"], dict)
+        except (ValueError, KeyError, AssertionError):
+            raise FlatshareError("node switch: stdin is not a release bundle ({\"id\", \"files\"})") from None
+    elif not rollback_:
+        raise FlatshareError("node switch: give --bundle - (the release on stdin) or --rollback")
+    ctx.releases.mkdir(parents=True, exist_ok=True)
+    out = ReleaseOutput(None if dry_run else log_path(ctx))
+    out.watch_hangup()
+    try:
+        code = switch_node(ctx, payload, out, force=force, dry_run=dry_run, rollback=rollback_)
+    except FlatshareError as err:
+        out.line(f"flatshare: {err}")
+        code = err.exit_code
+    finally:
+        out.close()
+    raise typer.Exit(code)
+
+
+@node_app.command("status")
+def node_status_cmd(node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
+                    as_json: Annotated[bool, typer.Option("--json")] = True) -> None:
+    """This node's status as JSON."""
+    import json as _json
+
+    from .release import node_status
+
+    typer.echo(_json.dumps(node_status(_ctx(node, state_dir, scope, runtime_dir)), sort_keys=True))
+
+
+@node_app.command("history")
+def node_history(node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
+                 as_json: Annotated[bool, typer.Option("--json")] = True) -> None:
+    """This node's release history as JSON."""
+    import json as _json
+
+    from .release import read_history
+
+    typer.echo(_json.dumps(read_history(_ctx(node, state_dir, scope, runtime_dir))))
+
+
 def main() -> None:
     """Console-script entry point: run the app, turning operator errors into one line and an exit code."""
     try:

@@ -183,6 +183,7 @@ class Voice(_Strict):
 
     command: ExecCommand
     turn_hints: bool
+    drain_timeout_s: Seconds = Field(description="how long a release waits for the worker's calls to end")
     endpointing_min_s: Seconds
     endpointing_max_s: Seconds
 

@@ -49,6 +49,7 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
         "services": list(SERVICE_UNITS),
         "layout": profile.layout.model_dump(),
         "gateway": {"drain_timeout_s": profile.gateway.drain_timeout_s},
-        "voice": {"drain_file": drain_file(profile), "status_file": drain_status_file(profile)},
+        "voice": {"drain_file": drain_file(profile), "status_file": drain_status_file(profile),
+                  "drain_timeout_s": profile.voice.drain_timeout_s},
     }
     return json.dumps(document, indent=2, sort_keys=True) + "\n"

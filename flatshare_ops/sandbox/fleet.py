@@ -172,6 +172,7 @@ drain_timeout_s = 5
 
 [voice]
 command = {_toml_array([python, "-m", "flatshare_ops.sandbox.voice", "--listen", f"{node.address}:{VOICE_PORT}"])}
+drain_timeout_s = 20
 
 [check]
 command = {_toml_array([str(Path(python).parent / "serving-check"), "--quiet"])}

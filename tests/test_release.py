@@ -1,0 +1,381 @@
+"""flatshare release on the sandbox fleet: a journaled, crash-resumable, drained switch, node by node.
+
+A module-scoped fleet is brought up from a scratch copy of the checkout, so
+tests can change the profile (decode_hold_tokens 48 <-> 0) and release it.
+Every test leaves the fleet healthy, with no journal and no drain file.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, loopback_pair, run_cli
+from flatshare_ops.check import run_checks
+from flatshare_ops.drain import DrainError, begin, wait_drained
+from flatshare_ops.rollout import bundle, targets
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+
+ADDRESSES = loopback_pair(3)
+ENGINE = "flatshare-engine.service"
+HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+
+
+class Fleet:
+    """The release tests' checkout and sandbox."""
+
+    def __init__(self, checkout: Path, base: Path) -> None:
+        self.checkout, self.base = checkout, base
+        self.inventory = base / "fleet.toml"
+
+    def node(self, name: str) -> SandboxNode:
+        return SandboxNode(name, ADDRESSES[name], self.base)
+
+    def address(self, name: str) -> ManagerAddress:
+        return ManagerAddress("user", self.node(name).manager.runtime_dir)
+
+    def release(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_cli("release", "--inventory", str(self.inventory), "--root", str(self.checkout), *args, env=env)
+
+    def local_release(self, name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """`flatshare release` as run on the node itself (no --node)."""
+        return self.release(*args, env={"FLATSHARE_NODE": name, **(env or {})})
+
+    def set_hold(self, value: int) -> None:
+        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(value), "--root", str(self.checkout))
+        assert result.returncode == 0, result.stderr
+
+    def expected_id(self, name: str) -> str:
+        (target,) = targets(self.inventory, [name], False)
+        return bundle(self.checkout, target)["id"]
+
+    def current(self, name: str) -> str:
+        return os.readlink(self.node(name).state_dir / "releases/current")
+
+    def engine(self, name: str) -> tuple[list[str], bytes]:
+        """(the engine's argv from /proc, its InvocationID)."""
+        with connect(self.address(name)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+            invocation = unit_property(bus, ENGINE, "Unit", "InvocationID")
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+        return argv, invocation
+
+    def hold(self, name: str) -> str:
+        argv = self.engine(name)[0]
+        return argv[argv.index(HOLD_FLAG) + 1]
+
+    def history(self, name: str) -> list[dict]:
+        path = self.node(name).state_dir / "releases/history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def journal(self, name: str) -> Path:
+        return self.node(name).state_dir / "releases/switching.json"
+
+    def drain_file(self, name: str) -> Path:
+        return self.node(name).run_dir / "voice.drain"
+
+    def check_ok(self, name: str) -> None:
+        report = run_checks(self.node(name).state_dir, name, self.node(name).manager.runtime_dir)
+        assert report.status == "OK", [(f.check, f.status, f.summary, f.details) for f in report.findings]
+
+    def settled(self, name: str) -> None:
+        """The node as every test must leave it."""
+        assert not self.journal(name).exists()
+        assert not self.drain_file(name).exists()
+        self.check_ok(name)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("release")
+    checkout = root / "checkout"
+    for name in ("profiles", "units"):
+        shutil.copytree(REPO / name, checkout / name)
+    for name in ("README.md", "PRODUCTION.md"):
+        shutil.copy2(REPO / name, checkout / name)
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    try:
+        yield Fleet(checkout, base)
+    finally:
+        down(base, echo=lambda _l: None)
+
+
+def test_release_of_both_nodes_switches_the_flag_and_passes_serving_check(fleet):
+    before = {n: fleet.engine(n)[1] for n in ("cyan", "peacock")}
+    fleet.set_hold(0)
+    result = fleet.release("--all")
+    assert result.returncode == 0, result.stdout + result.stderr
+    for name in ("cyan", "peacock"):
+        assert fleet.current(name) == fleet.expected_id(name)
+        assert fleet.hold(name) == "0"
+        assert fleet.engine(name)[1] != before[name], "the engine was not restarted"
+        assert fleet.history(name)[-1]["result"] == "released"
+        assert run_cli("--state-dir", str(fleet.node(name).state_dir), "--runtime-dir",
+                       str(fleet.node(name).manager.runtime_dir), program="serving-check").returncode == 0
+        fleet.settled(name)
+    assert "cyan: released" in result.stdout and "peacock: released" in result.stdout
+    # The other node passed serving-check before each node was drained.
+    assert "peacock: serving-check OK (must pass while cyan drains)" in result.stdout
+
+
+def test_a_second_release_of_the_same_checkout_has_nothing_to_do(fleet):
+    result = fleet.release("--node", "cyan")
+    assert result.returncode == 4, result.stdout
+    assert "nothing to do" in result.stdout
+
+
+def test_dry_run_prints_the_plan_and_changes_nothing(fleet):
+    fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+    before = (fleet.current("cyan"), fleet.engine("cyan")[1])
+    result = fleet.release("--node", "cyan", "--dry-run")
+    assert result.returncode == 0, result.stdout
+    assert "flatshare-engine.service: restart" in result.stdout
+    assert "flatshare.target: unchanged" in result.stdout
+    new = "48" if fleet.hold("cyan") == "0" else "0"
+    assert f"{HOLD_FLAG}: {fleet.hold('cyan')} -> {new}" in result.stdout
+    assert (fleet.current("cyan"), fleet.engine("cyan")[1]) == before
+    assert not fleet.journal("cyan").exists()
+
+
+def _crash_then_finish(fleet: Fleet, step: str) -> None:
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    expected_hold = "48" if fleet.hold(name) == "0" else "0"
+    before_invocation = fleet.engine(name)[1]
+    killed = fleet.local_release(name, env={"FLATSHARE_RELEASE_KILL_AFTER": step})
+    assert killed.returncode == -signal.SIGKILL, killed.stdout + killed.stderr
+    if step != "record-history":
+        journal = json.loads(fleet.journal(name).read_text())
+        assert {s["name"]: s["state"] for s in journal["steps"]}[step] == "done"
+        finished = fleet.local_release(name)
+        assert finished.returncode == 0, finished.stdout + finished.stderr
+        assert "finishing an interrupted switch" in finished.stdout
+    else:
+        assert fleet.local_release(name).returncode == 4
+    # The same end state as an uninterrupted release.
+    expected = fleet.expected_id(name)
+    assert fleet.current(name) == expected
+    release_units = fleet.node(name).state_dir / "releases" / expected / "units"
+    for unit in release_units.iterdir():
+        assert (fleet.node(name).manager.unit_dir / unit.name).read_text() == unit.read_text()
+    assert fleet.hold(name) == expected_hold
+    assert fleet.engine(name)[1] != before_invocation
+    last = fleet.history(name)[-1]
+    assert (last["to"], last["result"]) == (expected, "released")
+    fleet.settled(name)
+
+
+@pytest.mark.parametrize("step", ["drain-voice", "stop-gateway", "install-units", "restart-engine", "start-gateway",
+                                  "end-voice-drain", "switch-current", "serving-check", "record-history"])
+def test_release_killed_after_each_step_is_finished_by_the_next_run(fleet, step):
+    _crash_then_finish(fleet, step)
+
+
+def test_a_dropped_ssh_session_does_not_stop_the_release_on_the_node(fleet):
+    name = "peacock"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    expected = fleet.expected_id(name)
+    log = fleet.node(name).state_dir / "releases/release.log"
+    start = log.stat().st_size if log.exists() else 0
+    operator = subprocess.Popen(
+        [str(BIN / "flatshare"), "release", "--node", name, "--inventory", str(fleet.inventory),
+         "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT)
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline:
+        if log.exists() and "step 4/9 restart-engine" in log.read_text()[start:]:
+            break
+        time.sleep(0.05)
+    operator.kill()  # the operator's client dies: its SSH connection drops mid-release
+    operator.wait()
+    deadline = time.monotonic() + 60
+    while time.monotonic() < deadline and not (fleet.history(name) and fleet.history(name)[-1]["to"] == expected):
+        time.sleep(0.1)
+    assert fleet.history(name)[-1]["result"] == "released"
+    text = log.read_text()[start:]
+    for number in range(1, 10):
+        assert f"step {number}/9" in text
+    assert f"{name}: released {expected}" in text
+    fleet.settled(name)
+
+
+def test_a_closed_stdout_does_not_stop_a_release(fleet):
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    expected = fleet.expected_id(name)
+    process = subprocess.Popen(
+        [str(BIN / "flatshare"), "release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, env={**os.environ, "FLATSHARE_NODE": name})
+    process.stdout.readline()
+    process.stdout.close()  # the reader goes away: later writes get EPIPE
+    assert process.wait(timeout=120) == 0, process.stderr.read().decode()
+    assert fleet.current(name) == expected
+    assert "Traceback" not in process.stderr.read().decode()
+    fleet.settled(name)
+
+
+def test_a_second_release_at_once_is_refused_with_the_first_ones_details(fleet):
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    node = fleet.node(name)
+    # A call in progress keeps the first release waiting in its voice drain.
+    import urllib.request
+
+    urllib.request.urlopen(urllib.request.Request(
+        f"http://{node.address}:8090/calls/start?seconds=3&turns=1", method="POST", data=b""), timeout=5).read()
+    first = subprocess.Popen(
+        [str(BIN / "flatshare"), "release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout)],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "FLATSHARE_NODE": name})
+    holder = node.state_dir / "releases/lock.json"
+    deadline = time.monotonic() + 10
+    while time.monotonic() < deadline and not holder.exists():
+        time.sleep(0.02)
+    second = fleet.local_release(name)
+    assert second.returncode == 3, second.stdout
+    assert f"release refused: {name} is being released by" in second.stdout and f"pid {first.pid}" in second.stdout
+    out, err = first.communicate(timeout=120)
+    assert first.returncode == 0, out + err
+    fleet.settled(name)
+
+
+def _link_e2_drop_in(fleet: Fleet, name: str) -> tuple[Path, Path]:
+    node = fleet.node(name)
+    target = node.root / "bench/e2/point-7.conf"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text('[Service]\nEnvironment="E2_POINT=7"\n')
+    link = node.manager.unit_dir / f"{ENGINE}.d/e2-point.conf"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target)
+    with connect(fleet.address(name)) as bus:
+        daemon_reload(bus)
+    return link, target
+
+
+def test_e2_drop_ins_refuse_a_release_and_force_releases_and_records_it(fleet):
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    link, target = _link_e2_drop_in(fleet, name)
+    try:
+        before = fleet.current(name)
+        refused = fleet.release("--node", name)
+        assert refused.returncode == 3
+        assert f"release refused: {name} has E2 drop-ins linked: {ENGINE}.d/e2-point.conf -> {target}" in refused.stdout
+        assert "flatshare-bench e2 reset" in refused.stdout and "--force" in refused.stdout
+        assert fleet.current(name) == before and not fleet.journal(name).exists()
+
+        forced = fleet.release("--node", name, "--force")
+        assert forced.returncode == 0, forced.stdout
+        assert fleet.current(name) == fleet.expected_id(name)
+        assert fleet.history(name)[-1]["forced"] is True
+    finally:
+        link.unlink()
+        with connect(fleet.address(name)) as bus:
+            daemon_reload(bus)
+            run_job(bus, "restart", ENGINE, 60)
+    from flatshare_ops.sandbox.fleet import wait_healthy
+
+    wait_healthy(f"http://{fleet.node(name).address}:8000/health", 30)
+    fleet.settled(name)
+
+
+def test_a_stale_voice_status_is_not_trusted(tmp_path):
+    drain_file, status_file = tmp_path / "voice.drain", tmp_path / "voice.status"
+    drain = begin(drain_file, status_file)
+    assert drain_file.read_text().strip() == drain.drain_id
+    # Left from an earlier drain: another id, and written before this drain began.
+    status_file.write_text(json.dumps({"state": "drained", "drain_id": "earlier", "written_at": time.time()}))
+    with pytest.raises(DrainError):
+        wait_drained(drain, 0.5)
+    status_file.write_text(json.dumps({"state": "drained", "drain_id": drain.drain_id, "written_at": drain.began_at - 1}))
+    with pytest.raises(DrainError):
+        wait_drained(drain, 0.5)
+    status_file.write_text(json.dumps({"state": "drained", "drain_id": drain.drain_id, "written_at": time.time()}))
+    assert wait_drained(drain, 0.5)["state"] == "drained"
+
+
+def test_a_drain_that_times_out_removes_the_drain_file_and_keeps_the_journal(fleet):
+    name = "peacock"
+    node = fleet.node(name)
+    profile = node.profile
+    original = profile.read_text()
+    profile.write_text(original.replace("drain_timeout_s = 20", "drain_timeout_s = 2"))
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    with connect(fleet.address(name)) as bus:
+        run_job(bus, "stop", "flatshare-voice.service", 30)  # it will never confirm the drain
+    stale = {"schema": 1, "state": "drained", "drain_id": "earlier", "written_at": time.time(), "calls_in_progress": 0}
+    (node.run_dir / "voice.status").write_text(json.dumps(stale))
+    try:
+        result = fleet.release("--node", name)
+        assert result.returncode == 1, result.stdout
+        assert "step 1/9 drain-voice failed" in result.stdout and "next 'flatshare release' finishes" in result.stdout
+        assert not fleet.drain_file(name).exists(), "an early end must remove the drain file"
+        journal = json.loads(fleet.journal(name).read_text())
+        assert journal["steps"][0] == {**journal["steps"][0], "name": "drain-voice", "state": "failed"}
+    finally:
+        profile.write_text(original)
+        with connect(fleet.address(name)) as bus:
+            run_job(bus, "start", "flatshare-voice.service", 30)
+    finished = fleet.release("--node", name)
+    assert finished.returncode == 0, finished.stdout
+    fleet.settled(name)
+
+
+def test_rollback_returns_to_the_previous_release(fleet):
+    name = "peacock"
+    previous = fleet.current(name)
+    previous_hold = fleet.hold(name)
+    fleet.set_hold(48 if previous_hold == "0" else 0)
+    assert fleet.release("--node", name).returncode == 0
+    assert fleet.current(name) != previous
+    result = run_cli("rollback", "--node", name, "--inventory", str(fleet.inventory), "--root", str(fleet.checkout))
+    assert result.returncode == 0, result.stdout
+    assert fleet.current(name) == previous
+    assert fleet.hold(name) == previous_hold
+    fleet.settled(name)
+
+
+@pytest.mark.parametrize("text", ['{"schema": 1, "from": "a", "to": "b", "steps": [{"na', "", "[]", '{"schema": 9}'])
+def test_a_corrupt_journal_is_a_clear_error(fleet, text):
+    name = "cyan"
+    fleet.journal(name).write_text(text)
+    try:
+        before = fleet.current(name)
+        result = fleet.release("--node", name)
+        assert result.returncode == 2, result.stdout
+        lines = [line for line in result.stdout.splitlines() if "switching.json" in line]
+        assert len(lines) == 1 and "corrupt or truncated journal" in lines[0] and "mv " in lines[0]
+        assert "Traceback" not in result.stdout + result.stderr
+        assert fleet.current(name) == before
+    finally:
+        fleet.journal(name).unlink()
+
+
+def test_status_and_history_over_ssh(fleet):
+    result = run_cli("status", "--inventory", str(fleet.inventory), "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    report = json.loads(result.stdout)
+    assert {n: r["release"] for n, r in report.items()} == {n: fleet.current(n) for n in ("cyan", "peacock")}
+    assert all(r["switching"] is None for r in report.values())
+    history = run_cli("releases", "--node", "cyan", "--inventory", str(fleet.inventory))
+    assert history.returncode == 0 and "released" in history.stdout
+
+
+def test_a_drifted_checkout_is_refused(fleet):
+    unit = fleet.checkout / "units/flatshare-voice.service"
+    original = unit.read_text()
+    unit.write_text(original + "# hand edit\n")
+    try:
+        result = fleet.release("--node", "cyan")
+        assert result.returncode == 3
+        assert "rendered files drifted from the profile (units/flatshare-voice.service)" in result.stderr
+    finally:
+        unit.write_text(original)
