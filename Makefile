@@ -9,13 +9,10 @@ BIN := $(VENV)/bin
 setup:
 	@./scripts/setup.sh
 
-# The main job on the local sandbox fleet: check the checkout renders without
-# drift, bring cyan and peacock up with the rendered units, show their state.
+# The main job on the local sandbox fleet (scripts/demo.sh): check the checkout,
+# bring cyan and peacock up, release both, serving-check both, print their status.
 demo: setup
-	$(BIN)/flatshare profiles render
-	$(BIN)/flatshare profiles verify
-	$(BIN)/flatshare sandbox up
-	$(BIN)/flatshare sandbox status
+	@./scripts/demo.sh
 
 test: setup
 	@./scripts/vllm-parser-venv.sh

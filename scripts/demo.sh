@@ -1,0 +1,23 @@
+#!/usr/bin/env bash
+# The main job on the local sandbox fleet: check the checkout, bring cyan and
+# peacock up, release both to what the checkout renders, run serving-check on
+# both, and print each node's status.
+set -uo pipefail
+cd "$(dirname "$0")/.."
+bin=.venv/bin
+inv=.sandbox/fleet.toml
+step() { printf '\n== %s\n' "$*"; }
+
+step "render: the checkout's files match the profile" && $bin/flatshare profiles render || exit $?
+step "verify: systemd-analyze verify prints nothing for the units" && $bin/flatshare profiles verify || exit $?
+step "sandbox: cyan and peacock, each its own systemd manager and sshd" && $bin/flatshare sandbox up || exit $?
+step "release: both nodes, one at a time, over SSH"
+$bin/flatshare release --all --inventory "$inv"
+code=$?
+case $code in
+  0) ;;
+  4) echo "(both nodes already run this checkout's release: nothing to do)" ;;
+  *) exit $code ;;
+esac
+step "serving-check on both nodes, over SSH" && $bin/flatshare check --all --inventory "$inv" || exit $?
+step "status" && $bin/flatshare status --inventory "$inv"
