@@ -168,11 +168,14 @@ def _same(a: object, b: object) -> bool:
         return False
 
 
-def _show(value: object) -> str:
+def show_flag_value(value: object) -> str:
+    """A flag's value for people: ``on``/``off`` for booleans, ``(absent)`` for None, else its text."""
     if value is True:
         return "on"
     if value is False:
         return "off"
+    if value is None:
+        return "(absent)"
     return json.dumps(value) if not isinstance(value, str) else value
 
 
@@ -190,11 +193,11 @@ def compare_argv(running: list[str], expected: list[str]) -> list[str]:
         lines.append(f"model: running {run_model}, profile {exp_model}")
     for name in sorted(set(run_flags) | set(exp_flags)):
         if name not in run_flags:
-            lines.append(f"{name}: missing (profile {_show(exp_flags[name])})")
+            lines.append(f"{name}: missing (profile {show_flag_value(exp_flags[name])})")
         elif name not in exp_flags:
-            lines.append(f"{name}: extra (running {_show(run_flags[name])})")
+            lines.append(f"{name}: extra (running {show_flag_value(run_flags[name])})")
         elif not _same(run_flags[name], exp_flags[name]):
-            lines.append(f"{name}: running {_show(run_flags[name])}, profile {_show(exp_flags[name])}")
+            lines.append(f"{name}: running {show_flag_value(run_flags[name])}, profile {show_flag_value(exp_flags[name])}")
     return lines
 
 

@@ -13,12 +13,12 @@ from typing import Annotated, Literal
 from pydantic import Field, ValidationError, model_validator
 
 from .errors import ProfileError
-from .profile import _Strict, _read_toml, key_lines
+from .profile import StrictModel, read_toml, key_lines
 
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
 
 
-class Node(_Strict):
+class Node(StrictModel):
     """One node: where its SSH server is and which profile (relative to the inventory) it runs."""
 
     host: Annotated[str, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
@@ -37,7 +37,7 @@ class Node(_Strict):
         return self
 
 
-class Inventory(_Strict):
+class Inventory(StrictModel):
     """The whole inventory file."""
 
     schema_: int = Field(alias="schema", ge=1, le=1)
@@ -51,7 +51,7 @@ def load_inventory(path: Path) -> Inventory:
         ProfileError: missing or malformed file, or a schema rule broken
             (``FILE:LINE: KEY: RULE``).
     """
-    data, text = _read_toml(Path(path))
+    data, text = read_toml(Path(path))
     try:
         return Inventory.model_validate(data)
     except ValidationError as err:

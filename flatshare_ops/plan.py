@@ -10,7 +10,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 
-from .check import normalize_argv
+from .check import normalize_argv, show_flag_value
 from .render.units import ENGINE_UNIT, GATEWAY_UNIT, SERVICE_UNITS, VOICE_UNIT
 
 #: The steps of a switch, in order (FACTS.md, "What a release does on a node").
@@ -106,22 +106,14 @@ def classify_units(old: dict[str, str] | None, new: dict[str, str], resume: bool
     return actions
 
 
-def _show(value: object) -> str:
-    if value is True:
-        return "on"
-    if value is False:
-        return "off"
-    return "(absent)" if value is None else str(value)
-
-
 def flag_changes(old_argv: list[str] | None, new_argv: list[str]) -> list[str]:
     """Engine flags that differ, compared by meaning: ``--flag: OLD -> NEW``."""
     old_model, old_flags = normalize_argv(old_argv or [])
     new_model, new_flags = normalize_argv(new_argv)
-    changes = [f"model: {_show(old_model)} -> {_show(new_model)}"] if old_argv and old_model != new_model else []
+    changes = [f"model: {show_flag_value(old_model)} -> {show_flag_value(new_model)}"] if old_argv and old_model != new_model else []
     for name in sorted(set(old_flags) | set(new_flags)):
         if old_flags.get(name) != new_flags.get(name):
-            changes.append(f"{name}: {_show(old_flags.get(name))} -> {_show(new_flags.get(name))}")
+            changes.append(f"{name}: {show_flag_value(old_flags.get(name))} -> {show_flag_value(new_flags.get(name))}")
     return changes
 
 

@@ -70,7 +70,7 @@ def _command_is_absolute(argv: list[str]) -> list[str]:
 ExecCommand = Annotated[Command, AfterValidator(_command_is_absolute)]
 
 
-class _Strict(BaseModel):
+class StrictModel(BaseModel):
     """Base of every profile table: no unknown keys, no type coercion."""
 
     model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
@@ -79,7 +79,7 @@ class _Strict(BaseModel):
 # --- the tables ------------------------------------------------------------
 
 
-class MakeRoom(_Strict):
+class MakeRoom(StrictModel):
     """make-room's settings, passed as ``--additional-config.make_room.KEY``."""
 
     retain_tokens: Count = Field(description="tokens of a finished turn's prefix kept on the GPU")
@@ -90,14 +90,14 @@ class MakeRoom(_Strict):
     recompute_tokens: Count = Field(description="0 turns recompute off")
 
 
-class FlatshareJit(_Strict):
+class FlatshareJit(StrictModel):
     """The JIT batch scheduler's settings, ``--additional-config.flatshare_jit.KEY``."""
 
     margin_ms: Count
     step_time_model: AbsPath
 
 
-class KvOffloading(_Strict):
+class KvOffloading(StrictModel):
     """The CPU KV tier (vLLM ``--kv-offloading-size`` GiB, ``--kv-offloading-backend``)."""
 
     enabled: bool
@@ -105,7 +105,7 @@ class KvOffloading(_Strict):
     backend: Literal["native", "lmcache"]
 
 
-class Engine(_Strict):
+class Engine(StrictModel):
     """The vLLM engine: what ``vllm serve`` is started with."""
 
     vllm_release: Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")]
@@ -155,7 +155,7 @@ class Engine(_Strict):
         return self
 
 
-class Module(_Strict):
+class Module(StrictModel):
     """Flatshare's make-room serve module, built at engine start and pinned by hash."""
 
     name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
@@ -171,14 +171,14 @@ class Module(_Strict):
         return self
 
 
-class Gateway(_Strict):
+class Gateway(StrictModel):
     """The HTTP gateway in front of the engine."""
 
     command: ExecCommand
     drain_timeout_s: Seconds
 
 
-class Voice(_Strict):
+class Voice(StrictModel):
     """The voice worker: takes calls and announces each user turn."""
 
     command: ExecCommand
@@ -197,14 +197,14 @@ class Voice(_Strict):
         return self
 
 
-class Check(_Strict):
+class Check(StrictModel):
     """serving-check's timer and command on each node."""
 
     command: ExecCommand
     interval_s: int = Field(ge=10, le=86400)
 
 
-class Layout(_Strict):
+class Layout(StrictModel):
     """Where a node keeps units, state and runtime files, and which manager runs them."""
 
     scope: Literal["system", "user"]
@@ -214,14 +214,14 @@ class Layout(_Strict):
     service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
 
 
-class Card(_Strict):
+class Card(StrictModel):
     """The GPU the profile is tuned for."""
 
     name: Text
     memory_gib: int = Field(gt=0, le=4096)
 
 
-class Profile(_Strict):
+class Profile(StrictModel):
     """A whole serving profile, after ``extends`` is resolved."""
 
     schema_: Literal[1] = Field(alias="schema")
@@ -301,7 +301,15 @@ def _dotted(key: str) -> str:
     return ".".join(part.strip().strip('"') for part in key.split("."))
 
 
-def _read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]:
+def read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]:
+    """Parse a TOML file (or ``text`` standing for it) into plain Python data.
+
+    Returns:
+        (data, the text it was parsed from).
+
+    Raises:
+        ProfileError: missing, a directory, not UTF-8, or malformed (with the line).
+    """
     if text is None:
         text = _read_text(path)
     try:
@@ -389,7 +397,7 @@ def load_document(
         if resolved in [p.resolve() for p in chain]:
             cycle = " -> ".join(str(p) for p in [*chain, current])
             raise ProfileError(f"{chain[-1]}: extends: cycle of extends: {cycle}; remove one of the links")
-        data, text = _read_toml(current, text if not chain else None)
+        data, text = read_toml(current, text if not chain else None)
         chain.append(current)
         layers.append((current, data, text))
         parent = data.pop("extends", None)

@@ -17,7 +17,7 @@ from tomlkit.items import Table
 
 from .atomic import write_atomic
 from .errors import ProfileError
-from .profile import LoadedProfile, _read_toml, load_document, validate
+from .profile import LoadedProfile, read_toml, load_document, validate
 
 _KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
@@ -62,7 +62,7 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     path = Path(path)
     if not _KEY.match(key):
         raise ProfileError(f"{path}: {key}: not a dotted key like engine.make_room.decode_hold_tokens")
-    _read_toml(path)  # the same one-line errors as loading (missing, not UTF-8, malformed)
+    read_toml(path)  # the same one-line errors as loading (missing, not UTF-8, malformed)
     text = path.read_text(encoding="utf-8")
     document = tomlkit.parse(text)
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import getpass
 import json
 import os
+import re
 import signal
 import socket
 import time
@@ -396,6 +397,30 @@ def _record(ctx: NodeContext, journal: journals.Journal, result: str, started: f
     journals.remove_journal(ctx.state_dir)
 
 
+_RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+_RELEASE_FILE = re.compile(r"^(serving\.json|profile\.json|units/[A-Za-z0-9@._-]+\.(service|target|timer))$")
+
+
+def validate_bundle(bundle: object) -> dict:
+    """Check a release bundle read from stdin before any of it touches the disk.
+
+    Raises:
+        FlatshareError (exit 2): not ``{"id": ID, "files": {NAME: TEXT}}``, an id
+            that is not a plain directory name, or a file name outside
+            ``serving.json``, ``profile.json``, ``units/UNIT``.
+    """
+    if not isinstance(bundle, dict) or not isinstance(bundle.get("id"), str) or not isinstance(bundle.get("files"), dict):
+        raise FlatshareError('node switch: the release bundle must be {"id": ..., "files": {...}}')
+    if not _RELEASE_ID.match(bundle["id"]):
+        raise FlatshareError(f"node switch: release id {bundle['id']!r} is not a plain name ([A-Za-z0-9._-])")
+    for name, text in bundle["files"].items():
+        if not isinstance(name, str) or not _RELEASE_FILE.match(name) or not isinstance(text, str):
+            raise FlatshareError(f"node switch: release file {name!r} is not serving.json, profile.json or units/UNIT")
+    if "serving.json" not in bundle["files"]:
+        raise FlatshareError("node switch: the release bundle has no serving.json")
+    return bundle
+
+
 def switch_node(ctx: NodeContext, bundle: dict | None, out: ReleaseOutput, force: bool = False,
                 dry_run: bool = False, rollback: bool = False) -> int:
     """Switch this node to a release; finish an interrupted switch first.
@@ -421,7 +446,7 @@ def switch_node(ctx: NodeContext, bundle: dict | None, out: ReleaseOutput, force
         if target is None:
             raise Refused(f"rollback refused: {ctx.node} has no earlier release stored to return to")
     else:
-        target = bundle["id"]
+        target = validate_bundle(bundle)["id"]
 
     if dry_run:
         return _dry_run(ctx, bundle, target, out)

@@ -379,3 +379,19 @@ def test_a_drifted_checkout_is_refused(fleet):
         assert "rendered files drifted from the profile (units/flatshare-voice.service)" in result.stderr
     finally:
         unit.write_text(original)
+
+
+@pytest.mark.parametrize("bundle, message", [
+    ({"id": "../../etc", "files": {"serving.json": "{}"}}, "is not a plain name"),
+    ({"id": "ok-1", "files": {"units/../../x.service": ""}}, "is not serving.json, profile.json or units/UNIT"),
+    ({"id": "ok-1", "files": {"units/x.service": ""}}, "has no serving.json"),
+    ([], "must be"),
+])
+def test_node_switch_refuses_a_malformed_bundle_before_writing(tmp_path, bundle, message):
+    result = subprocess.run(
+        [str(BIN / "flatshare"), "node", "switch", "--node", "n", "--state-dir", str(tmp_path), "--scope", "user",
+         "--runtime-dir", str(tmp_path / "run"), "--bundle", "-"],
+        input=json.dumps(bundle), capture_output=True, text=True, timeout=60)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert message in result.stdout
+    assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["release.log"]
