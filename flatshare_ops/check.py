@@ -25,6 +25,9 @@ OK, WARNING, CRITICAL, UNKNOWN = "OK", "WARNING", "CRITICAL", "UNKNOWN"
 EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
 _SEVERITY = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}  # CRITICAL outranks UNKNOWN in the summary
 
+#: The serving.json keys a check reads (releases/README.md).
+SERVING_KEYS = ("engine", "vllm_release", "module", "units", "services", "layout", "voice")
+
 #: A release lock older than this (seconds) is no longer "a release in progress" but a warning.
 STALE_LOCK_S = 3600.0
 HTTP_TIMEOUT_S = 2.0
@@ -380,6 +383,8 @@ def check_drop_ins(drop_ins: dict[str, list[str]], need_reload: dict[str, bool],
         for path in paths:
             if os.path.islink(path):
                 details.append(f"{unit}: E2 drop-in {path} -> {os.readlink(path)} (benchmark point linked on {node})")
+            elif not os.path.exists(path):
+                details.append(f"{unit}: drop-in {path} was removed on disk; systemd needs a daemon-reload")
             else:
                 details.append(f"{unit}: drop-in {path} changes the unit")
             status = WARNING
@@ -390,6 +395,17 @@ def check_drop_ins(drop_ins: dict[str, list[str]], need_reload: dict[str, bool],
     if details:
         return Finding("drop_ins", status, f"{len(details)} drop-in / reload note(s) on managed units", details)
     return Finding("drop_ins", OK, "no drop-ins on managed units")
+
+
+def check_services(states: dict[str, str], drain_file: Path, inside_release: bool) -> Finding:
+    """The node takes calls: every managed service is active and the voice worker is not left drained."""
+    details = [f"{unit} is {state}" for unit, state in sorted(states.items()) if state != "active"]
+    if drain_file.exists() and not inside_release:
+        details.append(f"{drain_file} is present with no release running: the voice worker takes no calls "
+                       "(remove it once no release needs it)")
+    if details:
+        return Finding("services", CRITICAL, "the node does not take calls", details)
+    return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
 
 
 def check_turn_hints(metrics: dict[str, float]) -> Finding:
@@ -410,14 +426,37 @@ def check_turn_hints(metrics: dict[str, float]) -> Finding:
 # --- one run -------------------------------------------------------------------
 
 
+def _read_json_object(path: Path) -> dict | None:
+    """A JSON object from ``path``; None when missing; raises ValueError when it is anything else."""
+    try:
+        document = json.loads(path.read_bytes())
+    except FileNotFoundError:
+        return None
+    except (OSError, UnicodeDecodeError, json.JSONDecodeError) as err:
+        raise ValueError(f"{path}: unreadable ({err})") from None
+    if not isinstance(document, dict):
+        raise ValueError(f"{path}: not a JSON object")
+    return document
+
+
+def release_holder(releases: Path) -> dict | None:
+    """The live holder of the node's release lock (``lock.json``, its pid alive on this host), or None."""
+    try:
+        holder = _read_json_object(releases / LOCK_HOLDER)
+    except ValueError:
+        return None
+    try:
+        alive = holder is not None and holder.get("host") == os.uname().nodename and _pid_alive(int(holder.get("pid", 0)))
+    except (TypeError, ValueError):
+        return None
+    return holder if alive else None
+
+
 def _release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     """(a finding that ends the run because a release holds the lock, a finding about an unfinished switch)."""
     in_progress = None
-    try:
-        holder = json.loads((releases / LOCK_HOLDER).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        holder = None
-    if holder and holder.get("host") == os.uname().nodename and _pid_alive(int(holder.get("pid", 0))):
+    holder = release_holder(releases)
+    if holder:
         age = time.time() - float(holder.get("started_at", time.time()))
         who = f"{holder.get('user')}@{holder.get('host')} pid {holder.get('pid')}, release {holder.get('release')}"
         if age > STALE_LOCK_S:
@@ -426,13 +465,14 @@ def _release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
             in_progress = Finding("release", OK, f"release in progress ({who}, {age:.0f} s); checks skipped")
     unfinished = None
     journal = releases / JOURNAL
-    if journal.exists() and in_progress is None:
+    if in_progress is None and (journal.exists() or journal.is_symlink()):
         try:
-            record = json.loads(journal.read_text())
+            record = _read_json_object(journal) or {}
             what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
-        except json.JSONDecodeError:
+        except ValueError:
             what = "journal unreadable"
-        unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish it")
+        unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
+                             "it, or 'flatshare rollback' to abandon it")
     return in_progress, unfinished
 
 
@@ -448,7 +488,7 @@ def _pid_alive(pid: int) -> bool:
     return True
 
 
-def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts, dict[str, list[str]], dict[str, bool]]:
+def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts, dict, dict, dict[str, str]]:
     from .systemd import ManagerAddress, connect, unit_property
 
     scope = serving["layout"]["scope"]
@@ -456,11 +496,13 @@ def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts
         runtime_dir = Path(os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.getuid()}"))
     drop_ins: dict[str, list[str]] = {}
     need_reload: dict[str, bool] = {}
+    states: dict[str, str] = {}
     with connect(ManagerAddress(scope, runtime_dir)) as bus:
         # Single properties (Properties.Get): GetAll of a service is ~2 ms each.
         for name in serving["services"]:
             drop_ins[name] = [p.decode() for p in unit_property(bus, name, "Unit", "DropInPaths")]
             need_reload[name] = bool(unit_property(bus, name, "Unit", "NeedDaemonReload"))
+            states[name] = unit_property(bus, name, "Unit", "ActiveState").decode()
         name = serving["engine"]["unit"]
         facts = EngineFacts(
             load_state=unit_property(bus, name, "Unit", "LoadState").decode(),
@@ -468,7 +510,7 @@ def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts
             main_pid=int(unit_property(bus, name, "Service", "MainPID")),
             started_at=int(unit_property(bus, name, "Service", "ExecMainStartTimestamp")) / 1e6,
         )
-    return facts, drop_ins, need_reload
+    return facts, drop_ins, need_reload, states
 
 
 def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, inside_release: bool = False) -> Report:
@@ -488,20 +530,25 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
     releases = Path(state_dir) / RELEASES
     in_progress, unfinished = (None, None) if inside_release else _release_state(releases)
     if in_progress:
-        return Report(node, [in_progress], {"check_seconds": round(time.monotonic() - started, 4)})
+        # release_in_progress lets a rolling release's gate tell "checks skipped" from "serving".
+        return Report(node, [in_progress], {"release_in_progress": 1,
+                                            "check_seconds": round(time.monotonic() - started, 4)})
     findings = [unfinished] if unfinished else []
     serving_path = releases / CURRENT / "serving.json"
     try:
-        serving = json.loads(serving_path.read_text())
-    except FileNotFoundError:
-        return Report(node, [*findings, Finding("release", UNKNOWN, f"{serving_path} not found: no active release on {node}")])
-    except json.JSONDecodeError as err:
-        return Report(node, [*findings, Finding("release", UNKNOWN, f"{serving_path}: corrupt JSON ({err}); reinstall the release")])
+        serving = _read_json_object(serving_path)
+        if serving is None:
+            return Report(node, [*findings, Finding("release", UNKNOWN, f"{serving_path} not found: no active release on {node}")])
+        missing = [k for k in SERVING_KEYS if k not in serving]
+        if missing:
+            raise ValueError(f"{serving_path}: not a release's serving.json (no {', '.join(missing)})")
+    except ValueError as err:
+        return Report(node, [*findings, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")])
 
     from .errors import FlatshareError
 
     try:
-        facts, drop_ins, need_reload = _systemd_facts(serving, runtime_dir)
+        facts, drop_ins, need_reload, service_states = _systemd_facts(serving, runtime_dir)
     except FlatshareError as err:
         return Report(node, [*findings, Finding("systemd", UNKNOWN, str(err))])
 
@@ -532,6 +579,7 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
             perf["turns_announced"] = metrics.get("flatshare:make_room_turns_announced_total", 0.0)
         else:
             findings.append(Finding("turn_hints", WARNING, f"GET /metrics answered {metrics_status or 'nothing'}"))
+    findings.append(check_services(service_states, Path(serving["voice"]["drain_file"]), inside_release))
     module = serving["module"]
     findings.append(check_module(Path(module["path"]), module["sha256"], facts.started_at))
     units = check_units(Path(serving["layout"]["unit_dir"]), serving["units"])

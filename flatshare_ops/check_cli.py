@@ -59,10 +59,18 @@ def main(argv: list[str] | None = None) -> None:
         # The reader went away (``| head``): the exit code still carries the result.
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         sys.exit(3)
+    except SystemExit:
+        raise
+    except Exception as err:  # a monitoring plugin must say UNKNOWN, never crash with exit 1 (WARNING)
+        print(f"SERVING-CHECK UNKNOWN - serving-check failed: {type(err).__name__}: {err}")
+        sys.exit(3)
 
 
 def _main(argv: list[str] | None) -> None:
     args = _parser().parse_args(argv)
+    if args.node and args.all:
+        print("SERVING-CHECK UNKNOWN - give --node NAME or --all, not both")
+        sys.exit(3)
     if args.node or args.all:
         from .remote_check import check_nodes
 
@@ -70,14 +78,20 @@ def _main(argv: list[str] | None) -> None:
 
     from .check import run_checks, write_textfile
 
+    if args.state_dir.exists() and not args.state_dir.is_dir():
+        print(f"SERVING-CHECK UNKNOWN - --state-dir {args.state_dir} is not a directory")
+        sys.exit(3)
     node = args.node_name or os.environ.get("FLATSHARE_NODE") or os.uname().nodename
     report = run_checks(args.state_dir, node, args.runtime_dir)
     if args.textfile:
         try:
             write_textfile(args.textfile, report)
         except OSError as err:
-            print(f"SERVING-CHECK UNKNOWN - cannot write {args.textfile}/serving_check.prom: {err}")
-            sys.exit(3)
+            from .check import UNKNOWN, Finding
+
+            # The check's own trouble: reported beside the findings, never instead of them.
+            report.findings.append(Finding("textfile", UNKNOWN, f"cannot write {args.textfile}/serving_check.prom: "
+                                                                f"{err.strerror or err}"))
     _print_report(report, args)
     sys.exit(report.exit_code)
 

@@ -187,10 +187,11 @@ def release(
     """Switch nodes to what the checkout renders (without --node: the node this runs on).
 
     Exit codes: 0 released, 1 failed mid-switch (journal kept), 2 bad input, 3 refused, 4 nothing to do."""
-    from .rollout import inventory_path, refuse_drift, roll, targets, terminal
+    from .rollout import inventory_path, refuse_drift, roll, targets, terminal, warn_uncommitted
 
     out = terminal()
     refuse_drift(root, out)
+    warn_uncommitted(root, out)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
     everyone = targets(path, [], True) if not chosen[0].local else chosen
@@ -220,14 +221,12 @@ def _node_reports(node: list[str] | None, inventory: Path | None, command: str) 
 
     reports: dict[str, object] = {}
     for target in targets(inventory_path(inventory), node or [], not node):
-        if target.local:
-            from .release import node_status, read_history
-
-            ctx = target.context()
-            reports[target.name] = node_status(ctx) if command == "status" else read_history(ctx)
-            continue
         lines: list[str] = []
-        status = run_on_node(target, target.node_argv(command, "--json"), "", lines.append)
+        try:
+            status = run_on_node(target, target.node_argv(command, "--json"), "", lines.append)
+        except FlatshareError as err:  # one unreachable node must not hide the others
+            reports[target.name] = {"error": str(err)}
+            continue
         try:
             reports[target.name] = _json.loads("\n".join(lines))
         except ValueError:
@@ -241,20 +240,29 @@ def status(
     inventory: InventoryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Each node's active release, any unfinished switch, and its units' states (default: every node)."""
+    """Each node's active release, any unfinished switch, and its units' states (default: every node).
+
+    Exit 1 when a node is unreachable, has an unfinished switch or a unit that is not active."""
     import json as _json
 
     reports = _node_reports(node, inventory, "status")
+    healthy = all("error" not in r and not r["switching"] and set(r["units"].values()) == {"active"}
+                  for r in reports.values())
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
-        return
+        raise typer.Exit(0 if healthy else 1)
     for name, report in reports.items():
         if "error" in report:
             typer.echo(f"{name}: {report['error']}")
             continue
         units = ", ".join(f"{u} {s}" for u, s in report["units"].items())
-        typer.echo(f"{name}: release {report['release']}; "
-                   + (f"UNFINISHED {report['switching']}; " if report["switching"] else "") + units)
+        switching = report["switching"]
+        if switching and report.get("in_progress"):
+            switching = f"IN PROGRESS ({report['in_progress']}): {switching}"
+        elif switching:
+            switching = f"UNFINISHED {switching}"
+        typer.echo(f"{name}: release {report['release']}; " + (f"{switching}; " if switching else "") + units)
+    raise typer.Exit(0 if healthy else 1)
 
 
 @app.command("releases")

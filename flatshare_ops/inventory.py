@@ -51,7 +51,7 @@ def load_inventory(path: Path) -> Inventory:
         ProfileError: missing or malformed file, or a schema rule broken
             (``FILE:LINE: KEY: RULE``).
     """
-    data, text = read_toml(Path(path))
+    data, text = read_toml(Path(path), kind="inventory")
     try:
         return Inventory.model_validate(data)
     except ValidationError as err:

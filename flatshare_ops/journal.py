@@ -53,6 +53,7 @@ class Journal(BaseModel):
     started_at: float
     forced: bool = False
     resumed: int = 0
+    kind: Literal["release", "rollback", "repair"] = "release"
     steps: list[StepRecord]
 
     def step(self, name: str) -> StepRecord:
@@ -77,6 +78,11 @@ def read_journal(state_dir: Path) -> Journal | None:
         raw = path.read_bytes()
     except FileNotFoundError:
         return None
+    except OSError as err:
+        raise JournalError(
+            f"{path}: unreadable ({err.strerror or err}); move it aside (mv {path} {path}.bad) "
+            "after checking the node (flatshare status)"
+        ) from None
     try:
         return Journal.model_validate_json(raw)
     except ValidationError as err:

@@ -301,7 +301,7 @@ def _dotted(key: str) -> str:
     return ".".join(part.strip().strip('"') for part in key.split("."))
 
 
-def read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]:
+def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tuple[dict[str, Any], str]:
     """Parse a TOML file (or ``text`` standing for it) into plain Python data.
 
     Returns:
@@ -311,7 +311,7 @@ def read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]
         ProfileError: missing, a directory, not UTF-8, or malformed (with the line).
     """
     if text is None:
-        text = _read_text(path)
+        text = _read_text(path, kind)
     try:
         document = tomlkit.parse(text)
         return document.unwrap(), text
@@ -323,15 +323,15 @@ def read_toml(path: Path, text: str | None = None) -> tuple[dict[str, Any], str]
         raise ProfileError(f"{path}:{line}: malformed TOML: {err}" if line else f"{path}: malformed TOML: {err}") from None
 
 
-def _read_text(path: Path) -> str:
+def _read_text(path: Path, kind: str = "profile") -> str:
     try:
         data = path.read_bytes()
     except FileNotFoundError:
-        raise ProfileError(f"{path}: profile file not found; check the path or create it") from None
+        raise ProfileError(f"{path}: {kind} file not found; check the path or create it") from None
     except IsADirectoryError:
-        raise ProfileError(f"{path}: is a directory, not a profile file") from None
+        raise ProfileError(f"{path}: is a directory, not a {kind} file") from None
     except OSError as err:
-        raise ProfileError(f"{path}: cannot read profile: {err.strerror or err}") from None
+        raise ProfileError(f"{path}: cannot read {kind}: {err.strerror or err}") from None
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:

@@ -85,14 +85,31 @@ class NodeContext:
 
 
 def load_view(ctx: NodeContext, rid: str) -> tuple[ReleaseView, dict]:
-    """A stored release as the planner sees it, and its serving.json."""
+    """A stored release as the planner sees it, and its serving.json.
+
+    Raises:
+        FlatshareError: the release directory is missing or its files are unreadable.
+    """
     directory = ctx.releases / rid
+    if not directory.is_dir():
+        raise FlatshareError(f"{directory}: release {rid} is not stored on {ctx.node}")
     try:
-        serving = json.loads((directory / "serving.json").read_text())
-    except FileNotFoundError:
-        raise FlatshareError(f"{directory}: release {rid} is not stored on {ctx.node}") from None
-    units = {p.name: p.read_text() for p in sorted((directory / "units").iterdir())}
-    return ReleaseView(rid, units, serving["engine"]["argv"]), serving
+        serving = json.loads((directory / "serving.json").read_bytes())
+        units = {p.name: p.read_text() for p in sorted((directory / "units").iterdir())}
+        return ReleaseView(rid, units, serving["engine"]["argv"]), serving
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        raise FlatshareError(f"{directory}: release {rid} is damaged on {ctx.node} ({type(err).__name__}: {err})") from None
+
+
+def _old_view(ctx: NodeContext, rid: str | None, out: ReleaseOutput) -> ReleaseView | None:
+    """The release being replaced, for the plan; a damaged one only costs the plan its comparison."""
+    if not rid:
+        return None
+    try:
+        return load_view(ctx, rid)[0]
+    except FlatshareError as err:
+        out.line(f"note: {err}; planning as if the node had no release")
+        return None
 
 
 def read_history(ctx: NodeContext) -> list[dict]:
@@ -188,25 +205,26 @@ def node_lock(ctx: NodeContext, release: str) -> Iterator[None]:
 # --- refusals ----------------------------------------------------------------------
 
 
-def e2_drop_ins(ctx: NodeContext, services: list[str]) -> list[str]:
+def e2_drop_ins(ctx: NodeContext, services: list[str], unit_dir: Path) -> list[str]:
     """E2 benchmark drop-ins linked into the managed services: ``UNIT.d/NAME.conf -> TARGET`` lines.
 
     A benchmark point is applied by symlinking drop-ins into ``<unit>.d/`` (FACTS.md);
-    systemd lists them in each unit's ``DropInPaths``.
+    systemd lists them in each unit's ``DropInPaths`` once reloaded, and the
+    unit directory is read too, for links made since.
     """
-    found = []
+    paths: set[str] = set()
     with connect(ctx.address) as bus:
         for name in services:
-            for path in unit_property(bus, name, "Unit", "DropInPaths"):
-                path = path.decode()
-                if os.path.islink(path):
-                    found.append(f"{Path(path).parent.name}/{Path(path).name} -> {os.readlink(path)}")
-    return found
+            paths.update(p.decode() for p in unit_property(bus, name, "Unit", "DropInPaths"))
+    # Linked since the last daemon-reload: systemd does not list them yet, the release's reload would apply them.
+    for name in services:
+        paths.update(str(p) for p in (unit_dir / f"{name}.d").glob("*.conf"))
+    return [f"{Path(p).parent.name}/{Path(p).name} -> {os.readlink(p)}" for p in sorted(paths) if os.path.islink(p)]
 
 
 def refusals(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput) -> bool:
     """Refuse (raise) unless the node can take the release; returns whether E2 drop-ins were forced past."""
-    links = e2_drop_ins(ctx, serving["services"])
+    links = e2_drop_ins(ctx, serving["services"], Path(serving["layout"]["unit_dir"]))
     if links and not force:
         raise Refused(
             f"release refused: {ctx.node} has E2 drop-ins linked: {'; '.join(links)}; "
@@ -336,16 +354,16 @@ def _wait_health(url: str, timeout_s: float) -> None:
 
 
 def _run_switch(ctx: NodeContext, to_id: str, from_id: str | None, out: ReleaseOutput, forced: bool,
-                journal: journals.Journal | None) -> None:
+                journal: journals.Journal | None, kind: str = "release") -> None:
     new, serving = load_view(ctx, to_id)
-    old = load_view(ctx, from_id)[0] if from_id and (ctx.releases / from_id).is_dir() else None
+    old = _old_view(ctx, from_id, out)
     resume = journal is not None
     p = plan(ctx.node, old, new, resume=resume)
     if journal is None:
         journal = journals.Journal(
             **{"from": from_id}, to=to_id, node=ctx.node, host=socket.gethostname(), pid=os.getpid(),
             user=getpass.getuser(), started_at=time.time(), forced=forced,
-            steps=[journals.StepRecord(name=s) for s in STEPS],
+            steps=[journals.StepRecord(name=s) for s in STEPS], kind=kind,
         )
     else:
         # Finish it by running every step again: each is idempotent, and the
@@ -372,10 +390,11 @@ def _run_switch(ctx: NodeContext, to_id: str, from_id: str | None, out: ReleaseO
             journals.mark(ctx.state_dir, journal, step, "failed", reason)
             switch.abort_drain()
             _append_history(ctx, _history_record(ctx, journal, f"failed at {step}: {reason}", started))
+            back = f"; 'flatshare rollback' abandons it and returns to {journal.from_}" if journal.from_ else ""
             raise SwitchFailed(
                 f"{ctx.node}: step {number}/{len(p.steps)} {step} failed: {reason}. The journal "
                 f"({journals.journal_path(ctx.state_dir)}) is kept: the next 'flatshare release' finishes "
-                f"the switch to {to_id}, restarting every managed unit"
+                f"the switch to {to_id}, restarting every managed unit{back}"
             ) from None
         if step != "record-history":
             journals.mark(ctx.state_dir, journal, step, "done")
@@ -389,7 +408,7 @@ def _history_record(ctx: NodeContext, journal: journals.Journal, result: str, st
     return {"schema": 1, "node": ctx.node, "from": journal.from_, "to": journal.to, "result": result,
             "user": journal.user, "host": journal.host, "started_at": journal.started_at,
             "finished_at": time.time(), "duration_s": round(time.time() - started, 3),
-            "forced": journal.forced, "resumed": journal.resumed}
+            "forced": journal.forced, "resumed": journal.resumed, "kind": journal.kind}
 
 
 def _record(ctx: NodeContext, journal: journals.Journal, result: str, started: float) -> None:
@@ -428,11 +447,12 @@ def switch_node(ctx: NodeContext, bundle: dict | None, out: ReleaseOutput, force
     Args:
         ctx: the node.
         bundle: ``{"id": ..., "files": {relative name: text}}``, the release to switch to
-            (None with ``rollback``: the release the active one replaced).
+            (None with ``rollback``).
         out: where progress lines go (terminal and release.log).
         force: release even with E2 drop-ins linked (recorded in the history).
-        dry_run: print the plan; change nothing.
-        rollback: switch back to the previous release.
+        dry_run: print the plan (and any refusal); change nothing.
+        rollback: switch back: to the release an interrupted switch started from
+            (abandoning it), else to the release the active one replaced.
 
     Returns:
         :data:`RELEASED` or :data:`NOTHING_TO_DO`.
@@ -441,57 +461,101 @@ def switch_node(ctx: NodeContext, bundle: dict | None, out: ReleaseOutput, force
         Refused, SwitchFailed, journal.JournalError, FlatshareError.
     """
     ctx.releases.mkdir(parents=True, exist_ok=True)
-    if rollback:
-        target = previous_release(ctx)
-        if target is None:
-            raise Refused(f"rollback refused: {ctx.node} has no earlier release stored to return to")
-    else:
-        target = validate_bundle(bundle)["id"]
-
+    if bundle is not None:
+        validate_bundle(bundle)
     if dry_run:
-        return _dry_run(ctx, bundle, target, out)
-
-    with node_lock(ctx, target):
+        return _dry_run(ctx, bundle, rollback, force, out)
+    with node_lock(ctx, bundle["id"] if bundle else "rollback"):
         pending = journals.read_journal(ctx.state_dir)
+        if rollback:
+            return _rollback(ctx, pending, out)
+        target = bundle["id"]
         if pending is not None:
-            out.line(f"finishing an interrupted {journals.journal_summary(pending)}")
-            _run_switch(ctx, pending.to, pending.from_, out, pending.forced, pending)
-            out.line(f"{ctx.node}: switch to {pending.to} finished")
+            _finish(ctx, pending, bundle, out)
             if pending.to == target:
                 return RELEASED
         current = current_release(ctx.state_dir)
         if current == target:
-            out.line(f"{ctx.node}: already on {target}; nothing to do")
-            return RELEASED if pending is not None else NOTHING_TO_DO
-        if bundle is not None:
-            serving = json.loads(bundle["files"]["serving.json"])
-        else:
-            serving = load_view(ctx, target)[1]
+            problems = _unhealthy(ctx)
+            if not problems:
+                out.line(f"{ctx.node}: already on {target}; nothing to do")
+                return RELEASED if pending is not None else NOTHING_TO_DO
+            out.line(f"{ctx.node}: already on {target}, but serving-check fails ({'; '.join(problems)}): "
+                     "switching again to repair it")
+        serving = json.loads(bundle["files"]["serving.json"])
         forced = refusals(ctx, serving, force, out)
-        if bundle is not None:
-            store_release(ctx.state_dir, target, bundle["files"])
+        store_release(ctx.state_dir, target, bundle["files"])
         out.line(f"{ctx.node}: switching {current or '(no release)'} -> {target}")
-        _run_switch(ctx, target, current, out, forced, None)
+        _run_switch(ctx, target, current, out, forced, None, kind="repair" if current == target else "release")
         out.line(f"{ctx.node}: released {target}")
         return RELEASED
 
 
-def _dry_run(ctx: NodeContext, bundle: dict | None, target: str, out: ReleaseOutput) -> int:
-    pending = journals.read_journal(ctx.state_dir)
+def _finish(ctx: NodeContext, pending: journals.Journal, bundle: dict | None, out: ReleaseOutput) -> None:
+    """Finish an interrupted switch (its target re-stored from the bundle if it is the same release)."""
+    out.line(f"finishing an interrupted {journals.journal_summary(pending)}")
+    if not (ctx.releases / pending.to).is_dir():
+        if bundle is not None and bundle["id"] == pending.to:
+            store_release(ctx.state_dir, pending.to, bundle["files"])
+        else:
+            raise SwitchFailed(
+                f"{ctx.node}: the interrupted switch's release {pending.to} is no longer stored; "
+                f"run 'flatshare rollback' to abandon it and return to {pending.from_}"
+            )
+    _run_switch(ctx, pending.to, pending.from_, out, pending.forced, pending, kind=pending.kind)
+    out.line(f"{ctx.node}: switch to {pending.to} finished")
+
+
+def _rollback(ctx: NodeContext, pending: journals.Journal | None, out: ReleaseOutput) -> int:
+    """Switch back. An interrupted switch is abandoned: back to the release it started from."""
     if pending is not None:
-        out.line(f"an interrupted {journals.journal_summary(pending)} would be finished first")
+        if not pending.from_ or not (ctx.releases / pending.from_).is_dir():
+            raise Refused(f"rollback refused: the interrupted {journals.journal_summary(pending)} started from "
+                          "no stored release; run 'flatshare release' to finish it")
+        out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
+        target, current = pending.from_, pending.to
+        journals.remove_journal(ctx.state_dir)
+        _append_history(ctx, _history_record(ctx, pending, "abandoned by rollback", time.time()))
+    else:
+        target, current = previous_release(ctx), current_release(ctx.state_dir)
+        if target is None:
+            raise Refused(f"rollback refused: {ctx.node} has no earlier release stored to return to")
+    refusals(ctx, load_view(ctx, target)[1], False, out)
+    out.line(f"{ctx.node}: rolling back {current or '(no release)'} -> {target}")
+    _run_switch(ctx, target, current, out, False, None, kind="rollback")
+    out.line(f"{ctx.node}: rolled back to {target}")
+    return RELEASED
+
+
+def _unhealthy(ctx: NodeContext) -> list[str]:
+    """serving-check's CRITICAL and UNKNOWN findings for the active release (empty when it serves)."""
+    report = run_checks(ctx.state_dir, ctx.node, ctx.address.runtime_dir, inside_release=True)
+    return [f"{f.check}: {f.summary}" for f in report.findings if f.status in (CRITICAL, UNKNOWN)]
+
+
+def _dry_run(ctx: NodeContext, bundle: dict | None, rollback: bool, force: bool, out: ReleaseOutput) -> int:
+    pending = journals.read_journal(ctx.state_dir)
     current = current_release(ctx.state_dir)
-    if current == target and pending is None:
-        out.line(f"{ctx.node}: already on {target}; nothing to do")
-        return NOTHING_TO_DO
-    if bundle is not None:
+    if rollback:
+        target = pending.from_ if pending else previous_release(ctx)
+        if target is None:
+            raise Refused(f"rollback refused: {ctx.node} has no earlier release stored to return to")
+        if pending:
+            out.line(f"the interrupted {journals.journal_summary(pending)} would be abandoned")
+        new, serving = load_view(ctx, target)
+    else:
+        target = bundle["id"]
+        if pending is not None:
+            out.line(f"an interrupted {journals.journal_summary(pending)} would be finished first")
+        if current == target and pending is None and not _unhealthy(ctx):
+            out.line(f"{ctx.node}: already on {target}; nothing to do")
+            return NOTHING_TO_DO
         files = bundle["files"]
         units = {name.removeprefix("units/"): text for name, text in files.items() if name.startswith("units/")}
-        new = ReleaseView(target, units, json.loads(files["serving.json"])["engine"]["argv"])
-    else:
-        new = load_view(ctx, target)[0]
-    old = load_view(ctx, current)[0] if current and (ctx.releases / current).is_dir() else None
-    for line in describe(plan(ctx.node, old, new)):
+        serving = json.loads(files["serving.json"])
+        new = ReleaseView(target, units, serving["engine"]["argv"])
+    refusals(ctx, serving, force, out)  # a dry run shows a refusal as the release would meet it
+    for line in describe(plan(ctx.node, _old_view(ctx, current, out), new)):
         out.line(line)
     out.line("dry run: nothing changed")
     return RELEASED
@@ -501,7 +565,13 @@ def node_status(ctx: NodeContext) -> dict:
     """The node's active release, any unfinished switch, and its units' states."""
     from .render.units import SERVICE_UNITS
 
-    status: dict = {"node": ctx.node, "release": current_release(ctx.state_dir), "switching": None, "units": {}}
+    from .check import release_holder
+
+    status: dict = {"node": ctx.node, "release": current_release(ctx.state_dir), "switching": None,
+                    "in_progress": None, "units": {}}
+    holder = release_holder(ctx.releases)
+    if holder:
+        status["in_progress"] = f"release {holder.get('release')} by {holder.get('user')}@{holder.get('host')} pid {holder.get('pid')}"
     try:
         pending = journals.read_journal(ctx.state_dir)
         status["switching"] = journals.journal_summary(pending) if pending else None

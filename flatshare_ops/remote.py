@@ -76,6 +76,10 @@ def open_ssh(target: SSHTarget, timeout_s: float = 10.0) -> paramiko.SSHClient:
         client.load_host_keys(str(known))
     except FileNotFoundError:
         raise RemoteError(f"{target.node}: known_hosts file {known} not found; add the node's host key first") from None
+    except (OSError, UnicodeDecodeError, paramiko.SSHException) as err:
+        raise RemoteError(f"{target.node}: known_hosts file {known} is unreadable ({err}); fix or restore it") from None
+    if target.identity is not None and not Path(target.identity).is_file():
+        raise RemoteError(f"{target.node}: identity file {target.identity} not found; fix the inventory's identity")
     client.set_missing_host_key_policy(paramiko.RejectPolicy())
     label = _host_label(target)
     try:

@@ -83,6 +83,10 @@ def targets(inventory_file: Path, names: list[str], all_nodes: bool) -> list[Nod
         FlatshareError: an unknown node name, or (without names) this machine is not in the inventory.
     """
     inventory: Inventory = load_inventory(inventory_file)
+    if all_nodes and names:
+        raise FlatshareError("give --node NAME... or --all, not both")
+    if any(not n for n in names):
+        raise FlatshareError("--node needs a node name")
     if all_nodes or names:
         unknown = [n for n in names if n not in inventory.nodes]
         if unknown:
@@ -105,6 +109,13 @@ def bundle(root: Path, target: NodeTarget) -> dict:
     rendered = render_profile(load_profile(target.profile))
     files = rendered.release_files()
     return {"id": release_id(files, describe_checkout(root)), "files": files}
+
+
+def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:
+    """Say so when the checkout has uncommitted changes (the release id then ends in -dirty)."""
+    described = describe_checkout(root)
+    if described and described.endswith("-dirty"):
+        out.line(f"note: the checkout has uncommitted changes; the release is recorded as {described}-...")
 
 
 def run_on_node(target: NodeTarget, argv: list[str], stdin: str, echo) -> int:
@@ -150,10 +161,16 @@ def switch_target(root: Path, target: NodeTarget, out: ReleaseOutput, force: boo
         + (["--rollback"] if rollback else ["--bundle", "-"])
     echo = ReleaseOutput(None, out.stream, prefix=f"[{target.name}] ").line
     try:
-        return run_on_node(target, argv, json.dumps(payload) if payload else "", echo)
+        status = run_on_node(target, argv, json.dumps(payload) if payload else "", echo)
     except FlatshareError as err:
         echo(f"flatshare: {err}")
         return REFUSED
+    if status not in RESULT_NAMES:
+        # -1: the connection or the node-side process ended without an exit status (killed?).
+        echo(f"flatshare: the release on {target.name} ended without an exit status ({status}); its journal "
+             "says where it stopped: run 'flatshare status', then 'flatshare release' to finish it")
+        return FAILED
+    return status
 
 
 def _others_pass_check(batch: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput) -> bool:
@@ -165,6 +182,9 @@ def _others_pass_check(batch: list[NodeTarget], everyone: list[NodeTarget], out:
         if other.name in names:
             continue
         report = remote_report(other.inventory, other.name)
+        if report.perfdata.get("release_in_progress"):
+            out.line(f"{other.name}: a release is in progress there; it may be drained ({report.findings[0].summary})")
+            return False
         out.line(f"{other.name}: serving-check {report.status} (must pass while {', '.join(names)} drains)")
         if report.status in (CRITICAL, UNKNOWN):
             for finding in report.findings:
@@ -182,6 +202,9 @@ def roll(root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: 
         The exit code: the first failing node's, else RELEASED if any node was
         released, else NOTHING_TO_DO.
     """
+    if len(everyone) > 1 and batch_size >= len(everyone):
+        raise FlatshareError(f"--batch-size {batch_size} would drain all {len(everyone)} nodes at once; "
+                             f"use at most {len(everyone) - 1} so a node always takes calls")
     batches = [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
     worst = None
     for batch in batches:

@@ -395,3 +395,98 @@ def test_node_switch_refuses_a_malformed_bundle_before_writing(tmp_path, bundle,
     assert result.returncode == 2, result.stdout + result.stderr
     assert message in result.stdout
     assert sorted(p.name for p in tmp_path.rglob("*") if p.is_file()) == ["release.log"]
+
+
+def test_a_batch_that_would_drain_every_node_is_refused(fleet):
+    result = fleet.release("--all", "--batch-size", "2")
+    assert result.returncode == 2
+    assert "--batch-size 2 would drain all 2 nodes at once; use at most 1" in result.stderr
+
+
+def test_all_and_node_together_are_bad_input(fleet):
+    result = fleet.release("--all", "--node", "cyan")
+    assert result.returncode == 2 and "not both" in result.stderr
+
+
+def test_a_node_is_not_drained_while_the_other_is_being_released(fleet):
+    fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+    releases = fleet.node("peacock").state_dir / "releases"
+    holder = {"host": os.uname().nodename, "pid": os.getpid(), "user": "root", "release": "x", "started_at": time.time()}
+    (releases / "lock.json").write_text(json.dumps(holder))
+    try:
+        before = fleet.current("cyan")
+        result = fleet.release("--node", "cyan")
+        assert result.returncode == 3, result.stdout
+        assert "peacock: a release is in progress there; it may be drained" in result.stdout
+        assert fleet.current("cyan") == before
+    finally:
+        (releases / "lock.json").unlink()
+    fleet.settled("cyan")
+
+
+def test_a_node_is_not_drained_while_the_other_takes_no_calls(fleet):
+    with connect(fleet.address("peacock")) as bus:
+        run_job(bus, "stop", "flatshare-gateway.service", 30)
+    try:
+        result = fleet.release("--node", "cyan")
+        assert result.returncode == 3, result.stdout
+        assert "peacock: serving-check CRITICAL" in result.stdout
+        assert "flatshare-gateway.service is inactive" in result.stdout or "does not take calls" in result.stdout
+    finally:
+        with connect(fleet.address("peacock")) as bus:
+            run_job(bus, "start", "flatshare-gateway.service", 30)
+    fleet.settled("peacock")
+
+
+def test_rollback_abandons_an_interrupted_switch(fleet):
+    name = "cyan"
+    before = fleet.current(name)
+    before_hold = fleet.hold(name)
+    fleet.set_hold(48 if before_hold == "0" else 0)
+    killed = fleet.local_release(name, env={"FLATSHARE_RELEASE_KILL_AFTER": "install-units"})
+    assert killed.returncode == -signal.SIGKILL
+    assert fleet.journal(name).exists()
+    result = run_cli("rollback", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout),
+                     env={"FLATSHARE_NODE": name})
+    assert result.returncode == 0, result.stdout
+    assert "abandoning the interrupted switch" in result.stdout
+    assert fleet.current(name) == before and fleet.hold(name) == before_hold
+    results = [r["result"] for r in fleet.history(name)[-2:]]
+    assert results == ["abandoned by rollback", "released"]
+    assert fleet.history(name)[-1]["kind"] == "rollback"
+    fleet.settled(name)
+    # Bring the node to the checkout's release again for the tests after this one.
+    assert fleet.release("--node", name).returncode == 0
+    fleet.settled(name)
+
+
+def test_a_release_repairs_a_node_already_on_its_release_that_does_not_serve(fleet):
+    name = "peacock"
+    assert fleet.release("--node", name).returncode in (0, 4)
+    with connect(fleet.address(name)) as bus:
+        run_job(bus, "stop", ENGINE, 30)
+    result = fleet.release("--node", name)
+    assert result.returncode == 0, result.stdout
+    assert "serving-check fails" in result.stdout and "switching again to repair it" in result.stdout
+    assert fleet.history(name)[-1]["kind"] == "repair"
+    fleet.settled(name)
+
+
+def test_an_e2_drop_in_linked_without_a_reload_is_refused_and_shown_by_a_dry_run(fleet):
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    node = fleet.node(name)
+    target = node.root / "bench/e2/point-8.conf"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text('[Service]\nEnvironment="E2_POINT=8"\n')
+    link = node.manager.unit_dir / f"{ENGINE}.d/e2-late.conf"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target)  # no daemon-reload: systemd does not list it yet
+    try:
+        dry = fleet.release("--node", name, "--dry-run")
+        assert dry.returncode == 3 and f"{ENGINE}.d/e2-late.conf -> {target}" in dry.stdout
+        refused = fleet.release("--node", name)
+        assert refused.returncode == 3 and "E2 drop-ins linked" in refused.stdout
+    finally:
+        link.unlink()
+    fleet.settled(name)

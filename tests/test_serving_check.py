@@ -300,3 +300,72 @@ def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox)
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
     assert result.stdout.strip() == "0 []", result.stdout + result.stderr
+
+
+def test_a_drain_file_left_behind_is_critical(sandbox):
+    drain = _node(sandbox).run_dir / "voice.drain"
+    drain.write_text("left-over\n")
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 2
+        assert "voice.drain is present with no release running: the voice worker takes no calls" in result.stdout
+    finally:
+        drain.unlink()
+
+
+def test_an_unwritable_textfile_is_reported_beside_the_findings(sandbox, tmp_path):
+    unit = _node(sandbox).manager.unit_dir / "flatshare-voice.service"
+    original = unit.read_bytes()
+    unit.write_bytes(original + b"# edited\n")
+    try:
+        result = _check(sandbox, "--textfile", str(tmp_path / "missing"))
+        assert result.returncode == 2, result.stdout  # CRITICAL outranks the check's own UNKNOWN
+        assert "UNKNOWN textfile: cannot write" in result.stdout
+        assert "flatshare-voice.service: installed file differs from the release" in result.stdout
+    finally:
+        unit.write_bytes(original)
+        with connect(ManagerAddress("user", _node(sandbox).manager.runtime_dir)) as bus:
+            daemon_reload(bus)
+
+
+@pytest.mark.parametrize("journal", ["[1]", "null", b"\xff\xfe\x00junk", "DIR"])
+def test_an_odd_journal_never_crashes_the_check(sandbox, journal):
+    path = _node(sandbox).state_dir / "releases/switching.json"
+    if journal == "DIR":
+        path.mkdir()
+    elif isinstance(journal, bytes):
+        path.write_bytes(journal)
+    else:
+        path.write_text(journal)
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "unfinished switch (journal unreadable)" in result.stdout
+        assert "Traceback" not in result.stdout + result.stderr
+    finally:
+        path.rmdir() if path.is_dir() else path.unlink()
+
+
+@pytest.mark.parametrize("serving", ["{}", "[]", b"\xff\x00", "DIR"])
+def test_an_odd_serving_json_is_unknown_not_a_crash(tmp_path, sandbox, serving):
+    release = tmp_path / "releases/r1"
+    release.mkdir(parents=True)
+    (tmp_path / "releases/current").symlink_to("r1")
+    path = release / "serving.json"
+    if serving == "DIR":
+        path.mkdir()
+    elif isinstance(serving, bytes):
+        path.write_bytes(serving)
+    else:
+        path.write_text(serving)
+    result = run_cli("--state-dir", str(tmp_path), "--runtime-dir", str(_node(sandbox).manager.runtime_dir),
+                     program="serving-check")
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert result.stdout.startswith("SERVING-CHECK UNKNOWN") and "Traceback" not in result.stdout + result.stderr
+
+
+def test_a_state_dir_that_is_a_file_is_unknown(tmp_path):
+    state = tmp_path / "file"
+    state.write_text("")
+    result = run_cli("--state-dir", str(state), program="serving-check")
+    assert result.returncode == 3 and "is not a directory" in result.stdout
