@@ -14,7 +14,6 @@ Run: .venv/bin/python bench/release_overhead.py [N]   (about 5 s a release)
 
 from __future__ import annotations
 
-import shutil
 import statistics
 import subprocess
 import sys
@@ -25,7 +24,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up  # noqa: E402
+from flatshare_ops.sandbox.fleet import SandboxNode, copy_checkout, down, up  # noqa: E402
 from flatshare_ops.systemd import ManagerAddress, connect, unit_property  # noqa: E402
 
 ADDRESSES = {"cyan": "127.0.8.2", "peacock": "127.0.8.3"}
@@ -53,11 +52,7 @@ def main() -> None:
     runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
     with tempfile.TemporaryDirectory(prefix="flatshare-bench-") as scratch:
         root = Path(scratch)
-        checkout = root / "checkout"
-        for name in ("profiles", "units"):
-            shutil.copytree(REPO / name, checkout / name)
-        for name in ("README.md", "PRODUCTION.md"):
-            shutil.copy2(REPO / name, checkout / name)
+        checkout = copy_checkout(REPO, root / "checkout")
         base = root / "sandbox"
         up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
         address = ManagerAddress("user", SandboxNode("cyan", ADDRESSES["cyan"], base.resolve()).manager.runtime_dir)

@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import shutil
 import subprocess
 import sys
 import uuid
@@ -30,12 +29,9 @@ def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """A copy of the checkout's profile, rendered files and documents, to change freely."""
-    root = tmp_path / "checkout"
-    for name in ("profiles", "units"):
-        shutil.copytree(REPO / name, root / name)
-    for name in ("README.md", "PRODUCTION.md"):
-        shutil.copy2(REPO / name, root / name)
-    return root
+    from flatshare_ops.sandbox.fleet import copy_checkout
+
+    return copy_checkout(REPO, tmp_path / "checkout")
 
 
 def snapshot(root: Path) -> dict[str, bytes]:

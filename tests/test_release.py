@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import json
 import os
-import shutil
 import signal
 import subprocess
 import sys
@@ -22,7 +21,7 @@ from conftest import BIN, REPO, loopback_pair, run_cli
 from flatshare_ops.check import run_checks
 from flatshare_ops.drain import DrainError, begin, wait_drained
 from flatshare_ops.rollout import bundle, targets
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import SandboxNode, copy_checkout, down, up
 from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
 
 ADDRESSES = loopback_pair(3)
@@ -97,11 +96,7 @@ class Fleet:
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("release")
-    checkout = root / "checkout"
-    for name in ("profiles", "units"):
-        shutil.copytree(REPO / name, checkout / name)
-    for name in ("README.md", "PRODUCTION.md"):
-        shutil.copy2(REPO / name, checkout / name)
+    checkout = copy_checkout(REPO, root / "checkout")
     base = root / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
     try:
@@ -247,16 +242,19 @@ def test_a_second_release_at_once_is_refused_with_the_first_ones_details(fleet):
     fleet.settled(name)
 
 
-def _link_e2_drop_in(fleet: Fleet, name: str) -> tuple[Path, Path]:
+def _link_e2_drop_in(fleet: Fleet, name: str, point: int = 7, link_name: str = "e2-point.conf",
+                     reload: bool = True) -> tuple[Path, Path]:
+    """Link a benchmark point's drop-in into the engine unit, as the benchmark tool does (a symlink)."""
     node = fleet.node(name)
-    target = node.root / "bench/e2/point-7.conf"
+    target = node.root / f"bench/e2/point-{point}.conf"
     target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text('[Service]\nEnvironment="E2_POINT=7"\n')
-    link = node.manager.unit_dir / f"{ENGINE}.d/e2-point.conf"
+    target.write_text(f'[Service]\nEnvironment="E2_POINT={point}"\n')
+    link = node.manager.unit_dir / f"{ENGINE}.d/{link_name}"
     link.parent.mkdir(exist_ok=True)
     link.symlink_to(target)
-    with connect(fleet.address(name)) as bus:
-        daemon_reload(bus)
+    if reload:
+        with connect(fleet.address(name)) as bus:
+            daemon_reload(bus)
     return link, target
 
 
@@ -475,13 +473,8 @@ def test_a_release_repairs_a_node_already_on_its_release_that_does_not_serve(fle
 def test_an_e2_drop_in_linked_without_a_reload_is_refused_and_shown_by_a_dry_run(fleet):
     name = "cyan"
     fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
-    node = fleet.node(name)
-    target = node.root / "bench/e2/point-8.conf"
-    target.parent.mkdir(parents=True, exist_ok=True)
-    target.write_text('[Service]\nEnvironment="E2_POINT=8"\n')
-    link = node.manager.unit_dir / f"{ENGINE}.d/e2-late.conf"
-    link.parent.mkdir(exist_ok=True)
-    link.symlink_to(target)  # no daemon-reload: systemd does not list it yet
+    # No daemon-reload: systemd does not list it yet.
+    link, target = _link_e2_drop_in(fleet, name, point=8, link_name="e2-late.conf", reload=False)
     try:
         dry = fleet.release("--node", name, "--dry-run")
         assert dry.returncode == 3 and f"{ENGINE}.d/e2-late.conf -> {target}" in dry.stdout

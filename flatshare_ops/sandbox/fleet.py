@@ -100,6 +100,18 @@ class SandboxNode:
         return self.root / "profile.toml"
 
 
+def copy_checkout(repo: Path, dest: Path) -> Path:
+    """Copy what rendering and releasing read from a checkout (profiles, units, the two documents)
+    into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
+    import shutil
+
+    for name in ("profiles", "units"):
+        shutil.copytree(repo / name, dest / name)
+    for name in ("README.md", "PRODUCTION.md"):
+        shutil.copy2(repo / name, dest / name)
+    return dest
+
+
 def parse_addresses(text: str | None) -> dict[str, str] | None:
     """``cyan=127.0.0.2,peacock=127.0.0.3`` -> {name: address}; None keeps the defaults.
 
