@@ -226,7 +226,7 @@ def test_a_second_release_at_once_is_refused_with_the_first_ones_details(fleet):
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(
-        f"http://{node.address}:8090/calls/start?seconds=3&turns=1", method="POST", data=b""), timeout=5).read()
+        f"http://{node.address}:8090/calls/start?seconds=6&turns=1", method="POST", data=b""), timeout=5).read()
     first = subprocess.Popen(
         [str(BIN / "flatshare"), "release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "FLATSHARE_NODE": name})
