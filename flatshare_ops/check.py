@@ -408,6 +408,16 @@ def check_services(states: dict[str, str], drain_file: Path, inside_release: boo
     return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
 
 
+def _with_unloaded_links(drop_ins: dict[str, list[str]], unit_dir: Path) -> dict[str, list[str]]:
+    """systemd's DropInPaths, plus drop-in symlinks linked in the unit directory since the last
+    daemon-reload (systemd lists them only after one; a release's reload would apply them)."""
+    merged = {}
+    for unit, paths in drop_ins.items():
+        on_disk = [str(p) for p in sorted((unit_dir / f"{unit}.d").glob("*.conf")) if p.is_symlink()]
+        merged[unit] = sorted(set(paths) | set(on_disk))
+    return {unit: paths for unit, paths in merged.items() if paths}
+
+
 def check_turn_hints(metrics: dict[str, float]) -> Finding:
     """Calls running but no voice turn ever announced: the hints do not reach the engine."""
     running = metrics.get("vllm:num_requests_running", 0.0)
@@ -468,9 +478,13 @@ def _release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     if in_progress is None and (journal.exists() or journal.is_symlink()):
         try:
             record = _read_json_object(journal) or {}
+            if not isinstance(record.get("to"), str):
+                raise ValueError("no target release")
             what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
         except ValueError:
-            what = "journal unreadable"
+            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+                                 f"('flatshare status'), then move {journal} aside (releases/README.md)")
+            return in_progress, unfinished
         unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
                              "it, or 'flatshare rollback' to abandon it")
     return in_progress, unfinished
@@ -585,7 +599,8 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
     units = check_units(Path(serving["layout"]["unit_dir"]), serving["units"])
     findings.append(units)
     perf["units_differing"] = len(units.details)
-    findings.append(check_drop_ins({u: p for u, p in drop_ins.items() if p}, need_reload, node))
+    findings.append(check_drop_ins(_with_unloaded_links(drop_ins, Path(serving["layout"]["unit_dir"])),
+                                   need_reload, node))
     perf["check_seconds"] = round(time.monotonic() - started, 4)
     return Report(node, findings, perf)
 

@@ -20,8 +20,16 @@ from pathlib import Path
 DEFAULT_STATE_DIR = Path("/var/lib/flatshare")
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse, but a usage error is the check's own trouble: UNKNOWN, exit 3 (not argparse's 2, CRITICAL)."""
+
+    def error(self, message: str):  # noqa: D401 (argparse's hook)
+        print(f"SERVING-CHECK UNKNOWN - {self.prog}: {message}")
+        sys.exit(3)
+
+
 def _parser() -> argparse.ArgumentParser:
-    parser = argparse.ArgumentParser(
+    parser = _Parser(
         prog="serving-check",
         description="Check that the running vLLM engine is what the node's active release says.",
     )
@@ -78,11 +86,13 @@ def _main(argv: list[str] | None) -> None:
 
     from .check import run_checks, write_textfile
 
-    if args.state_dir.exists() and not args.state_dir.is_dir():
-        print(f"SERVING-CHECK UNKNOWN - --state-dir {args.state_dir} is not a directory")
-        sys.exit(3)
     node = args.node_name or os.environ.get("FLATSHARE_NODE") or os.uname().nodename
-    report = run_checks(args.state_dir, node, args.runtime_dir)
+    if args.state_dir.exists() and not args.state_dir.is_dir():
+        from .check import UNKNOWN, Finding, Report
+
+        report = Report(node, [Finding("release", UNKNOWN, f"--state-dir {args.state_dir} is not a directory")])
+    else:
+        report = run_checks(args.state_dir, node, args.runtime_dir)
     if args.textfile:
         try:
             write_textfile(args.textfile, report)

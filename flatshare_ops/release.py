@@ -542,6 +542,7 @@ def _dry_run(ctx: NodeContext, bundle: dict | None, rollback: bool, force: bool,
             raise Refused(f"rollback refused: {ctx.node} has no earlier release stored to return to")
         if pending:
             out.line(f"the interrupted {journals.journal_summary(pending)} would be abandoned")
+            current = pending.to  # its units may already be installed: plan from there
         new, serving = load_view(ctx, target)
     else:
         target = bundle["id"]

@@ -208,11 +208,19 @@ def roll(root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: 
     batches = [chosen[i : i + batch_size] for i in range(0, len(chosen), batch_size)]
     worst = None
     for batch in batches:
-        if len(everyone) > 1 and not dry_run and not _others_pass_check(batch, everyone, out):
+        if len(everyone) > 1 and not _others_pass_check(batch, everyone, out):
+            # A node with nothing to do is not drained, so it needs no gate: ask before refusing.
+            idle = [t for t in batch if switch_target(root, t, _quiet(out), force, True, rollback) == NOTHING_TO_DO]
+            for t in idle:
+                t.result = NOTHING_TO_DO
+                out.line(f"{t.name}: nothing to do (no drain, so the other nodes' state does not matter)")
+            if len(idle) == len(batch):
+                continue
             for t in batch:
-                t.result = REFUSED
-            out.line(f"release refused: a node outside {', '.join(t.name for t in batch)} does not pass "
-                     "serving-check; draining now would leave no node taking calls")
+                if t.result is None:
+                    t.result = REFUSED
+            out.line(f"release refused: a node outside {', '.join(t.name for t in batch)} is not serving "
+                     "(or is being released); draining now would leave no node taking calls")
             worst = REFUSED
             break
         if len(batch) == 1:  # in the main thread: a local switch installs a SIGHUP handler
@@ -235,6 +243,13 @@ def roll(root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: 
     if worst is not None:
         return worst
     return RELEASED if any(t.result == RELEASED for t in chosen) else NOTHING_TO_DO
+
+
+def _quiet(out: ReleaseOutput) -> ReleaseOutput:
+    """A sink that drops lines (for a node-side dry run asked only for its exit code)."""
+    import io
+
+    return ReleaseOutput(None, io.StringIO())
 
 
 def refuse_drift(root: Path, out: ReleaseOutput) -> None:

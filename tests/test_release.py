@@ -483,3 +483,16 @@ def test_an_e2_drop_in_linked_without_a_reload_is_refused_and_shown_by_a_dry_run
     finally:
         link.unlink()
     fleet.settled(name)
+
+
+def test_with_all_a_node_with_nothing_to_do_needs_no_gate_and_the_broken_one_is_repaired(fleet):
+    assert fleet.release("--all").returncode in (0, 4)
+    with connect(fleet.address("peacock")) as bus:
+        run_job(bus, "stop", "flatshare-gateway.service", 30)
+    dry = fleet.release("--all", "--dry-run")
+    assert "cyan: nothing to do (no drain" in dry.stdout, dry.stdout
+    result = fleet.release("--all")
+    assert result.returncode == 0, result.stdout
+    assert "cyan: nothing to do" in result.stdout and "switching again to repair it" in result.stdout
+    for name in ("cyan", "peacock"):
+        fleet.settled(name)

@@ -328,7 +328,7 @@ def test_an_unwritable_textfile_is_reported_beside_the_findings(sandbox, tmp_pat
             daemon_reload(bus)
 
 
-@pytest.mark.parametrize("journal", ["[1]", "null", b"\xff\xfe\x00junk", "DIR"])
+@pytest.mark.parametrize("journal", ["[1]", "null", "{}", b"\xff\xfe\x00junk", "DIR"])
 def test_an_odd_journal_never_crashes_the_check(sandbox, journal):
     path = _node(sandbox).state_dir / "releases/switching.json"
     if journal == "DIR":
@@ -340,7 +340,7 @@ def test_an_odd_journal_never_crashes_the_check(sandbox, journal):
     try:
         result = _check(sandbox)
         assert result.returncode == 1, result.stdout + result.stderr
-        assert "unfinished switch (journal unreadable)" in result.stdout
+        assert "unfinished switch (journal unreadable): check the node" in result.stdout
         assert "Traceback" not in result.stdout + result.stderr
     finally:
         path.rmdir() if path.is_dir() else path.unlink()
@@ -369,3 +369,24 @@ def test_a_state_dir_that_is_a_file_is_unknown(tmp_path):
     state.write_text("")
     result = run_cli("--state-dir", str(state), program="serving-check")
     assert result.returncode == 3 and "is not a directory" in result.stdout
+
+
+def test_an_e2_drop_in_linked_since_the_last_reload_is_a_warning(sandbox):
+    node = _node(sandbox)
+    target = node.root / "bench/e2-late.conf"
+    target.parent.mkdir(exist_ok=True)
+    target.write_text('[Service]\nEnvironment="E2_POINT=9"\n')
+    link = node.manager.unit_dir / "flatshare-engine.service.d/e2-late.conf"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target)  # no daemon-reload
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 1, result.stdout
+        assert f"E2 drop-in {link} -> {target}" in result.stdout
+    finally:
+        link.unlink()
+
+
+def test_a_usage_error_is_unknown(sandbox):
+    result = run_cli("--no-such-option", program="serving-check")
+    assert result.returncode == 3 and result.stdout.startswith("SERVING-CHECK UNKNOWN")
