@@ -1,7 +1,9 @@
 """``flatshare``: the operator's command line. Argument parsing and exit codes only.
 
-Exit codes: 0 success; 1 drift or failed verification; 2 bad input (a
-one-line message naming the file, line, key and rule, no traceback).
+Exit codes: 0 success; 1 drift, failed verification, or a release failed
+mid-switch (journal kept); 2 bad input (a one-line message naming the file,
+line, key and rule, no traceback); 3 refused; 4 nothing to do. ``flatshare
+check`` uses the Nagios codes of serving-check.
 """
 
 from __future__ import annotations
@@ -65,9 +67,12 @@ def profiles_set(
     from .profile_edit import set_value
     from .repo import DEFAULT_PROFILE, expected_outputs, write_outputs
 
+    def report(written: list[Path]) -> None:
+        for written_path in written:
+            typer.echo(f"wrote {written_path}")
+
     path = root / (profile or DEFAULT_PROFILE)
-    old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)),
-                            echo=lambda written: [typer.echo(f"wrote {p}") for p in written])
+    old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)), echo=report)
     typer.echo(f"{path}: {key}: {old!r} -> {new!r}")
 
 
