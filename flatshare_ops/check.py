@@ -20,6 +20,7 @@ import time
 from pathlib import Path
 
 from .node_files import CURRENT, JOURNAL, LOCK_HOLDER, RELEASES
+from .pids import pid_alive
 
 OK, WARNING, CRITICAL, UNKNOWN = "OK", "WARNING", "CRITICAL", "UNKNOWN"
 EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
@@ -265,6 +266,25 @@ def installed_vllm(venv: Path) -> str | None:
     return None
 
 
+def wait_healthy(url: str, timeout_s: float) -> None:
+    """Poll ``url`` (a service's own health endpoint) until it answers 200, for at most ``timeout_s`` seconds.
+
+    Raises:
+        FlatshareError: no 200 in time (the message says whether anything answered).
+    """
+    from .errors import FlatshareError
+
+    deadline = time.monotonic() + timeout_s
+    status = 0
+    while time.monotonic() < deadline:
+        status = http_get(url)[0]
+        if status == 200:
+            return
+        time.sleep(0.1)
+    heard = f"last answer {status}" if status else "nothing answered"
+    raise FlatshareError(f"{url} did not answer 200 within {timeout_s:g} s ({heard})")
+
+
 def parse_metrics(text: str) -> dict[str, float]:
     """Sum Prometheus samples by metric name (labels dropped)."""
     values: dict[str, float] = {}
@@ -436,7 +456,7 @@ def check_turn_hints(metrics: dict[str, float]) -> Finding:
 # --- one run -------------------------------------------------------------------
 
 
-def _read_json_object(path: Path) -> dict | None:
+def read_json_object(path: Path) -> dict | None:
     """A JSON object from ``path``; None when missing; raises ValueError when it is anything else."""
     try:
         document = json.loads(path.read_bytes())
@@ -452,11 +472,11 @@ def _read_json_object(path: Path) -> dict | None:
 def release_holder(releases: Path) -> dict | None:
     """The live holder of the node's release lock (``lock.json``, its pid alive on this host), or None."""
     try:
-        holder = _read_json_object(releases / LOCK_HOLDER)
+        holder = read_json_object(releases / LOCK_HOLDER)
     except ValueError:
         return None
     try:
-        alive = holder is not None and holder.get("host") == os.uname().nodename and _pid_alive(int(holder.get("pid", 0)))
+        alive = holder is not None and holder.get("host") == os.uname().nodename and pid_alive(int(holder.get("pid", 0)))
     except (TypeError, ValueError):
         return None
     return holder if alive else None
@@ -477,7 +497,7 @@ def _release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     journal = releases / JOURNAL
     if in_progress is None and (journal.exists() or journal.is_symlink()):
         try:
-            record = _read_json_object(journal) or {}
+            record = read_json_object(journal) or {}
             if not isinstance(record.get("to"), str):
                 raise ValueError("no target release")
             what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
@@ -488,18 +508,6 @@ def _release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
         unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
                              "it, or 'flatshare rollback' to abandon it")
     return in_progress, unfinished
-
-
-def _pid_alive(pid: int) -> bool:
-    if pid <= 0:
-        return False
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:
-        return True
-    return True
 
 
 def _systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts, dict, dict, dict[str, str]]:
@@ -550,7 +558,7 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
     findings = [unfinished] if unfinished else []
     serving_path = releases / CURRENT / "serving.json"
     try:
-        serving = _read_json_object(serving_path)
+        serving = read_json_object(serving_path)
         if serving is None:
             return Report(node, [*findings, Finding("release", UNKNOWN, f"{serving_path} not found: no active release on {node}")])
         missing = [k for k in SERVING_KEYS if k not in serving]

@@ -26,7 +26,7 @@ from filelock import FileLock, Timeout
 
 from . import drain, journal as journals
 from .atomic import write_atomic
-from .check import CRITICAL, UNKNOWN, installed_vllm, run_checks
+from .check import CRITICAL, UNKNOWN, installed_vllm, read_json_object, run_checks, wait_healthy
 from .errors import FlatshareError
 from .node_files import HISTORY, LOCK, LOCK_HOLDER, LOG
 from .output import ReleaseOutput
@@ -163,13 +163,6 @@ def _prune(ctx: NodeContext, keep: int = KEEP_RELEASES) -> list[str]:
 # --- the lock --------------------------------------------------------------------
 
 
-def _holder(ctx: NodeContext) -> dict:
-    try:
-        return json.loads((ctx.releases / LOCK_HOLDER).read_text())
-    except (FileNotFoundError, json.JSONDecodeError):
-        return {}
-
-
 @contextmanager
 def node_lock(ctx: NodeContext, release: str) -> Iterator[None]:
     """Hold the node's release lock, with the holder's details beside it.
@@ -186,7 +179,10 @@ def node_lock(ctx: NodeContext, release: str) -> Iterator[None]:
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        h = _holder(ctx)
+        try:
+            h = read_json_object(ctx.releases / LOCK_HOLDER) or {}
+        except ValueError:
+            h = {}
         since = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime(h.get("started_at", 0)))
         raise Refused(
             f"release refused: {ctx.node} is being released by {h.get('user')}@{h.get('host')} pid {h.get('pid')} "
@@ -295,7 +291,7 @@ class _Switch:
         url = self.serving["engine"]["url"] + "/health"
         remaining = max(1.0, timeout_s - (time.monotonic() - started))
         self.out.line(f"  waiting for {url} to answer 200 (up to {remaining:.0f} s)")
-        _wait_health(url, remaining)
+        wait_healthy(url, remaining)
         self.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
 
     def start_gateway(self) -> None:
@@ -337,17 +333,6 @@ class _Switch:
             drain.end(Path(voice["drain_file"]))
             self.out.line("  voice drain ended early: the worker takes calls again")
             self.drain = None
-
-
-def _wait_health(url: str, timeout_s: float) -> None:
-    from .check import http_get
-
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if http_get(url)[0] == 200:
-            return
-        time.sleep(0.2)
-    raise FlatshareError(f"{url} did not answer 200 within {timeout_s:.0f} s")
 
 
 # --- running a switch ------------------------------------------------------------------

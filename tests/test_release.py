@@ -279,7 +279,7 @@ def test_e2_drop_ins_refuse_a_release_and_force_releases_and_records_it(fleet):
         with connect(fleet.address(name)) as bus:
             daemon_reload(bus)
             run_job(bus, "restart", ENGINE, 60)
-    from flatshare_ops.sandbox.fleet import wait_healthy
+    from flatshare_ops.check import wait_healthy
 
     wait_healthy(f"http://{fleet.node(name).address}:8000/health", 30)
     fleet.settled(name)

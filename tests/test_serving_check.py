@@ -18,7 +18,8 @@ from conftest import TEST_ADDRESSES, run_cli
 from flatshare_ops.check import compare_argv, normalize_argv
 from flatshare_ops.profile import load_profile
 from flatshare_ops.render.systemd_escape import exec_command
-from flatshare_ops.sandbox.fleet import SandboxNode, wait_healthy
+from flatshare_ops.check import wait_healthy
+from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job
 
 ENGINE = "flatshare-engine.service"

@@ -23,7 +23,6 @@ import signal
 import subprocess
 import sys
 import time
-import urllib.request
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -36,10 +35,12 @@ from ..atomic import write_atomic
 from ..checkout import describe
 from ..release_store import current_release, release_id, store_release, switch_current
 from ..profile import load_profile
+from ..check import http_get, wait_healthy
 from ..render import render_profile
 from ..render.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
 from ..systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
-from .manager import ManagerDirs, SandboxError, _alive, start_manager, stop_manager
+from ..pids import pid_alive
+from .manager import ManagerDirs, SandboxError, start_manager, stop_manager
 from .module_build import MODULE_NAME, module_source
 
 DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
@@ -335,7 +336,7 @@ def _cmdline(pid: int) -> str:
 
 def _owns_manager(node: SandboxNode, pid: int | None) -> bool:
     """``pid`` is this node's systemd user manager: alive, systemd, in the node's own cgroup."""
-    if not pid or not _alive(pid) or "systemd --user" not in _cmdline(pid):
+    if not pid or not pid_alive(pid) or "systemd --user" not in _cmdline(pid):
         return False
     try:
         groups = Path(f"/proc/{pid}/cgroup").read_text()
@@ -346,7 +347,7 @@ def _owns_manager(node: SandboxNode, pid: int | None) -> bool:
 
 def _owns_sshd(node: SandboxNode, pid: int | None) -> bool:
     """``pid`` is this node's sshd: alive and started with the node's own sshd_config."""
-    return bool(pid) and _alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid)
+    return bool(pid) and pid_alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid)
 
 
 def _manager_answers(node: SandboxNode) -> bool:
@@ -413,24 +414,6 @@ def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
         if _write_if_changed(node.manager.unit_dir / name, text.encode()):
             written.append(name)
     return written
-
-
-def wait_healthy(url: str, timeout_s: float) -> None:
-    """Poll ``url`` until it answers 200, for at most ``timeout_s`` seconds.
-
-    Raises:
-        SandboxError: no 200 in time.
-    """
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        try:
-            with urllib.request.urlopen(url, timeout=1) as response:
-                if response.status == 200:
-                    return
-        except OSError:
-            pass
-        time.sleep(0.1)
-    raise SandboxError(f"{url} did not answer 200 within {timeout_s:g} s")
 
 
 def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print) -> Path:
@@ -534,12 +517,8 @@ def status(base: Path) -> dict[str, dict]:
                     entry["units"][unit_name] = unit_property(bus, unit_name, "Unit", "ActiveState").decode()
                 entry["engine_pid"] = unit_property(bus, ENGINE_UNIT, "Service", "MainPID")
             if node.profile.exists():
-                try:
-                    url = engine_url(load_profile(node.profile).profile) + "/health"
-                    with urllib.request.urlopen(url, timeout=1) as response:
-                        entry["engine_health"] = response.status
-                except OSError as err:
-                    entry["engine_health"] = getattr(err, "code", None)
+                status_code = http_get(engine_url(load_profile(node.profile).profile) + "/health")[0]
+                entry["engine_health"] = status_code or None
         report[name] = entry
     return report
 
@@ -575,7 +554,7 @@ def down(base: Path, echo=print) -> None:
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
     deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and _alive(pid):
+    while time.monotonic() < deadline and pid_alive(pid):
         time.sleep(0.05)
-    if _alive(pid):
+    if pid_alive(pid):
         os.kill(pid, signal.SIGKILL)

@@ -20,6 +20,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..errors import FlatshareError
+from ..pids import pid_alive
 
 SYSTEMD = "/lib/systemd/systemd"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -148,7 +149,7 @@ def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
         except ProcessLookupError:
             pass
         deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and _alive(pid):
+        while time.monotonic() < deadline and pid_alive(pid):
             time.sleep(0.05)
     for directory in _cgroup_dirs(name):
         for _ in range(50):
@@ -163,29 +164,6 @@ def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
                 except ProcessLookupError:
                     pass
             time.sleep(0.05)
-
-
-def _alive(pid: int) -> bool:
-    if not isinstance(pid, int) or isinstance(pid, bool) or pid <= 1:
-        return False  # never probe process groups (0, -1) or init
-    try:
-        waited, _ = os.waitpid(pid, os.WNOHANG)
-        if waited == pid:
-            return False
-    except ChildProcessError:
-        pass
-    try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    return Path(f"/proc/{pid}").exists() and "zombie" not in _state(pid)
-
-
-def _state(pid: int) -> str:
-    try:
-        return Path(f"/proc/{pid}/status").read_text().split("State:", 1)[1].split("\n", 1)[0].lower()
-    except (OSError, IndexError):
-        return "zombie"
 
 
 def _cgroup_pids(directory: Path) -> list[int]:
