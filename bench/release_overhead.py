@@ -78,7 +78,7 @@ def main() -> None:
     print(f"  units stopping and starting (systemd's timestamps): {service:.2f} s")
     print(f"  stand-in engine loading until /health answers: {ENGINE_LOAD_S:.2f} s")
     print(f"  flatshare-ops' own overhead: {overhead:.2f} s ({overhead / total:.0%} of the release)")
-    print(f"  (including the other node's serving-check over SSH, renders, drift check, journal writes, health polls)")
+    print("  (including the other node's serving-check over SSH, renders, drift check, journal writes, health polls)")
 
 
 if __name__ == "__main__":

@@ -192,7 +192,8 @@ def release(
     """Switch nodes to what the checkout renders (without --node: the node this runs on).
 
     Exit codes: 0 released, 1 failed mid-switch (journal kept), 2 bad input, 3 refused, 4 nothing to do."""
-    from .rollout import inventory_path, refuse_drift, roll, targets, terminal, warn_uncommitted
+    from .inventory import inventory_path
+    from .rollout import refuse_drift, roll, targets, terminal, warn_uncommitted
 
     out = terminal()
     refuse_drift(root, out)
@@ -211,7 +212,8 @@ def rollback(
     root: RootOption = Path("."),
 ) -> None:
     """Switch nodes back to the release their active one replaced."""
-    from .rollout import inventory_path, roll, targets, terminal
+    from .inventory import inventory_path
+    from .rollout import roll, targets, terminal
 
     path = inventory_path(inventory)
     chosen = targets(path, node or [], False)
@@ -222,7 +224,8 @@ def rollback(
 def _node_reports(node: list[str] | None, inventory: Path | None, command: str) -> dict[str, object]:
     import json as _json
 
-    from .rollout import inventory_path, run_on_node, targets
+    from .inventory import inventory_path
+    from .rollout import run_on_node, targets
 
     reports: dict[str, object] = {}
     for target in targets(inventory_path(inventory), node or [], not node):

@@ -67,6 +67,16 @@ def node_profile_path(inventory_path: Path, node: Node) -> Path:
     return Path(inventory_path).parent / node.profile
 
 
+DEFAULT_INVENTORY = Path("profiles/fleet.toml")
+
+
+def inventory_path(option: Path | None) -> Path:
+    """The inventory to use: the option, else ``$FLATSHARE_INVENTORY``, else ``profiles/fleet.toml``."""
+    import os
+
+    return option or Path(os.environ.get("FLATSHARE_INVENTORY") or DEFAULT_INVENTORY)
+
+
 def resolve(inventory_path: Path, relative: str | None) -> Path | None:
     """A path from the inventory, resolved against the inventory's directory (None stays None)."""
     return None if relative is None else (Path(inventory_path).parent / relative)

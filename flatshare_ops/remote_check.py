@@ -3,20 +3,11 @@
 from __future__ import annotations
 
 import json
-import os
 import sys
 from pathlib import Path
 
-from .check import CRITICAL, EXIT_CODES, UNKNOWN, Finding, Report, _SEVERITY, nagios_text
+from .check import EXIT_CODES, UNKNOWN, Finding, Report, _SEVERITY, nagios_text
 from .errors import FlatshareError
-
-DEFAULT_INVENTORY = Path("profiles/fleet.toml")
-
-
-def inventory_path(option: Path | None) -> Path:
-    """The inventory to use: the option, else ``$FLATSHARE_INVENTORY``, else ``profiles/fleet.toml``."""
-    return option or Path(os.environ.get("FLATSHARE_INVENTORY") or DEFAULT_INVENTORY)
-
 
 def remote_report(inventory_file: Path, name: str) -> Report:
     """Run serving-check on node ``name`` over SSH (host key checked) and read its JSON report.
@@ -57,7 +48,7 @@ def remote_report(inventory_file: Path, name: str) -> Report:
 
 def check_nodes(args) -> int:
     """``serving-check --node NAME`` / ``--all``: print each node's report; return the worst exit code."""
-    from .inventory import load_inventory
+    from .inventory import inventory_path, load_inventory
 
     path = inventory_path(args.inventory)
     try:

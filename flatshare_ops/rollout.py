@@ -18,6 +18,7 @@ import socket
 import sys
 import threading
 from dataclasses import dataclass, field
+from functools import cached_property
 from pathlib import Path
 
 from .checkout import describe as describe_checkout
@@ -52,16 +53,21 @@ class NodeTarget:
     local: bool = False
     result: int | None = field(default=None)
 
+    @cached_property
+    def loaded(self):
+        """The node's profile, loaded once."""
+        return load_profile(self.profile)
+
     def context(self) -> NodeContext:
         """The node's context for :mod:`.release` (its state directory and systemd manager)."""
-        layout = load_profile(self.profile).profile.layout
+        layout = self.loaded.profile.layout
         runtime = resolve(self.inventory, self.node.runtime_dir)
         return NodeContext(self.name, Path(layout.state_dir),
                            ManagerAddress(self.node.scope, runtime.resolve() if runtime else None))
 
     def node_argv(self, *command: str) -> list[str]:
         """``flatshare node COMMAND ...`` as run on the node, with where its state and manager are."""
-        profile = load_profile(self.profile).profile
+        profile = self.loaded.profile
         flatshare = str(Path(profile.check.command[0]).parent / "flatshare")
         ctx = self.context()
         argv = [flatshare, "node", *command, "--node", self.name, "--state-dir", str(ctx.state_dir),
@@ -69,11 +75,6 @@ class NodeTarget:
         if ctx.address.runtime_dir:
             argv += ["--runtime-dir", str(ctx.address.runtime_dir)]
         return argv
-
-
-def inventory_path(option: Path | None) -> Path:
-    """The inventory: the option, else ``$FLATSHARE_INVENTORY``, else ``profiles/fleet.toml``."""
-    return option or Path(os.environ.get("FLATSHARE_INVENTORY") or "profiles/fleet.toml")
 
 
 def targets(inventory_file: Path, names: list[str], all_nodes: bool) -> list[NodeTarget]:
@@ -106,7 +107,7 @@ def targets(inventory_file: Path, names: list[str], all_nodes: bool) -> list[Nod
 
 def bundle(root: Path, target: NodeTarget) -> dict:
     """The release for a node, rendered from the checkout: ``{"id", "files"}``."""
-    rendered = render_profile(load_profile(target.profile))
+    rendered = render_profile(target.loaded)
     files = rendered.release_files()
     return {"id": release_id(files, describe_checkout(root)), "files": files}
 

@@ -188,16 +188,6 @@ def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> obje
     ).body
 
 
-def unit_properties(bus: SystemdBus, name: str, interface: str) -> dict[str, object]:
-    """Every property of one interface of a unit (``Properties.GetAll``): name -> value."""
-    apply_signature = dbuslib().apply_signature
-    body = bus.raw.call_method(
-        b"org.freedesktop.systemd1", _unit_path(name), b"org.freedesktop.DBus.Properties", b"GetAll",
-        apply_signature(b"s", [f"org.freedesktop.systemd1.{interface}".encode()]),
-    ).body
-    return {key.decode(): value for key, value in body.items()}
-
-
 class JobFailed(SystemdError):
     """A systemd job ended with a result other than ``done``."""
 

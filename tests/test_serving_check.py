@@ -5,7 +5,6 @@ from __future__ import annotations
 
 import json
 import os
-import socket
 import subprocess
 import sys
 import time
@@ -16,7 +15,6 @@ import pytest
 
 from conftest import TEST_ADDRESSES, run_cli
 from flatshare_ops.check import compare_argv, normalize_argv
-from flatshare_ops.profile import load_profile
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.check import wait_healthy
 from flatshare_ops.sandbox.fleet import SandboxNode

@@ -25,7 +25,6 @@ import json
 import os
 import sys
 import threading
-import time
 from pathlib import Path
 
 from .http import json_body, serve
