@@ -23,8 +23,10 @@ from pathlib import Path
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
-from flatshare_ops.sandbox.fleet import SandboxNode, copy_checkout, down, up  # noqa: E402
+from conftest import copy_checkout  # noqa: E402
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up  # noqa: E402
 from flatshare_ops.systemd import ManagerAddress, connect, unit_property  # noqa: E402
 
 ADDRESSES = {"cyan": "127.0.8.2", "peacock": "127.0.8.3"}

@@ -1,9 +1,9 @@
 """``flatshare``: the operator's command line. Argument parsing and exit codes only.
 
-Exit codes: 0 success; 1 drift, failed verification, or a release failed
-mid-switch (journal kept); 2 bad input (a one-line message naming the file,
-line, key and rule, no traceback); 3 refused; 4 nothing to do. ``flatshare
-check`` uses the Nagios codes of serving-check.
+Exit codes are :class:`flatshare_ops.errors.Exit`'s (README.md, "Exit
+codes"); ``flatshare check`` uses serving-check's Nagios codes. An
+operator's error is one line naming the place, the rule and the way out,
+never a traceback.
 """
 
 from __future__ import annotations
@@ -35,7 +35,7 @@ def profiles_render(
 ) -> None:
     """Compare the production profile's rendered files with the checkout (exit 1 on drift), or write them
     with --update. (Other profiles, such as variants, are checked with 'flatshare profiles verify --profile'.)"""
-    from .repo import drift, expected_outputs, write_outputs
+    from .render.checkout import drift, expected_outputs, write_outputs
 
     outputs = expected_outputs(root)
     if update:
@@ -64,8 +64,8 @@ def profiles_set(
     """Set one profile value (comments and layout kept), validate, and render the checkout's files.
 
     Nothing is written unless the edited profile validates and every rendered file can be produced."""
-    from .profile_edit import set_value
-    from .repo import DEFAULT_PROFILE, expected_outputs, write_outputs
+    from .config.edit import set_value
+    from .render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
 
     def report(written: list[Path]) -> None:
         for written_path in written:
@@ -79,11 +79,11 @@ def profiles_set(
 @profiles_app.command("verify")
 def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None) -> None:
     """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output)."""
-    from .profile import load_profile
+    from .config.profile import load_profile
     from .render import render_profile
+    from .render.checkout import DEFAULT_PROFILE
     from .render.units import unit_programs
-    from .repo import DEFAULT_PROFILE
-    from .verify import verify_units
+    from .render.verify import verify_units
 
     loaded = load_profile(root / (profile or DEFAULT_PROFILE))
     rendered = render_profile(loaded)
@@ -104,14 +104,35 @@ def check(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
     quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing for nodes that are OK.")] = False,
 ) -> None:
-    """Run serving-check on inventory nodes over SSH and print each node's result (Nagios exit codes)."""
-    from .check_cli import main as serving_check
+    """Run serving-check on inventory nodes over SSH and print each node's result (Nagios exit codes).
 
-    argv = ["--all"] if all_nodes or not node else [a for n in node for a in ("--node", n)]
-    argv += ["--inventory", str(inventory)] if inventory else []
-    argv += ["--json"] if as_json else []
-    argv += ["--quiet"] if quiet else []
-    serving_check(argv)
+    Every node gets a line; a node that cannot be reached or is slow is UNKNOWN by name."""
+    import json as _json
+
+    from .check.report import EXIT_CODES, UNKNOWN, Finding, Report, nagios_text, worst
+    from .config.inventory import inventory_path
+    from .control import commands
+    from .control.fleet import ask
+    from .control.targets import targets
+
+    try:
+        chosen = targets(inventory_path(inventory), node or [], not node)
+    except FlatshareError as err:
+        typer.echo(f"SERVING-CHECK UNKNOWN - {err}")
+        raise typer.Exit(3)
+    reports = []
+    for name, answer in ask(chosen, lambda t: commands.serving_check(t.spec)).items():
+        try:
+            reports.append(Report.from_json(answer))
+        except (KeyError, TypeError, ValueError):
+            reports.append(Report(name, [Finding("ssh", UNKNOWN, str(answer.get("error") or answer))]))
+    if as_json:
+        typer.echo(_json.dumps({r.node: r.to_json() for r in reports}, indent=2, sort_keys=True))
+    else:
+        for report in reports:
+            if not (quiet and report.status == "OK"):
+                typer.echo(nagios_text(report), nl=False)
+    raise typer.Exit(EXIT_CODES[worst(r.status for r in reports)])
 
 
 sandbox_app = typer.Typer(no_args_is_help=True, help="The local two-node sandbox fleet (cyan, peacock).")
@@ -129,7 +150,7 @@ def sandbox_up(
         help="Node loopback addresses, e.g. cyan=127.0.0.2,peacock=127.0.0.3 (the default).")] = None,
 ) -> None:
     """Bring the sandbox up (idempotent): managers, sshd, layout, stand-ins; install and start the units."""
-    from .repo import DEFAULT_PROFILE
+    from .render.checkout import DEFAULT_PROFILE
     from .sandbox.fleet import parse_addresses, up
 
     inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo)
@@ -179,67 +200,105 @@ InventoryOption = Annotated[Optional[Path], typer.Option(
 NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node to act on (repeatable).")]
 
 
+def _on_signals() -> None:
+    """Ctrl-C and SIGTERM stop the operator's side only (nodes finish what they do): see control.rollout."""
+    import signal
+
+    from .control.rollout import OperatorInterrupted
+    from .errors import Exit
+
+    def stop(signum, _frame):
+        raise OperatorInterrupted(Exit.INTERRUPTED if signum == signal.SIGINT else Exit.TERMINATED)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
 @app.command("release")
 def release(
     node: NodesOption = None,
     all_nodes: Annotated[bool, typer.Option("--all", help="Every inventory node, one batch at a time.")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Release even with E2 drop-ins linked (recorded).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Nodes switched at once.")] = 1,
     inventory: InventoryOption = None,
     root: RootOption = Path("."),
 ) -> None:
-    """Switch nodes to what the checkout renders (without --node: the node this runs on).
+    """Switch nodes to what the checkout renders (without --node or --all: the node this runs on).
 
-    Exit codes: 0 released, 1 failed mid-switch (journal kept), 2 bad input, 3 refused, 4 nothing to do."""
-    from .inventory import inventory_path
-    from .rollout import refuse_drift, roll, targets, terminal, warn_uncommitted
+    Exit codes: 0 released, 1 failed mid-switch, 2 bad input, 3 refused, 4 nothing to do, 5 damaged node
+    state, 6 unreachable, 7 still switching, 8 systemd did not answer, 130/143 interrupted."""
+    from .config.inventory import inventory_path
+    from .control.rollout import Rollout, refuse_drift, terminal, warn_uncommitted
+    from .control.targets import fleet, targets
 
     out = terminal()
-    refuse_drift(root, out)
+    refuse_drift(root)
     warn_uncommitted(root, out)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
-    everyone = targets(path, [], True) if not chosen[0].local else chosen
-    raise typer.Exit(roll(root, chosen, everyone, out, force=force, dry_run=dry_run, batch_size=batch_size))
+    _on_signals()
+    raise typer.Exit(Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run,
+                             batch_size=batch_size).run())
 
 
 @app.command("rollback")
 def rollback(
     node: NodesOption = None,
-    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan; change nothing.")] = False,
+    all_nodes: Annotated[bool, typer.Option(
+        "--all", help="Undo the fleet's last rollout: each node it switched goes back to what it ran before.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
     inventory: InventoryOption = None,
     root: RootOption = Path("."),
 ) -> None:
-    """Switch nodes back to the release their active one replaced."""
-    from .inventory import inventory_path
-    from .rollout import roll, targets, terminal
+    """Switch nodes back: each to the last release that served before its current one; with --all, the
+    fleet to what it ran before its last rollout (a failed or interrupted node first)."""
+    from .config.inventory import inventory_path
+    from .control.rollout import Rollout, terminal
+    from .control.targets import fleet, targets
 
+    out = terminal()
     path = inventory_path(inventory)
-    chosen = targets(path, node or [], False)
-    everyone = targets(path, [], True) if not chosen[0].local else chosen
-    raise typer.Exit(roll(root, chosen, everyone, terminal(), dry_run=dry_run, rollback=True))
+    chosen = targets(path, node or [], all_nodes)
+    everyone = fleet(path, chosen)
+    _on_signals()
+    if not all_nodes:
+        raise typer.Exit(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run).run())
+    undo, order = _last_rollout(chosen, out)
+    if undo is None:
+        out.line("rollback: no node records a rollout to undo; nothing to do")
+        raise typer.Exit(4)
+    raise typer.Exit(Rollout(root, order, everyone, out, mode="undo-rollout", dry_run=dry_run, undo=undo).run())
 
 
-def _node_reports(node: list[str] | None, inventory: Path | None, command: str) -> dict[str, object]:
-    import json as _json
+def _last_rollout(chosen, out):
+    """(the fleet's last rollout, the nodes in the order to undo it: failed or interrupted first)."""
+    from .control import commands
+    from .control.fleet import ask
+    from .control.rollout import last_rollout
 
-    from .inventory import inventory_path
-    from .rollout import run_on_node, targets
+    histories = ask(chosen, lambda t: commands.history(t.spec))
+    statuses = ask(chosen, lambda t: commands.status(t.spec))
+    for name, answer in {**histories, **statuses}.items():
+        if "error" in answer:
+            out.line(f"{name}: UNKNOWN: {answer['error']}")
+    records = {n: a.get("records", []) for n, a in histories.items()}
+    pending = {n: statuses.get(n, {}).get("switching_rollout") for n in records}
+    undo = last_rollout(records, pending)
 
-    reports: dict[str, object] = {}
-    for target in targets(inventory_path(inventory), node or [], not node):
-        lines: list[str] = []
-        try:
-            status = run_on_node(target, target.node_argv(command, "--json"), "", lines.append)
-        except FlatshareError as err:  # one unreachable node must not hide the others
-            reports[target.name] = {"error": str(err)}
-            continue
-        try:
-            reports[target.name] = _json.loads("\n".join(lines))
-        except ValueError:
-            reports[target.name] = {"error": f"exit {status}: {' '.join(lines[-1:])}"}
-    return reports
+    def troubled(target) -> bool:
+        last = (records.get(target.name) or [{}])[-1]
+        return bool(statuses.get(target.name, {}).get("switching")) or last.get("result") in ("failed", "abandoned")
+
+    return undo, sorted(chosen, key=lambda t: not troubled(t))
+
+
+def _fleet_answers(node, inventory, build):
+    from .config.inventory import inventory_path
+    from .control.fleet import ask
+    from .control.targets import targets
+
+    return ask(targets(inventory_path(inventory), node or [], not node), build)
 
 
 @app.command("status")
@@ -248,121 +307,61 @@ def status(
     inventory: InventoryOption = None,
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
-    """Each node's active release, any unfinished switch, and its units' states (default: every node).
+    """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
 
-    Exit 1 when a node is unreachable, has an unfinished switch or a unit that is not active."""
+    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file or a unit that is not active."""
     import json as _json
 
-    reports = _node_reports(node, inventory, "status")
-    healthy = all("error" not in r and not r["switching"] and set(r["units"].values()) == {"active"}
-                  for r in reports.values())
+    from .control import commands
+
+    reports = _fleet_answers(node, inventory, lambda t: commands.status(t.spec))
+    healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and r.get("units")
+                  and set(r["units"].values()) == {"active"} for r in reports.values())
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
         raise typer.Exit(0 if healthy else 1)
     for name, report in reports.items():
         if "error" in report:
-            typer.echo(f"{name}: {report['error']}")
+            typer.echo(f"{name}: UNKNOWN: {report['error']}")
             continue
-        units = ", ".join(f"{u} {s}" for u, s in report["units"].items())
-        switching = report["switching"]
+        units = ", ".join(f"{u} {s}" for u, s in report.get("units", {}).items()) or \
+            f"units unknown ({report.get('systemd')})"
+        switching = report.get("switching")
         if switching and report.get("in_progress"):
             switching = f"IN PROGRESS ({report['in_progress']}): {switching}"
         elif switching:
             switching = f"UNFINISHED {switching}"
-        typer.echo(f"{name}: release {report['release']}; " + (f"{switching}; " if switching else "") + units)
+        elif report.get("in_progress"):
+            switching = f"IN PROGRESS ({report['in_progress']})"
+        typer.echo(f"{name}: release {report.get('release')}; " + (f"{switching}; " if switching else "") + units)
+        for damage in report.get("damaged", []):
+            typer.echo(f"  damaged: {damage}")
     raise typer.Exit(0 if healthy else 1)
 
 
 @app.command("releases")
 def releases(node: NodesOption = None, inventory: InventoryOption = None) -> None:
-    """The release history of each node (default: every node)."""
-    import time as _time
+    """The release history of each node (default: every node): what ran, what failed, what was rolled back."""
+    from .common.clock import utc_stamp
+    from .control import commands
 
-    for name, history in _node_reports(node, inventory, "history").items():
+    for name, answer in _fleet_answers(node, inventory, lambda t: commands.history(t.spec)).items():
         typer.echo(f"{name}:")
-        if isinstance(history, dict):
-            typer.echo(f"  {history.get('error')}")
+        if "error" in answer:
+            typer.echo(f"  UNKNOWN: {answer['error']}")
             continue
-        for r in history:
-            when = _time.strftime("%Y-%m-%d %H:%M:%S", _time.gmtime(r.get("started_at", 0)))
-            typer.echo(f"  {when}Z {r.get('from')} -> {r.get('to')}: {r.get('result')} "
+        for note in answer.get("skipped", []):
+            typer.echo(f"  note: {note}")
+        for r in answer.get("records", []):
+            started = r.get("started_at")
+            when = utc_stamp(started) if isinstance(started, (int, float)) else "?"
+            what = r.get("result")
+            if what == "failed":
+                what = f"failed at {r.get('step')}: {r.get('reason')}"
+            typer.echo(f"  {when} {r.get('before')} -> {r.get('target')}: {what} "
                        f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
+                       + (f", rollout {r['rollout']}" if r.get("rollout") else "")
                        + (", forced" if r.get("forced") else "") + ")")
-
-
-node_app = typer.Typer(no_args_is_help=True, help="Node-side commands (run on a node by release/status over SSH).")
-app.add_typer(node_app, name="node")
-NodeName = Annotated[str, typer.Option("--node", help="This node's name.")]
-StateDir = Annotated[Path, typer.Option("--state-dir", help="The node's state directory.")]
-Scope = Annotated[str, typer.Option("--scope", help="system or user (its systemd manager).")]
-RuntimeDir = Annotated[Optional[Path], typer.Option("--runtime-dir", help="A user manager's XDG_RUNTIME_DIR.")]
-
-
-def _ctx(node: str, state_dir: Path, scope: str, runtime_dir: Path | None):
-    from .release import NodeContext
-    from .systemd import ManagerAddress
-
-    if scope not in ("system", "user"):
-        raise typer.BadParameter("--scope must be system or user")
-    return NodeContext(node, state_dir, ManagerAddress(scope, runtime_dir))
-
-
-@node_app.command("switch")
-def node_switch(
-    node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
-    bundle: Annotated[Optional[str], typer.Option("--bundle", help="'-': read the release as JSON on stdin.")] = None,
-    force: Annotated[bool, typer.Option("--force")] = False,
-    dry_run: Annotated[bool, typer.Option("--dry-run")] = False,
-    rollback_: Annotated[bool, typer.Option("--rollback")] = False,
-) -> None:
-    """Switch this node to the release given on stdin (or back, with --rollback)."""
-    import json as _json
-
-    from .output import ReleaseOutput
-    from .release import log_path, switch_node
-
-    ctx = _ctx(node, state_dir, scope, runtime_dir)
-    payload = None
-    if bundle == "-":
-        try:
-            payload = _json.loads(sys.stdin.read())
-        except ValueError:
-            raise FlatshareError('node switch: stdin is not JSON; expected a release bundle {"id", "files"}') from None
-    elif not rollback_:
-        raise FlatshareError("node switch: give --bundle - (the release on stdin) or --rollback")
-    ctx.releases.mkdir(parents=True, exist_ok=True)
-    out = ReleaseOutput(None if dry_run else log_path(ctx))
-    out.watch_hangup()
-    try:
-        code = switch_node(ctx, payload, out, force=force, dry_run=dry_run, rollback=rollback_)
-    except FlatshareError as err:
-        out.line(f"flatshare: {err}")
-        code = err.exit_code
-    finally:
-        out.close()
-    raise typer.Exit(code)
-
-
-@node_app.command("status")
-def node_status_cmd(node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
-                    as_json: Annotated[bool, typer.Option("--json")] = True) -> None:
-    """This node's status as JSON."""
-    import json as _json
-
-    from .release import node_status
-
-    typer.echo(_json.dumps(node_status(_ctx(node, state_dir, scope, runtime_dir)), sort_keys=True))
-
-
-@node_app.command("history")
-def node_history(node: NodeName, state_dir: StateDir, scope: Scope = "system", runtime_dir: RuntimeDir = None,
-                 as_json: Annotated[bool, typer.Option("--json")] = True) -> None:
-    """This node's release history as JSON."""
-    import json as _json
-
-    from .release import read_history
-
-    typer.echo(_json.dumps(read_history(_ctx(node, state_dir, scope, runtime_dir))))
 
 
 def main() -> None:

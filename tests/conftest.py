@@ -26,11 +26,31 @@ def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env
     )
 
 
+FAULTS = Path(__file__).resolve().parent / "faults"
+
+
+def faults(**spec) -> dict:
+    """The environment that makes the node's side fail as ``spec`` says (tests/faults/sitecustomize.py)."""
+    import json
+
+    return {"PYTHONPATH": str(FAULTS), "FLATSHARE_TEST_FAULTS": json.dumps(spec)}
+
+
+def copy_checkout(repo: Path, dest: Path) -> Path:
+    """Copy what rendering and releasing read from a checkout (profiles, units, the two documents)
+    into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
+    import shutil
+
+    for name in ("profiles", "units"):
+        shutil.copytree(repo / name, dest / name)
+    for name in ("README.md", "PRODUCTION.md"):
+        shutil.copy2(repo / name, dest / name)
+    return dest
+
+
 @pytest.fixture
 def checkout(tmp_path: Path) -> Path:
     """A copy of the checkout's profile, rendered files and documents, to change freely."""
-    from flatshare_ops.sandbox.fleet import copy_checkout
-
     return copy_checkout(REPO, tmp_path / "checkout")
 
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import json
 
 from conftest import REPO
-from flatshare_ops.profile import load_profile
+from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 
 # FACTS.md, "vLLM 0.32.0's flag spellings (read from its own argument parser)".

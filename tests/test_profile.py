@@ -9,7 +9,7 @@ import pytest
 
 from conftest import REPO, run_cli, snapshot
 from flatshare_ops.errors import ProfileError
-from flatshare_ops.profile import load_profile
+from flatshare_ops.config.profile import load_profile
 
 PROFILE = "profiles/rtx-5060-ti-serve.toml"
 

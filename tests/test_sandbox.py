@@ -16,9 +16,10 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO, TEST_ADDRESSES, loopback_pair, run_cli
-from flatshare_ops.inventory import load_inventory, resolve
-from flatshare_ops.profile import load_profile
-from flatshare_ops.remote import RemoteError, SSHTarget, open_ssh, run
+from flatshare_ops.config.inventory import load_inventory, resolve
+from flatshare_ops.config.profile import load_profile
+from flatshare_ops.control.ssh import SSHConnection, SSHTarget
+from flatshare_ops.errors import TransportError
 from flatshare_ops.render import render_profile
 from flatshare_ops.sandbox.fleet import SandboxNode, down, status, up
 from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
@@ -94,12 +95,12 @@ def test_each_node_manager_runs_in_its_own_cgroup(sandbox):
 
 @pytest.mark.parametrize("node", ["cyan", "peacock"])
 def test_ssh_reaches_each_node_with_its_host_key_checked(sandbox, node):
-    client = open_ssh(_target(sandbox, node))
+    conn = SSHConnection(_target(sandbox, node))
     try:
-        result = run(client, ["sh", "-c", 'printf %s "$FLATSHARE_NODE"'])
+        result = conn.run(["sh", "-c", 'printf %s "$FLATSHARE_NODE"'])
     finally:
-        client.close()
-    assert (result.status, result.stdout) == (0, node)
+        conn.close()
+    assert (result.status, result.output) == (0, node)
 
 
 def test_a_changed_host_key_is_refused(sandbox, tmp_path):
@@ -108,15 +109,15 @@ def test_a_changed_host_key_is_refused(sandbox, tmp_path):
     kind, blob = impostor.with_suffix(".pub").read_text().split()[:2]
     known = tmp_path / "known_hosts"
     known.write_text(f"[{TEST_ADDRESSES['cyan']}]:2222 {kind} {blob}\n")
-    with pytest.raises(RemoteError, match="does not match"):
-        open_ssh(_target(sandbox, "cyan", known))
+    with pytest.raises(TransportError, match="does not match"):
+        SSHConnection(_target(sandbox, "cyan", known))
 
 
 def test_an_unknown_host_is_refused_not_added(sandbox, tmp_path):
     known = tmp_path / "known_hosts"
     known.write_text("")
-    with pytest.raises(RemoteError, match="is not in"):
-        open_ssh(_target(sandbox, "cyan", known))
+    with pytest.raises(TransportError, match="is not in"):
+        SSHConnection(_target(sandbox, "cyan", known))
     assert known.read_text() == ""
 
 

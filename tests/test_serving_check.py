@@ -14,9 +14,9 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_ADDRESSES, run_cli
-from flatshare_ops.check import compare_argv, normalize_argv
+from flatshare_ops.check.flags import compare_argv, normalize_argv
+from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.render.systemd_escape import exec_command
-from flatshare_ops.check import wait_healthy
 from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job
 
@@ -38,7 +38,7 @@ def _restart(sandbox: Path, unit: str = ENGINE, name: str = "cyan") -> None:
     with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
         daemon_reload(bus)
         run_job(bus, "restart", unit, 60)
-    wait_healthy(f"http://{node.address}:8000/health", 30)
+    assert wait_for_200(f"http://{node.address}:8000/health", 30) == 200
 
 
 class DropIn:
@@ -162,7 +162,7 @@ def test_a_stopped_engine_is_critical(sandbox):
     finally:
         with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
             run_job(bus, "start", ENGINE, 60)
-        wait_healthy(f"http://{node.address}:8000/health", 30)
+        assert wait_for_200(f"http://{node.address}:8000/health", 30) == 200
 
 
 def test_an_e2_drop_in_on_cyan_is_a_warning_naming_it(sandbox):
@@ -242,13 +242,13 @@ def test_textfile_is_written_for_node_exporter(sandbox, tmp_path):
 
 
 def test_remote_check_of_the_other_node_over_ssh(sandbox):
-    result = run_cli("--node", "peacock", "--inventory", str(sandbox / "fleet.toml"), program="serving-check")
+    result = run_cli("check", "--node", "peacock", "--inventory", str(sandbox / "fleet.toml"))
     assert result.returncode == 0, result.stdout
     assert result.stdout.startswith("SERVING-CHECK OK - peacock: ")
 
 
 def test_all_nodes_json(sandbox):
-    result = run_cli("--all", "--json", "--inventory", str(sandbox / "fleet.toml"), program="serving-check")
+    result = run_cli("check", "--all", "--json", "--inventory", str(sandbox / "fleet.toml"))
     assert result.returncode == 0
     assert {node: report["status"] for node, report in json.loads(result.stdout).items()} == {"cyan": "OK", "peacock": "OK"}
 
@@ -289,7 +289,7 @@ def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox)
     node = _node(sandbox)
     code = (
         "import sys\n"
-        "from flatshare_ops import check_cli\n"
+        "from flatshare_ops.check import cli as check_cli\n"
         "try:\n"
         f"    check_cli.main(['--quiet', '--state-dir', {str(node.state_dir)!r}, '--runtime-dir', {str(node.manager.runtime_dir)!r}])\n"
         "except SystemExit as e:\n"

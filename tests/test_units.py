@@ -14,13 +14,13 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from flatshare_ops.profile import load_profile
+from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 from flatshare_ops.render.units import UNIT_NAMES, unit_programs
 from flatshare_ops.systemd import (
     ManagerAddress, connect, daemon_reload, exec_start_argv, manager, run_job, unit_property,
 )
-from flatshare_ops.verify import verify_units
+from flatshare_ops.render.verify import verify_units
 
 HOSTILE_ARGS = [
     "100%", "%n", "%%h", "$HOME", "${PATH}", "$$", 'say "hi"', "back\\slash", "\\n", "two words",

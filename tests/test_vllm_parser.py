@@ -17,7 +17,7 @@ from pathlib import Path
 import pytest
 
 from conftest import REPO
-from flatshare_ops.profile import load_profile
+from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 
 VENV_PYTHON = REPO / ".venv-vllm/bin/python"

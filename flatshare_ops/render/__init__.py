@@ -9,7 +9,7 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 
-from ..profile import LoadedProfile
+from ..config.profile import LoadedProfile
 from .engine import engine_argv
 from .serving import render_serving
 from .units import render_units

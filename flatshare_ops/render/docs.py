@@ -10,7 +10,7 @@ from __future__ import annotations
 import shlex
 
 from ..errors import ProfileError
-from ..profile import LoadedProfile
+from ..config.profile import LoadedProfile
 
 
 def begin_marker(name: str) -> str:

@@ -1,7 +1,6 @@
 """The engine's command line: ``vllm serve MODEL`` and flags, spelled as vLLM 0.32.0 spells them.
 
-Flag spellings are taken from vLLM 0.32.0's own argument parser (FACTS.md,
-"vLLM 0.32.0's flag spellings"). make-room's and the JIT scheduler's settings
+Flag spellings are taken from vLLM 0.32.0's own argument parser (docs/reference/vllm.md#flag-spellings). make-room's and the JIT scheduler's settings
 go as dotted ``--additional-config.PREFIX.KEY VALUE`` flags, one per key,
 never mixed with a JSON ``--additional-config`` (vLLM keeps only the dotted
 keys then, silently). Dotted values are read by vLLM with ``json.loads``, so
@@ -13,7 +12,7 @@ from __future__ import annotations
 import json
 from pathlib import PurePosixPath
 
-from ..profile import Engine
+from ..config.profile import Engine
 
 # The order flags are written in: stable, so rendered files never churn.
 MAKE_ROOM_KEYS = (
@@ -30,7 +29,7 @@ FLATSHARE_JIT_KEYS = ("margin_ms", "step_time_model")
 def dotted_value(value: bool | int | float | str) -> str:
     """A value for a dotted ``--additional-config`` flag, as JSON text.
 
-    vLLM parses dotted values with ``json.loads`` (FACTS.md): ``true`` is a
+    vLLM parses dotted values with ``json.loads`` (docs/reference/vllm.md#dotted-value-typing): ``true`` is a
     bool (``True`` would stay a string) and a string must be JSON-quoted to
     stay a string whatever it holds (``"48"``).
     """

@@ -1,24 +1,20 @@
 """``serving.json``: the resolved profile that releases and serving-check read.
 
-A contract with other programs (STYLE.md section 4): ``schema`` is bumped on
+A contract with other programs (docs/reference/engineering-style.md#files-other-programs-read-are-contracts): ``schema`` is bumped on
 any incompatible change; the fields are described in ``releases/README.md``.
 """
 
 from __future__ import annotations
 
-import hashlib
 import json
 
-from ..profile import LoadedProfile
+from ..common.hashing import sha256_text
+from ..common.units import ENGINE_UNIT, SERVICE_UNITS
+from ..config.profile import LoadedProfile
 from .engine import engine_argv
-from .units import ENGINE_UNIT, SERVICE_UNITS, drain_file, drain_status_file, engine_url
+from .units import drain_file, drain_status_file, engine_url
 
 SERVING_SCHEMA = 1
-
-
-def sha256_text(text: str) -> str:
-    """sha256 (hex) of a text's UTF-8 bytes."""
-    return hashlib.sha256(text.encode()).hexdigest()
 
 
 def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
@@ -43,6 +39,7 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
             "url": engine_url(profile),
             "venv": profile.engine.venv,
             "start_timeout_s": profile.engine.start_timeout_s,
+            "stop_timeout_s": profile.engine.stop_timeout_s,
         },
         "module": {"name": profile.module.name, "path": profile.module.path, "sha256": profile.module.sha256},
         "units": {name: sha256_text(text) for name, text in units.items()},

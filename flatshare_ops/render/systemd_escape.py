@@ -19,7 +19,7 @@ from __future__ import annotations
 
 import re
 
-_CONTROL = re.compile(r"[\x00-\x1f\x7f]")
+from ..common.text import control_character
 
 
 class UnsafeValueError(ValueError):
@@ -27,8 +27,8 @@ class UnsafeValueError(ValueError):
 
 
 def _refuse_control(value: str) -> None:
-    if match := _CONTROL.search(value):
-        raise UnsafeValueError(f"value {value!r} contains control character {match.group()!r}")
+    if found := control_character(value):
+        raise UnsafeValueError(f"value {value!r} contains control character {found!r}")
 
 
 def escape_specifiers(value: str) -> str:

@@ -10,21 +10,10 @@ from pathlib import PurePosixPath
 
 import jinja2
 
-from ..profile import Profile
+from ..common.units import UNIT_NAMES
+from ..config.profile import Profile
 from . import systemd_escape
 from .engine import engine_argv
-
-ENGINE_UNIT = "flatshare-engine.service"
-GATEWAY_UNIT = "flatshare-gateway.service"
-VOICE_UNIT = "flatshare-voice.service"
-TARGET_UNIT = "flatshare.target"
-CHECK_SERVICE = "serving-check.service"
-CHECK_TIMER = "serving-check.timer"
-
-#: Units in the order they are written and installed.
-UNIT_NAMES = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT, TARGET_UNIT, CHECK_SERVICE, CHECK_TIMER)
-#: The long-running services a release drains, restarts and checks.
-SERVICE_UNITS = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT)
 
 #: How much longer than the gateway's drain timeout systemd waits before SIGKILL (seconds).
 GATEWAY_STOP_MARGIN_S = 10.0

@@ -31,15 +31,19 @@ from typing import Literal
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..atomic import write_atomic
-from ..checkout import describe
-from ..release_store import current_release, release_id, store_release, switch_current
-from ..profile import load_profile
-from ..check import http_get, wait_healthy
+from .. import systemd
+from ..common import durable
+from ..common.http import http_get, wait_for_200
+from ..common.poll import poll_until
+from ..common.proc import pid_alive, read_cmdline
+from ..common.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
+from ..config.profile import load_profile
+from ..node import history
+from ..node.store import current_release, release_id, store_release, switch_current
 from ..render import render_profile
-from ..render.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT, engine_url
-from ..systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
-from ..pids import pid_alive
+from ..render.units import engine_url
+from ..schema_errors import one_line
+from ..systemd import ManagerAddress
 from .manager import ManagerDirs, SandboxError, start_manager, stop_manager
 from .module_build import MODULE_NAME, module_source
 
@@ -99,18 +103,6 @@ class SandboxNode:
     def profile(self) -> Path:
         """The node's profile (extends the production one)."""
         return self.root / "profile.toml"
-
-
-def copy_checkout(repo: Path, dest: Path) -> Path:
-    """Copy what rendering and releasing read from a checkout (profiles, units, the two documents)
-    into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
-    import shutil
-
-    for name in ("profiles", "units"):
-        shutil.copytree(repo / name, dest / name)
-    for name in ("README.md", "PRODUCTION.md"):
-        shutil.copy2(repo / name, dest / name)
-    return dest
 
 
 def parse_addresses(text: str | None) -> dict[str, str] | None:
@@ -210,7 +202,7 @@ def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> bool:
     path.parent.mkdir(parents=True, exist_ok=True)
     if path.exists() and path.read_bytes() == data:
         return False
-    write_atomic(path, data, mode)
+    durable.write_atomic(path, data, mode)
     return True
 
 
@@ -315,7 +307,7 @@ def _read_state(base: Path) -> SandboxState:
     except FileNotFoundError:
         return SandboxState()
     except (OSError, ValidationError, UnicodeDecodeError) as err:
-        reason = err.errors()[0]["msg"] if isinstance(err, ValidationError) else str(err)
+        reason = one_line(err) if isinstance(err, ValidationError) else str(err)
         raise SandboxError(
             f"{path}: unreadable sandbox state ({reason}); stop its processes by hand "
             "(ps aux | grep -e 'systemd --user' -e sshd) and remove the file", exit_code=2,
@@ -324,12 +316,12 @@ def _read_state(base: Path) -> SandboxState:
 
 def _write_state(base: Path, state: SandboxState) -> None:
     text = state.model_dump_json(by_alias=True, indent=2) + "\n"
-    write_atomic(base / "state.json", text.encode())
+    durable.write_atomic(base / "state.json", text.encode())
 
 
 def _cmdline(pid: int) -> str:
     try:
-        return Path(f"/proc/{pid}/cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace")
+        return " ".join(read_cmdline(pid))
     except OSError:
         return ""
 
@@ -352,9 +344,9 @@ def _owns_sshd(node: SandboxNode, pid: int | None) -> bool:
 
 def _manager_answers(node: SandboxNode) -> bool:
     try:
-        with connect(ManagerAddress("user", node.manager.runtime_dir)):
-            return True
-    except Exception:
+        systemd.properties(ManagerAddress("user", node.manager.runtime_dir), [])
+        return True
+    except systemd.SystemdError:
         return False
 
 
@@ -386,13 +378,10 @@ def _start_sshd(node: SandboxNode) -> int:
         stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
     )
     log.close()
-    deadline = time.monotonic() + 10
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SandboxError(f"{node.name}: sshd exited with {process.returncode}; see {node.ssh_dir / 'sshd.log'}")
-        if _listening(node.address, SSH_PORT):
+    if poll_until(lambda: process.poll() is not None or _listening(node.address, SSH_PORT), 10.0):
+        if process.poll() is None:
             return process.pid
-        time.sleep(0.05)
+        raise SandboxError(f"{node.name}: sshd exited with {process.returncode}; see {node.ssh_dir / 'sshd.log'}")
     process.kill()
     raise SandboxError(f"{node.name}: sshd did not listen on {node.address}:{SSH_PORT} within 10 s")
 
@@ -470,24 +459,36 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             _write_state(base, state)
             echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record.sshd_pid})")
 
-    commit = describe(production.resolve().parent)
     for node in sandbox_nodes:
         loaded = load_profile(node.profile)
         address = ManagerAddress("user", node.manager.runtime_dir)
-        with connect(address) as bus:
-            if current_release(node.state_dir) is None:
-                # The node's first state: the checkout's render, installed as its first release.
-                rendered = render_profile(loaded)
-                files = rendered.release_files()
-                rid = release_id(files, commit)
-                store_release(node.state_dir, rid, files)
-                install_units(node, rendered.units)
-                daemon_reload(bus)
-                switch_current(node.state_dir, rid)
-                echo(f"{node.name}: installed release {rid}")
-            run_job(bus, "start", TARGET_UNIT, loaded.profile.engine.start_timeout_s)
-            run_job(bus, "start", CHECK_TIMER, 30)
-        wait_healthy(engine_url(loaded.profile) + "/health", loaded.profile.engine.start_timeout_s)
+        if current_release(node.state_dir) is None:
+            # The node's first state: the checkout's render, installed as its first release.
+            rendered = render_profile(loaded)
+            files = rendered.release_files()
+            rid = release_id(files)
+            store_release(node.state_dir, rid, files)
+            install_units(node, rendered.units)
+            systemd.reload(address)
+            switch_current(node.state_dir, rid)
+            installed = rid
+            echo(f"{node.name}: installed release {rid}")
+        else:
+            installed = None
+        start_s = loaded.profile.engine.start_timeout_s
+        systemd.job(address, "start", TARGET_UNIT, start_s)
+        systemd.job(address, "start", CHECK_TIMER, 30)
+        url = engine_url(loaded.profile) + "/health"
+        if wait_for_200(url, start_s) != 200:
+            raise SandboxError(f"{node.name}: {url} did not answer 200 within {start_s:g} s")
+        if installed:  # recorded as a first release that served, so a rollback can return to it
+            now = time.time()
+            history.append(node.state_dir / "releases/history.jsonl", {
+                "switch": f"sandbox-{rid}", "rollout": None, "node": node.name, "kind": "release",
+                "result": "released", "step": None, "reason": "installed by 'flatshare sandbox up'",
+                "before": None, "after": installed, "target": installed, "served": True, "commit": None,
+                "user": "root", "host": os.uname().nodename, "started_at": now, "finished_at": now,
+                "duration_s": 0.0, "forced": False, "resumed": 0})
     return inventory
 
 
@@ -512,10 +513,11 @@ def status(base: Path) -> dict[str, dict]:
             "engine_health": None,
         }
         if entry["manager"] and _manager_answers(node):
-            with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
-                for unit_name in (TARGET_UNIT, *SERVICE_UNITS):
-                    entry["units"][unit_name] = unit_property(bus, unit_name, "Unit", "ActiveState").decode()
-                entry["engine_pid"] = unit_property(bus, ENGINE_UNIT, "Service", "MainPID")
+            names = (TARGET_UNIT, *SERVICE_UNITS)
+            found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir),
+                                       [(u, "Unit", "ActiveState") for u in names] + [(ENGINE_UNIT, "Service", "MainPID")])
+            entry["units"] = {u: found[f"{u}/ActiveState"] for u in names}
+            entry["engine_pid"] = found[f"{ENGINE_UNIT}/MainPID"]
             if node.profile.exists():
                 status_code = http_get(engine_url(load_profile(node.profile).profile) + "/health")[0]
                 entry["engine_health"] = status_code or None
@@ -553,8 +555,5 @@ def down(base: Path, echo=print) -> None:
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline and pid_alive(pid):
-        time.sleep(0.05)
-    if pid_alive(pid):
+    if not poll_until(lambda: not pid_alive(pid), timeout_s):
         os.kill(pid, signal.SIGKILL)

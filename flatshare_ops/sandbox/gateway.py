@@ -3,7 +3,7 @@
 Speaks the drain interface a release relies on: on SIGTERM it answers new
 requests ``503`` with ``Retry-After: 1``, lets requests in flight finish, and
 exits at the latest after ``FLATSHARE_DRAIN_TIMEOUT_S`` seconds; requests cut
-at the timeout are counted "drained", not "completed" (FACTS.md).
+at the timeout are counted "drained", not "completed" (docs/reference/release-protocol.md#gateway-drain).
 
 ``POST /v1/chat?hold=S`` is a request that takes S seconds; ``GET /stats``
 reports the counts; ``GET /health`` answers 200 while serving.

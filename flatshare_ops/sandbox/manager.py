@@ -15,12 +15,12 @@ from __future__ import annotations
 import os
 import signal
 import subprocess
-import time
 from dataclasses import dataclass
 from pathlib import Path
 
+from ..common.poll import poll_until
+from ..common.proc import pid_alive
 from ..errors import FlatshareError
-from ..pids import pid_alive
 
 SYSTEMD = "/lib/systemd/systemd"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
@@ -119,13 +119,10 @@ def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
         preexec_fn=lambda: _enter_cgroups(dirs.name),
     )
     log.close()
-    deadline = time.monotonic() + timeout_s
-    while time.monotonic() < deadline:
-        if process.poll() is not None:
-            raise SandboxError(f"{dirs.name}: systemd --user exited with {process.returncode}; see {dirs.log}")
-        if dirs.private_socket.exists():
+    if poll_until(lambda: process.poll() is not None or dirs.private_socket.exists(), timeout_s):
+        if process.poll() is None:
             return process.pid
-        time.sleep(0.05)
+        raise SandboxError(f"{dirs.name}: systemd --user exited with {process.returncode}; see {dirs.log}")
     process.kill()
     raise SandboxError(f"{dirs.name}: systemd --user did not open {dirs.private_socket} in {timeout_s:g} s")
 
@@ -148,22 +145,31 @@ def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
             os.kill(pid, signal.SIGTERM)
         except ProcessLookupError:
             pass
-        deadline = time.monotonic() + timeout_s
-        while time.monotonic() < deadline and pid_alive(pid):
-            time.sleep(0.05)
+        poll_until(lambda: not pid_alive(pid), timeout_s)
     for directory in _cgroup_dirs(name):
-        for _ in range(50):
-            pids = _cgroup_pids(directory)
-            if not pids:
-                break
-            for leftover in pids:
-                if leftover <= 1:
-                    continue
-                try:
-                    os.kill(leftover, signal.SIGKILL)
-                except ProcessLookupError:
-                    pass
-            time.sleep(0.05)
+        poll_until(lambda: _kill_all(_cgroup_pids(directory)), 2.5)
+        _remove_cgroup(directory)
+
+
+def _kill_all(pids: list[int]) -> bool:
+    """SIGKILL every process listed; True when there were none left."""
+    for leftover in pids:
+        if leftover > 1:
+            try:
+                os.kill(leftover, signal.SIGKILL)
+            except ProcessLookupError:
+                pass
+    return not pids
+
+
+def _remove_cgroup(directory: Path) -> None:
+    """Remove an emptied cgroup directory and its children, deepest first (rmdir is how cgroups go away)."""
+    children = sorted((p for p in directory.glob("**/") if p != directory), key=lambda p: len(p.parts), reverse=True)
+    for child in [*children, directory]:
+        try:
+            child.rmdir()
+        except OSError:
+            pass  # still busy, or already gone
 
 
 def _cgroup_pids(directory: Path) -> list[int]:

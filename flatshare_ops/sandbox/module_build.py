@@ -11,7 +11,7 @@ from __future__ import annotations
 import argparse
 from pathlib import Path
 
-from ..atomic import write_atomic
+from ..common.durable import write_atomic
 
 MODULE_NAME = "flatshare_make_room_serve"
 

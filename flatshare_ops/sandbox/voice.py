@@ -1,6 +1,6 @@
 """Stand-in for Flatshare's voice worker, for the sandbox only.
 
-Speaks the drain protocol a release relies on (FACTS.md, "What a release does"):
+Speaks the drain protocol a release relies on (docs/reference/release-protocol.md#voice-drain):
 
 - ``FLATSHARE_DRAIN_FILE`` appears (its content is the drain id): the worker
   stops taking calls; while calls remain it writes status ``draining``, and
@@ -26,7 +26,7 @@ import time
 import urllib.request
 from pathlib import Path
 
-from ..atomic import write_atomic
+from ..common.durable import write_atomic
 from .http import json_body, serve
 
 POLL_S = 0.05

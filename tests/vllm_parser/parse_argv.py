@@ -1,27 +1,23 @@
 #!/usr/bin/env python
-"""Parse a `vllm serve` argv with vLLM 0.32.0's own parser.
+"""Parse a `vllm serve` argv with vLLM's own parser (a thin wrapper).
 
 stdin : JSON list of strings = the arguments after `vllm serve`
         (starting with the model path), e.g. ["/models/m", "--port", "8000"].
 stdout: JSON object = vars(args) after parse + ServeSubcommand.validate().
 
-The parser is built exactly as vllm/entrypoints/cli/main.py does for `serve`:
-top-level FlexibleArgumentParser -> add_subparsers(dest="subparser")
--> ServeSubcommand().subparser_init(subparsers).set_defaults(dispatch_function=...)
--> parse_args(["serve", *argv]) -> configure_logging_from_args -> cmd.validate(args).
-(The other subcommands of main.py are not registered; they do not affect the
-`serve` subparser.)  Argparse errors exit with code 2 and a message on stderr,
-as with the real CLI; validate errors exit with code 1.
+The work is flatshare_ops/common/vllm_serve_parse.py's `parse` mode (which
+builds the parser exactly as `vllm serve` does, for vLLM 0.32.0 and 0.33.0);
+this wrapper keeps the old contract: argparse errors exit with code 2 and
+"vllm serve: error: MESSAGE" (or "vllm: error: ..." for unrecognized
+arguments) on stderr, as with the real CLI; validate errors and vLLM's own
+exceptions exit with code 1.
 """
+import importlib.util
 import json
-import os
 import sys
+from pathlib import Path
 
-# No GPU here: without this vLLM resolves to UnspecifiedPlatform and building
-# the parser fails in DeviceConfig ("Failed to infer device type").
-# The only parser-visible effect of the platform is the choice list of
-# --mm-processor-device (CUDA adds "cuda"); see report.
-os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+SCRIPT = Path(__file__).resolve().parents[2] / "flatshare_ops/common/vllm_serve_parse.py"
 
 
 def main() -> int:
@@ -29,46 +25,20 @@ def main() -> int:
     if not isinstance(argv, list) or not all(isinstance(a, str) for a in argv):
         print("stdin must be a JSON list of strings", file=sys.stderr)
         return 2
+    spec = importlib.util.spec_from_file_location("vllm_serve_parse", SCRIPT)
+    vsp = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(vsp)
 
-    # Keep stdout clean for JSON: anything vLLM prints/logs goes to stderr.
-    real_stdout = sys.stdout
-    sys.stdout = sys.stderr
+    real_stdout, sys.stdout = sys.stdout, sys.stderr  # vLLM's logs never reach the JSON
     try:
-        import vllm.entrypoints.cli.serve as serve_mod
-        from vllm.entrypoints.serve.utils.api_utils import (
-            VLLM_SUBCMD_PARSER_EPILOG,
-            cli_env_setup,
-        )
-        from vllm.logger import configure_logging_from_args
-        from vllm.utils.argparse_utils import FlexibleArgumentParser
-
-        cli_env_setup()  # as main.py does (only sets VLLM_WORKER_MULTIPROC_METHOD)
-
-        parser = FlexibleArgumentParser(
-            prog="vllm",
-            description="vLLM CLI",
-            epilog=VLLM_SUBCMD_PARSER_EPILOG.format(subcmd="[subcommand]"),
-        )
-        subparsers = parser.add_subparsers(required=False, dest="subparser")
-        cmds = {}
-        for cmd in serve_mod.cmd_init():
-            cmd.subparser_init(subparsers).set_defaults(dispatch_function=cmd.cmd)
-            cmds[cmd.name] = cmd
-
-        args = parser.parse_args(["serve", *argv])
-        cmd = cmds[args.subparser]
-        configure_logging_from_args(args)
-        try:
-            cmd.validate(args)
-        except Exception as e:  # same checks `vllm serve` runs before startup
-            print(f"validate failed: {type(e).__name__}: {e}", file=sys.stderr)
-            return 1
+        result = vsp.ServeParser().parse(argv)
     finally:
         sys.stdout = real_stdout
-
-    ns = vars(args)
-    ns.pop("dispatch_function", None)  # bound method, not useful
-    json.dump(ns, sys.stdout, default=str, indent=1, sort_keys=True)
+    if not result["ok"]:
+        prefix = f"{result['prog']}: error: " if result.get("prog") else f"{result['stage']} failed: "
+        print(prefix + result["error"], file=sys.stderr)
+        return result["exit_code"] if result["stage"] == "parse" and result.get("exit_code") else 1
+    json.dump(result["namespace"], sys.stdout, indent=1, sort_keys=True)
     sys.stdout.write("\n")
     return 0
 

@@ -1,0 +1,146 @@
+"""serving-check's checks: each a function of facts already gathered, returning a :class:`Finding`.
+
+Pure (no systemd, no HTTP): :mod:`.run` gathers the facts and calls these.
+What each finding means and what to do about it is PRODUCTION.md's table.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from pathlib import Path
+
+from ..common.clock import utc_stamp
+from ..common.hashing import sha256_file
+from .facts import EngineFacts
+from .flags import compare_argv
+from .report import CRITICAL, OK, WARNING, Finding
+
+def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
+    """The engine unit is loaded, active and has a main process."""
+    if facts.load_state != "loaded":
+        return Finding("engine_unit", CRITICAL, f"{unit} is {facts.load_state}, not loaded")
+    if facts.active_state != "active" or not facts.main_pid:
+        return Finding("engine_unit", CRITICAL, f"{unit} is {facts.active_state}, not running")
+    return Finding("engine_unit", OK, f"{unit} active, main pid {facts.main_pid}")
+
+
+def check_flags(running: list[str], expected: list[str]) -> Finding:
+    """The running engine's flags mean what the release's argv means."""
+    differences = compare_argv(running, expected)
+    if differences:
+        return Finding("flags", CRITICAL, f"{len(differences)} engine flag(s) differ from the profile", differences)
+    return Finding("flags", OK, "engine flags match the profile")
+
+
+def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:
+    """``GET /version`` and the venv's installed vLLM both equal the profile's release."""
+    details = []
+    answered = None
+    if version_status == 200:
+        try:
+            answered = json.loads(version_body).get("version")
+        except (json.JSONDecodeError, AttributeError):
+            answered = None
+    if answered != expected:
+        details.append(f"GET /version: running {answered if answered else 'no answer'}, profile {expected}")
+    if installed != expected:
+        details.append(f"engine venv: installed {installed or 'none'}, profile {expected}")
+    if details:
+        return Finding("vllm_release", CRITICAL, f"vLLM release is not {expected}", details)
+    return Finding("vllm_release", OK, f"vLLM {expected} running and installed")
+
+
+def check_module(path: Path, pin: str, started_at: float) -> Finding:
+    """The serve module's sha256 equals the pin, and it has not changed since the engine started."""
+    try:
+        digest = sha256_file(path)
+        modified = path.stat().st_mtime
+    except FileNotFoundError:
+        return Finding("module", CRITICAL, f"serve module {path} is missing")
+    details = []
+    if digest != pin:
+        details.append(f"{path}: sha256 {digest}, profile pins {pin}")
+    if started_at and modified > started_at:
+        details.append(
+            f"{path} changed at {utc_stamp(modified)}, after the engine started at {utc_stamp(started_at)}: "
+            "the engine may run another module; restart it"
+        )
+    if details:
+        return Finding("module", CRITICAL, "serve module differs from what the engine should run", details)
+    return Finding("module", OK, f"serve module sha256 {pin[:12]}... as pinned")
+
+
+def check_units(unit_dir: Path, expected: dict[str, str]) -> Finding:
+    """Each installed unit file's sha256 equals the release's."""
+    details = []
+    for name, digest in sorted(expected.items()):
+        path = unit_dir / name
+        try:
+            actual = sha256_file(path)
+        except FileNotFoundError:
+            details.append(f"{name}: missing from {unit_dir}")
+            continue
+        if actual != digest:
+            details.append(f"{name}: installed file differs from the release (sha256 {actual[:12]}, release {digest[:12]})")
+    if details:
+        return Finding("units", CRITICAL, f"{len(details)} installed unit(s) differ from the release", details)
+    return Finding("units", OK, f"{len(expected)} installed units match the release")
+
+
+def check_drop_ins(drop_ins: dict[str, list[str]], need_reload: dict[str, bool], node: str) -> Finding:
+    """Drop-ins on managed units (E2 benchmark drop-ins are symlinks) and pending daemon-reloads."""
+    details = []
+    status = OK
+    for unit, paths in sorted(drop_ins.items()):
+        for path in paths:
+            if os.path.islink(path):
+                details.append(f"{unit}: E2 drop-in {path} -> {os.readlink(path)} (benchmark point linked on {node})")
+            elif not os.path.exists(path):
+                details.append(f"{unit}: drop-in {path} was removed on disk; systemd needs a daemon-reload")
+            else:
+                details.append(f"{unit}: drop-in {path} changes the unit")
+            status = WARNING
+    for unit, pending in sorted(need_reload.items()):
+        if pending:
+            details.append(f"{unit}: unit file changed on disk; systemd needs a daemon-reload")
+            status = WARNING
+    if details:
+        return Finding("drop_ins", status, f"{len(details)} drop-in / reload note(s) on managed units", details)
+    return Finding("drop_ins", OK, "no drop-ins on managed units")
+
+
+def check_services(states: dict[str, str], drain_file: Path, inside_release: bool) -> Finding:
+    """The node takes calls: every managed service is active and the voice worker is not left drained."""
+    details = [f"{unit} is {state}" for unit, state in sorted(states.items()) if state != "active"]
+    if drain_file.exists() and not inside_release:
+        details.append(f"{drain_file} is present with no release running: the voice worker takes no calls "
+                       "(remove it once no release needs it)")
+    if details:
+        return Finding("services", CRITICAL, "the node does not take calls", details)
+    return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
+
+
+def _with_unloaded_links(drop_ins: dict[str, list[str]], unit_dir: Path) -> dict[str, list[str]]:
+    """systemd's DropInPaths, plus drop-in symlinks linked in the unit directory since the last
+    daemon-reload (systemd lists them only after one; a release's reload would apply them)."""
+    merged = {}
+    for unit, paths in drop_ins.items():
+        on_disk = [str(p) for p in sorted((unit_dir / f"{unit}.d").glob("*.conf")) if p.is_symlink()]
+        merged[unit] = sorted(set(paths) | set(on_disk))
+    return {unit: paths for unit, paths in merged.items() if paths}
+
+
+def check_turn_hints(metrics: dict[str, float]) -> Finding:
+    """Calls running but no voice turn ever announced: the hints do not reach the engine."""
+    running = metrics.get("vllm:num_requests_running", 0.0)
+    turns = metrics.get("flatshare:make_room_turns_announced_total")
+    if turns is None:
+        return Finding("turn_hints", WARNING, "engine metrics have no make-room turn counter")
+    if running > 0 and turns == 0:
+        return Finding(
+            "turn_hints", WARNING,
+            f"{running:g} request(s) running but no voice turn announced since the engine started: "
+            "turn hints are not reaching make-room (check FLATSHARE_TURN_HINTS on the voice worker)",
+        )
+    return Finding("turn_hints", OK, f"{turns:g} voice turn(s) announced")

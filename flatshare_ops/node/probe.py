@@ -1,0 +1,33 @@
+"""What another node's admission to drain asks of this one: does it take calls, and does a release hold it?
+
+docs/reference/release-protocol.md ("Admission to drain"): a node may drain
+only while enough other nodes take calls and are not themselves being
+released. Whether a release holds this node is read from the kernel's lock
+table (:func:`.lock.held_by`), never from a pid in a file, and reading it
+never takes the lock.
+"""
+
+from __future__ import annotations
+
+from ..errors import NodeStateError
+from .context import NodeContext
+from .lock import describe_holder, held_by, holder_record
+
+
+def probe(ctx: NodeContext) -> dict:
+    """This node's answer to an admission check.
+
+    Returns:
+        ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``.
+    """
+    from .store import current_release
+    from .switch import active_serving, takes_calls
+
+    pid = held_by(ctx.lock_path)
+    try:
+        serving = active_serving(ctx, current_release(ctx.state_dir))
+        problems = takes_calls(ctx, serving)
+    except NodeStateError as err:
+        problems = [str(err)]
+    return {"node": ctx.node, "takes_calls": not problems, "problems": problems, "locked": pid is not None,
+            "holder": describe_holder(holder_record(ctx), pid) if pid is not None else None}

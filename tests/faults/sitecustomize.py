@@ -1,0 +1,82 @@
+"""Fault injection for the node's side, loaded by Python at start when tests/faults is on PYTHONPATH.
+
+The package carries no test seams: a test starts a release with
+``PYTHONPATH=tests/faults`` and ``FLATSHARE_TEST_FAULTS`` set to JSON, and
+this file wraps the package's functions in the node-side process only
+(``python -m flatshare_ops.node`` or ``flatshare-node``):
+
+- ``{"kill_after_step": STEP}``: SIGKILL the switch right after STEP is journaled done
+  (``record-history``: right after the history record and the journal's removal);
+- ``{"fail": PRIMITIVE, "nth": N, "errno": "ENOSPC"}``: the Nth call of a durable-write
+  primitive (``write_atomic``, ``append_line``, ``rename``, ``replace_symlink``, ``remove``, or
+  ``any``: every primitive counted together) raises OSError(errno) instead of writing.
+- ``{"sleep_in_step": STEP, "seconds": S}``: the step waits S seconds first (to send signals during it).
+"""
+
+import json
+import os
+import sys
+
+_SPEC = os.environ.get("FLATSHARE_TEST_FAULTS")
+_ARGV = " ".join(getattr(sys, "orig_argv", sys.argv))
+
+
+def _install(spec: dict) -> None:
+    import errno
+    import signal
+    import time
+
+    from flatshare_ops.common import durable
+    from flatshare_ops.node import journal, steps, switch
+
+    if "kill_after_step" in spec:
+        step = spec["kill_after_step"]
+        mark = journal.mark
+
+        def mark_then_kill(state_dir, j, name, state, error=None):
+            mark(state_dir, j, name, state, error)
+            if name == step and state == "done":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        journal.mark = mark_then_kill
+        record = switch.record_success
+
+        def record_then_kill(*args, **kwargs):
+            record(*args, **kwargs)
+            if step == "record-history":
+                os.kill(os.getpid(), signal.SIGKILL)
+
+        switch.record_success = record_then_kill
+
+    if "fail" in spec:
+        names = ("write_atomic", "append_line", "rename", "replace_symlink", "remove")
+        wanted = names if spec["fail"] == "any" else (spec["fail"],)
+        count = {"n": 0}
+        code = getattr(errno, spec.get("errno", "ENOSPC"))
+
+        def wrap(name, original):
+            def failing(*args, **kwargs):
+                count["n"] += 1
+                if count["n"] == int(spec["nth"]):
+                    target = args[0] if args else None
+                    raise OSError(code, os.strerror(code), str(target) if target is not None else None)
+                return original(*args, **kwargs)
+
+            return failing
+
+        for name in wanted:
+            setattr(durable, name, wrap(name, getattr(durable, name)))
+
+    if "sleep_in_step" in spec:
+        step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
+        run = step.run
+
+        def slow(sw):
+            time.sleep(float(spec["seconds"]))
+            run(sw)
+
+        object.__setattr__(step, "run", slow)
+
+
+if _SPEC and ("flatshare_ops.node" in _ARGV or "flatshare-node" in _ARGV):
+    _install(json.loads(_SPEC))
