@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_ADDRESSES, run_cli
-from flatshare_ops.check.flags import compare_argv, normalize_argv
+from flatshare_ops.common.engine_argv import differences, read_argv
 from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.sandbox.fleet import SandboxNode
@@ -266,13 +266,13 @@ BASE = ["/venv/bin/python3", "/venv/bin/vllm", "serve", "/m", "--port", "8000", 
      "--additional-config", '{"make_room": {"decode_hold_tokens": 48, "take_reservations": true}}'],
 ])
 def test_equivalent_spellings_are_equal(running):
-    assert compare_argv(running, BASE) == []
+    assert differences(read_argv(running), read_argv(BASE)) == []
 
 
 def test_differences_are_named_with_both_values():
     running = ["/venv/bin/vllm", "serve", "/m", "--port", "8001", "--no-async-scheduling", "--enforce-eager",
                "--additional-config.make_room.decode_hold_tokens", "0"]
-    assert compare_argv(running, BASE) == [
+    assert differences(read_argv(running), read_argv(BASE)) == [
         "--additional-config.make_room.decode_hold_tokens: running 0, profile 48",
         "--additional-config.make_room.take_reservations: missing (profile on)",
         "--async-scheduling: running off, profile on",
@@ -281,8 +281,8 @@ def test_differences_are_named_with_both_values():
     ]
 
 
-def test_normalize_reads_the_model():
-    assert normalize_argv(BASE)[0] == "/m"
+def test_the_model_is_read():
+    assert read_argv(BASE).model == "/m"
 
 
 def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox):

@@ -13,7 +13,6 @@ from pathlib import Path
 from ..common.clock import utc_stamp
 from ..common.hashing import sha256_file
 from .facts import EngineFacts
-from .flags import compare_argv
 from .report import CRITICAL, OK, WARNING, Finding
 
 def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
@@ -25,11 +24,31 @@ def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
     return Finding("engine_unit", OK, f"{unit} active, main pid {facts.main_pid}")
 
 
-def check_flags(running: list[str], expected: list[str]) -> Finding:
-    """The running engine's flags mean what the release's argv means."""
-    differences = compare_argv(running, expected)
-    if differences:
-        return Finding("flags", CRITICAL, f"{len(differences)} engine flag(s) differ from the profile", differences)
+def check_flags(running: list[str], expected: list[str], release: str) -> Finding:
+    """The running engine's flags mean to vLLM ``release`` what the release's argv means.
+
+    Both command lines are read as vLLM reads them (:mod:`common.engine_argv`):
+    the effective values are compared (spelling, order, ``=`` forms and the JSON
+    or dotted form of a flag never matter; a changed value or type does), and a
+    form vLLM ignores or overrides in the running line (a JSON form beside dotted
+    keys, a repeated flag) is a WARNING even when the effective values match.
+    """
+    from ..common import engine_argv
+
+    try:
+        running_reading = engine_argv.read_argv(running, release)
+        expected_reading = engine_argv.read_argv(expected, release)
+    except ValueError as err:
+        return Finding("flags", UNKNOWN, f"cannot read the engine's flags as vLLM {release} does: {err}")
+    details = engine_argv.differences(running_reading, expected_reading)
+    details = [f"vLLM {release} would reject the running command line: {e}" for e in running_reading.errors] + details
+    if expected_reading.errors:
+        details.insert(0, f"vLLM {release} rejects the release's own command line: {expected_reading.errors[0]}")
+    if details:
+        return Finding("flags", CRITICAL, f"{len(details)} engine flag(s) differ from the profile", details)
+    if running_reading.warnings:
+        return Finding("flags", WARNING, "the engine's command line has forms vLLM ignores or overrides",
+                       list(running_reading.warnings))
     return Finding("flags", OK, "engine flags match the profile")
 
 

@@ -100,9 +100,9 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
             running_argv = read_cmdline(facts.main_pid)
         except OSError:
             running_argv = []
-        flags = checks.check_flags(running_argv, engine["argv"])
+        flags = checks.check_flags(running_argv, engine["argv"], str(serving["vllm_release"]))
         findings.append(flags)
-        perf["flags_differing"] = len(flags.details)
+        perf["flags_differing"] = len(flags.details) if flags.status == CRITICAL else 0
         health_status, _ = http_get(engine["url"] + "/health")
         if health_status != 200:
             findings.append(Finding("health", CRITICAL, f"GET {engine['url']}/health answered {health_status or 'nothing'}"))

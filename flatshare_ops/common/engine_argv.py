@@ -87,7 +87,7 @@ import re
 DEFAULT_RELEASE = "0.32.0"
 OPTIONS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_options")
 
-__all__ = ["Reading", "read_argv", "differences", "show", "known_releases", "flag_name",
+__all__ = ["Reading", "read_argv", "differences", "changes", "show", "known_releases", "flag_name",
            "DEFAULT_RELEASE"]
 
 
@@ -982,6 +982,31 @@ def _leaves(value, prefix: str, out: dict) -> dict:
 _ABSENT = object()
 
 
+def _pairs(a: Reading, b: Reading, release: str | None):
+    """(name, a's value or _ABSENT, b's value or _ABSENT) for each flag or JSON key whose meaning differs."""
+    table = _table(release or b.release)
+    if a.model != b.model:
+        yield "model", a.model, b.model
+    for dest in set(a.values) | set(b.values):
+        flag = table.flag(dest)
+        default = (table.by_dest.get(dest) or {}).get("default", _ABSENT)
+        va = a.values.get(dest, default)
+        vb = b.values.get(dest, default)
+        if isinstance(va, dict) and isinstance(vb, dict):
+            la = _leaves(va, flag, {}) if va else {}  # an empty object (the default) has no keys to compare
+            lb = _leaves(vb, flag, {}) if vb else {}
+            for path in set(la) | set(lb):
+                x, y = la.get(path, _ABSENT), lb.get(path, _ABSENT)
+                if not (x is not _ABSENT and y is not _ABSENT and _same(x, y)):
+                    yield path, x, y
+        elif (dest not in a.values or dest not in b.values) and _same(va, vb):
+            continue  # one side leaves the default, which is the other side's value
+        else:
+            x, y = a.values.get(dest, _ABSENT), b.values.get(dest, _ABSENT)
+            if not (x is not _ABSENT and y is not _ABSENT and _same(x, y)):
+                yield flag, x, y
+
+
 def differences(running: Reading, expected: Reading, release: str | None = None,
                 labels: tuple[str, str] = ("running", "profile")) -> list[str]:
     """What differs between two readings, by meaning, one line per flag (or JSON key).
@@ -1008,39 +1033,27 @@ def differences(running: Reading, expected: Reading, release: str | None = None,
         Readings with errors are compared on what was read; check ``errors``
         first.
     """
-    table = _table(release or expected.release)
     r_label, e_label = labels
     lines = []
-    if running.model != expected.model:
-        a, b = _show_pair(running.model, expected.model)
-        lines.append(f"model: {r_label} {a}, {e_label} {b}")
-    for dest in set(running.values) | set(expected.values):
-        flag = table.flag(dest)
-        default = (table.by_dest.get(dest) or {}).get("default", _ABSENT)
-        r = running.values.get(dest, default)
-        e = expected.values.get(dest, default)
-        if isinstance(r, dict) and isinstance(e, dict):
-            rl, el = _leaves(r, flag, {}), _leaves(e, flag, {})
-            for path in set(rl) | set(el):
-                lines += _one(path, rl.get(path, _ABSENT), el.get(path, _ABSENT), r_label, e_label)
-        elif dest not in running.values and _same(r, e):
-            continue  # running leaves the default, which is the expected value
-        elif dest not in expected.values and _same(r, e):
-            continue
+    for name, r, e in _pairs(running, expected, release):
+        if r is _ABSENT:
+            lines.append(f"{name}: missing ({e_label} {show(e)})")
+        elif e is _ABSENT:
+            lines.append(f"{name}: extra ({r_label} {show(r)})")
         else:
-            lines += _one(flag, running.values.get(dest, _ABSENT),
-                          expected.values.get(dest, _ABSENT), r_label, e_label)
+            a, b = _show_pair(r, e)
+            lines.append(f"{name}: {r_label} {a}, {e_label} {b}")
     return sorted(lines)
 
 
-def _one(name: str, r, e, r_label: str, e_label: str) -> list[str]:
-    if r is _ABSENT and e is _ABSENT:
+def changes(old: Reading | None, new: Reading, release: str | None = None) -> list[str]:
+    """What a switch from ``old`` to ``new`` changes, by meaning: ``--flag: OLD -> NEW`` lines, sorted
+    (``(absent)`` for a side without the flag or key); none when there is no ``old`` to compare with."""
+    if old is None:
         return []
-    if r is _ABSENT:
-        return [f"{name}: missing ({e_label} {show(e)})"]
-    if e is _ABSENT:
-        return [f"{name}: extra ({r_label} {show(r)})"]
-    if _same(r, e):
-        return []
-    a, b = _show_pair(r, e)
-    return [f"{name}: {r_label} {a}, {e_label} {b}"]
+    lines = []
+    for name, a, b in _pairs(old, new, release):
+        x, y = _show_pair(a, b) if a is not _ABSENT and b is not _ABSENT else (
+            "(absent)" if a is _ABSENT else show(a), "(absent)" if b is _ABSENT else show(b))
+        lines.append(f"{name}: {x} -> {y}")
+    return sorted(lines)

@@ -149,12 +149,12 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
 
     Args:
         kind: ``release``, ``rollback`` or ``repair``; a repair is a whole switch.
-        flag_changes: a function ``(old argv, new argv) -> lines`` naming the engine
-            flags that change (the flag module's); None to list none.
+        flag_changes: a function ``(old view or None, new view) -> lines`` naming the engine
+            flags that change (:func:`common.engine_argv.changes`); None to list none.
         resume: finishing or abandoning an interrupted switch: a whole switch (its
             units may be half installed).
     """
-    flags = flag_changes(old.argv if old else None, new.argv) if flag_changes else []
+    flags = flag_changes(old, new) if flag_changes else []
     if old is None or resume or kind == "repair":
         reason = ("finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
                   else "abandoning an interrupted switch: every managed service restarts" if resume

@@ -427,10 +427,16 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
 # --- the command ---------------------------------------------------------------------------------
 
 
-def _flag_changes(old_argv, new_argv):
-    from ..check.flags import flag_changes
+def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
+    """The engine flags a switch changes, read as the new release's vLLM reads them."""
+    from ..common import engine_argv
 
-    return flag_changes(old_argv, new_argv)
+    release = str(new.serving.get("vllm_release", engine_argv.DEFAULT_RELEASE))
+    try:
+        before = engine_argv.read_argv(old.argv, release) if old is not None else None
+        return engine_argv.changes(before, engine_argv.read_argv(new.argv, release))
+    except (ValueError, TypeError) as err:
+        return [f"(flags not compared: {err})"]
 
 
 def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission) -> int:
