@@ -77,8 +77,16 @@ def profiles_set(
 
 
 @profiles_app.command("verify")
-def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None) -> None:
-    """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output)."""
+def profiles_verify(
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+    vllm: Annotated[Optional[Path], typer.Option(
+        "--vllm", metavar="VENV",
+        help="Also parse the engine's command line with the vLLM installed in VENV (e.g. .venv-vllm), "
+             "as a release's preflight does on the node.")] = None,
+) -> None:
+    """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output);
+    with --vllm, also with vLLM's own parser (exit 1 if it rejects the command line)."""
     from .config.profile import load_profile
     from .render import render_profile
     from .render.checkout import DEFAULT_PROFILE
@@ -93,6 +101,14 @@ def profiles_verify(root: RootOption = Path("."), profile: ProfileOption = None)
         typer.echo("profiles: systemd-analyze verify reported the above for the rendered units", err=True)
         raise typer.Exit(1)
     typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
+    if vllm is not None:
+        from .node.preflight import parse_with_venv
+
+        answer = parse_with_venv(vllm, rendered.argv[2:])
+        if not answer.get("ok"):
+            typer.echo(f"profiles: vLLM in {vllm} rejects the engine's command line: {answer.get('error')}", err=True)
+            raise typer.Exit(1)
+        typer.echo(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line")
 
 
 @app.command("check")

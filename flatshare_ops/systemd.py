@@ -270,15 +270,20 @@ def _text(value: object) -> object:
 # --- bounded exchanges: each in a forked child the parent kills at the deadline ----------------
 
 
-def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progress=None):
+def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progress=None, wrappers: bool = True):
     """Run ``work(bus)`` in a forked child connected to the manager; return its JSON-able result.
+
+    Args:
+        wrappers: ``work`` uses pystemd's Manager wrapper (jobs, reload): import it here first.
 
     Raises:
         SystemdError: no answer within ``timeout_s`` (the child is killed), or the
             manager could not be reached; JobFailed: a job's result was not ``done``.
     """
-    dbuslib()  # import in the parent: a child must not need the import lock another thread may hold
-    import pystemd.systemd1  # noqa: F401  (the same, for the Manager wrapper)
+    # Import in the parent: a child must not need the import lock another thread may hold.
+    dbuslib()
+    if wrappers:
+        import pystemd.systemd1  # noqa: F401  (lxml: only when the Manager wrapper is needed)
 
     read_fd, write_fd = os.pipe()
     pid = os.fork()
@@ -349,19 +354,20 @@ def properties(address: ManagerAddress, queries: list[tuple[str, str, str]],
     """Read unit properties in one bounded exchange.
 
     Args:
-        queries: ``(unit, interface, property)`` triples, e.g. ``("flatshare-engine.service", "Service", "MainPID")``.
+        queries: ``(unit, interface, property)`` triples, e.g. ``("flatshare-engine.service", "Service", "MainPID")``;
+            a unit of ``""`` asks the manager itself (``("", "Manager", "UnitPath")``).
         timeout_s: the bound, in seconds.
 
     Returns:
-        ``"unit/property"`` -> value (strings decoded; lists of strings as lists).
+        ``"unit/property"`` -> value (strings decoded; lists of strings as lists; ``"/UnitPath"`` for the manager's).
 
     Raises:
         SystemdError: the manager could not be reached or did not answer within ``timeout_s``.
     """
     def work(bus):
-        return {f"{u}/{p}": unit_property(bus, u, i, p) for u, i, p in queries}
+        return {f"{u}/{p}": unit_property(bus, u, i, p) if u else manager_property(bus, p) for u, i, p in queries}
 
-    return _in_child(address, work, timeout_s, "unit properties")
+    return _in_child(address, work, timeout_s, "unit properties", wrappers=False)
 
 
 def unit_path(address: ManagerAddress, timeout_s: float = SYSTEMD_TIMEOUT_S) -> list[str]:
@@ -370,7 +376,7 @@ def unit_path(address: ManagerAddress, timeout_s: float = SYSTEMD_TIMEOUT_S) -> 
     Raises:
         SystemdError: no answer within ``timeout_s``.
     """
-    return _in_child(address, lambda bus: manager_property(bus, "UnitPath"), timeout_s, "UnitPath")
+    return _in_child(address, lambda bus: manager_property(bus, "UnitPath"), timeout_s, "UnitPath", wrappers=False)
 
 
 def reload(address: ManagerAddress, timeout_s: float = 60.0) -> None:

@@ -186,23 +186,45 @@ def test_no_active_release_is_unknown(sandbox, tmp_path):
     assert "serving.json not found" in result.stdout
 
 
-def test_a_release_holding_the_lock_is_reported_not_alarmed(sandbox):
+def test_a_release_holding_the_lock_is_a_warning_never_ok(sandbox):
+    from filelock import FileLock
+
     releases = _node(sandbox).state_dir / "releases"
     unit = _node(sandbox).manager.unit_dir / "flatshare-voice.service"
     original = unit.read_bytes()
-    holder = {"host": os.uname().nodename, "pid": os.getpid(), "user": "root", "release": "next",
-              "started_at": time.time()}
-    (releases / "lock.json").write_text(json.dumps(holder))
+    lock = FileLock(str(releases / ".lock"))
+    lock.acquire(timeout=0)  # held as a release holds it: the kernel's lock table shows it
     unit.write_bytes(original + b"# mid-release\n")  # what a release in progress looks like
     try:
         result = _check(sandbox)
-        assert result.returncode == 0, result.stdout
-        assert "release in progress" in result.stdout and f"pid {os.getpid()}" in result.stdout
+        assert result.returncode == 1, result.stdout
+        assert f"WARNING release: release in progress (?@? pid {os.getpid()}" in result.stdout
+        assert "installed unit(s) differ from the release (a release in progress explains this)" in result.stdout
     finally:
-        (releases / "lock.json").unlink()
+        lock.release()
         unit.write_bytes(original)
         with connect(ManagerAddress("user", _node(sandbox).manager.runtime_dir)) as bus:
             daemon_reload(bus)
+
+
+def test_a_lock_record_naming_a_live_pid_is_not_a_release(sandbox):
+    """pid reuse: lock.json left by a killed release names a live process, but nobody holds the lock."""
+    releases = _node(sandbox).state_dir / "releases"
+    holder = {"host": os.uname().nodename, "pid": os.getpid(), "user": "root", "release": "next",
+              "started_at": time.time()}
+    (releases / "lock.json").write_text(json.dumps(holder))
+    node = _node(sandbox)
+    with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+        run_job(bus, "stop", "flatshare-gateway.service", 30)
+    try:
+        result = _check(sandbox)
+        assert result.returncode == 2, result.stdout
+        assert "release in progress" not in result.stdout
+        assert "CRITICAL services: the node does not take calls" in result.stdout
+    finally:
+        (releases / "lock.json").unlink()
+        with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
+            run_job(bus, "start", "flatshare-gateway.service", 30)
 
 
 def test_an_unfinished_switch_is_a_warning(sandbox):

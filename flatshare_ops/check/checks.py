@@ -13,7 +13,7 @@ from pathlib import Path
 from ..common.clock import utc_stamp
 from ..common.hashing import sha256_file
 from .facts import EngineFacts
-from .report import CRITICAL, OK, WARNING, Finding
+from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding
 
 def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
     """The engine unit is loaded, active and has a main process."""
@@ -77,6 +77,8 @@ def check_module(path: Path, pin: str, started_at: float) -> Finding:
         modified = path.stat().st_mtime
     except FileNotFoundError:
         return Finding("module", CRITICAL, f"serve module {path} is missing")
+    except OSError as err:
+        return Finding("module", CRITICAL, f"serve module {path} is unreadable ({err.strerror or err})")
     details = []
     if digest != pin:
         details.append(f"{path}: sha256 {digest}, profile pins {pin}")
@@ -100,6 +102,9 @@ def check_units(unit_dir: Path, expected: dict[str, str]) -> Finding:
         except FileNotFoundError:
             details.append(f"{name}: missing from {unit_dir}")
             continue
+        except OSError as err:
+            details.append(f"{name}: unreadable in {unit_dir} ({err.strerror or err})")
+            continue
         if actual != digest:
             details.append(f"{name}: installed file differs from the release (sha256 {actual[:12]}, release {digest[:12]})")
     if details:
@@ -108,7 +113,8 @@ def check_units(unit_dir: Path, expected: dict[str, str]) -> Finding:
 
 
 def check_drop_ins(drop_ins: dict[str, list[str]], need_reload: dict[str, bool], node: str) -> Finding:
-    """Drop-ins on managed units (E2 benchmark drop-ins are symlinks) and pending daemon-reloads."""
+    """Drop-ins on the release's units (flatshare-ops renders none: each is foreign; E2 benchmark
+    points are symlinks) and pending daemon-reloads."""
     details = []
     status = OK
     for unit, paths in sorted(drop_ins.items()):
@@ -138,16 +144,6 @@ def check_services(states: dict[str, str], drain_file: Path, inside_release: boo
     if details:
         return Finding("services", CRITICAL, "the node does not take calls", details)
     return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
-
-
-def _with_unloaded_links(drop_ins: dict[str, list[str]], unit_dir: Path) -> dict[str, list[str]]:
-    """systemd's DropInPaths, plus drop-in symlinks linked in the unit directory since the last
-    daemon-reload (systemd lists them only after one; a release's reload would apply them)."""
-    merged = {}
-    for unit, paths in drop_ins.items():
-        on_disk = [str(p) for p in sorted((unit_dir / f"{unit}.d").glob("*.conf")) if p.is_symlink()]
-        merged[unit] = sorted(set(paths) | set(on_disk))
-    return {unit: paths for unit, paths in merged.items() if paths}
 
 
 def check_turn_hints(metrics: dict[str, float]) -> Finding:

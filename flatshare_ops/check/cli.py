@@ -43,6 +43,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
     parser.add_argument("--textfile", type=Path, default=None, metavar="DIR",
                         help="also write DIR/serving_check.prom for node_exporter's textfile collector")
+    parser.add_argument("--deadline", type=float, default=10.0, metavar="SECONDS",
+                        help="the whole run's bound (default 10 s): past it, what was checked is reported, "
+                             "with an UNKNOWN finding naming the bound")
     parser.add_argument("--node", action="append", default=[], metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--all", action="store_true", help=argparse.SUPPRESS)
     return parser
@@ -59,6 +62,7 @@ def _print_report(report, args) -> None:
 
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: run the checks and exit with the Nagios code."""
+    as_json = "--json" in (sys.argv[1:] if argv is None else argv)
     try:
         _main(argv)
     except BrokenPipeError:
@@ -68,7 +72,14 @@ def main(argv: list[str] | None = None) -> None:
     except SystemExit:
         raise
     except Exception as err:  # a monitoring plugin must say UNKNOWN, never crash with exit 1 (WARNING)
-        print(f"SERVING-CHECK UNKNOWN - serving-check failed: {type(err).__name__}: {err}")
+        message = f"serving-check failed: {type(err).__name__}: {err}"
+        if as_json:
+            from .report import UNKNOWN, Finding, Report
+
+            node = os.environ.get("FLATSHARE_NODE") or os.uname().nodename
+            print(json.dumps(Report(node, [Finding("serving_check", UNKNOWN, message)]).to_json(), sort_keys=True))
+        else:
+            print(f"SERVING-CHECK UNKNOWN - {message}")
         sys.exit(3)
 
 
@@ -86,7 +97,7 @@ def _main(argv: list[str] | None) -> None:
     if args.state_dir.exists() and not args.state_dir.is_dir():
         report = Report(node, [Finding("release", UNKNOWN, f"--state-dir {args.state_dir} is not a directory")])
     else:
-        report = run_checks(args.state_dir, node, args.runtime_dir)
+        report = run_checks(args.state_dir, node, args.runtime_dir, deadline_s=max(0.1, args.deadline))
     if args.textfile:
         try:
             write_textfile(args.textfile, report)

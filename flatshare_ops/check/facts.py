@@ -14,7 +14,6 @@ from pathlib import Path
 
 from ..common.files import Damaged, read_json_object
 from ..common.node_files import LOCK_HOLDER
-from ..common.proc import pid_alive
 
 
 class EngineFacts:
@@ -103,41 +102,49 @@ def lock_holder_record(releases: Path) -> dict:
         return {}
 
 
-def release_holder(releases: Path) -> dict | None:
-    """The live holder of the node's release lock (``lock.json``, its pid alive on this host), or None."""
-    holder = lock_holder_record(releases)
-    try:
-        alive = bool(holder) and holder.get("host") == os.uname().nodename and pid_alive(int(holder.get("pid", 0)))
-    except (TypeError, ValueError):
-        return None
-    return holder if alive else None
+class SystemdFacts:
+    """What systemd says about the release's units, gathered in one bounded exchange.
+
+    Attributes:
+        engine: the engine unit's :class:`EngineFacts`.
+        states: service -> ``ActiveState``.
+        drop_ins: unit -> every drop-in path systemd applies (``DropInPaths``) or will read at the
+            next daemon-reload (found on disk where systemd looks, common.drop_ins).
+        need_reload: unit -> ``NeedDaemonReload``.
+    """
+
+    __slots__ = ("engine", "states", "drop_ins", "need_reload")
+
+    def __init__(self, engine: EngineFacts, states: dict, drop_ins: dict, need_reload: dict) -> None:
+        self.engine, self.states, self.drop_ins, self.need_reload = engine, states, drop_ins, need_reload
 
 
-def systemd_facts(serving: dict, runtime_dir: Path | None) -> tuple[EngineFacts, dict, dict, dict[str, str]]:
-    """(engine facts, DropInPaths per service, NeedDaemonReload per service, ActiveState per service).
+def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> SystemdFacts:
+    """Ask the node's manager about the release's units (one forked, bounded exchange).
 
     Raises:
-        SystemdError: the manager could not be reached.
+        SystemdError: the manager could not be reached or did not answer within ``timeout_s``
+            (the message names the bound).
     """
-    from ..systemd import ManagerAddress, connect, unit_property
+    from .. import systemd
+    from ..common.drop_ins import on_disk
 
     scope = serving["layout"]["scope"]
     if scope == "user" and runtime_dir is None:
         runtime_dir = Path(os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.getuid()}"))
-    drop_ins: dict[str, list[str]] = {}
-    need_reload: dict[str, bool] = {}
-    states: dict[str, str] = {}
-    with connect(ManagerAddress(scope, runtime_dir)) as bus:
-        # Single properties (Properties.Get): GetAll of a service is ~2 ms each.
-        for name in serving["services"]:
-            drop_ins[name] = [p.decode() for p in unit_property(bus, name, "Unit", "DropInPaths")]
-            need_reload[name] = bool(unit_property(bus, name, "Unit", "NeedDaemonReload"))
-            states[name] = unit_property(bus, name, "Unit", "ActiveState").decode()
-        name = serving["engine"]["unit"]
-        facts = EngineFacts(
-            load_state=unit_property(bus, name, "Unit", "LoadState").decode(),
-            active_state=unit_property(bus, name, "Unit", "ActiveState").decode(),
-            main_pid=int(unit_property(bus, name, "Service", "MainPID")),
-            started_at=int(unit_property(bus, name, "Service", "ExecMainStartTimestamp")) / 1e6,
-        )
-    return facts, drop_ins, need_reload, states
+    engine = serving["engine"]["unit"]
+    units = sorted(serving.get("units") or serving["services"])
+    queries = [(u, "Unit", p) for u in units for p in ("DropInPaths", "NeedDaemonReload")]
+    queries += [(u, "Unit", "ActiveState") for u in serving["services"]]
+    queries += [(engine, "Unit", "LoadState"), (engine, "Unit", "ActiveState"), (engine, "Service", "MainPID"),
+                (engine, "Service", "ExecMainStartTimestamp"), ("", "Manager", "UnitPath")]
+    found = systemd.properties(systemd.ManagerAddress(scope, runtime_dir), queries, timeout_s)
+    search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
+    drop_ins = {u: sorted(set(found[f"{u}/DropInPaths"]) | {str(p) for p in on_disk(u, search)}) for u in units}
+    return SystemdFacts(
+        EngineFacts(found[f"{engine}/LoadState"], found[f"{engine}/ActiveState"], int(found[f"{engine}/MainPID"]),
+                    int(found[f"{engine}/ExecMainStartTimestamp"]) / 1e6),
+        {u: found[f"{u}/ActiveState"] for u in serving["services"]},
+        {u: paths for u, paths in drop_ins.items() if paths},
+        {u: bool(found[f"{u}/NeedDaemonReload"]) for u in units},
+    )

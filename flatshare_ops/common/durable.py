@@ -30,13 +30,14 @@ def fsync_dir(path: Path) -> None:
         os.close(fd)
 
 
-def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
     """Replace ``path`` with ``data`` atomically.
 
     Args:
         path: the file to write; its parent directory must exist.
         data: the complete new contents (bytes).
         mode: permission bits of the new file.
+        owner: (uid, gid) to give the new file (kept from the file it replaces), or None.
 
     Raises:
         OSError: the directory is not writable or the disk is full (ENOSPC,
@@ -51,6 +52,8 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644) -> None:
             f.flush()
             os.fsync(f.fileno())
         os.chmod(tmp, mode)
+        if owner is not None:
+            os.chown(tmp, *owner)
         os.replace(tmp, path)
     except BaseException:
         Path(tmp).unlink(missing_ok=True)

@@ -8,6 +8,7 @@ atomically. A key the file inherits from its parent is added to the file.
 from __future__ import annotations
 
 import re
+import stat
 from pathlib import Path
 from typing import Any
 
@@ -60,10 +61,11 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
             (or put back) as it was.
     """
     path = Path(path)
+    target = path.resolve()  # a symlinked profile is written through to the file it names
     if not _KEY.match(key):
         raise ProfileError(f"{path}: {key}: not a dotted key like engine.make_room.decode_hold_tokens")
     read_toml(path)  # the same one-line errors as loading (missing, not UTF-8, malformed)
-    text = path.read_text(encoding="utf-8")
+    text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")  # bytes: keep \r\n as written
     document = tomlkit.parse(text)
 
     parts = key.split(".")
@@ -86,15 +88,20 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     table[parts[-1]] = new
     new_text = tomlkit.dumps(document)
 
+    if "\r\n" in text:  # keep the operator's line endings
+        new_text = new_text.replace("\r\n", "\n").replace("\n", "\r\n")
+
     # Validate the edited text, with the file's real extends chain, before writing.
     data, chain, origins = load_document(path, new_text)
     profile = validate(data, origins, path)
-    durable.write_atomic(path, new_text.encode())
+    info = target.stat()
+    keep = {"mode": stat.S_IMODE(info.st_mode), "owner": (info.st_uid, info.st_gid)}
+    durable.write_atomic(target, new_text.encode(), **keep)
     if then is not None:
         try:
             result = then()
         except BaseException:
-            durable.write_atomic(path, text.encode())
+            durable.write_atomic(target, text.encode(), **keep)
             raise
         if echo is not None:
             echo(result)

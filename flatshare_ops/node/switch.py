@@ -36,12 +36,13 @@ from pathlib import Path
 from typing import Callable
 
 from .. import systemd
+from ..common import drop_ins
 from ..common.files import Damaged, read_json_object
 from ..common.http import HTTP_TIMEOUT_S, http_get
 from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from ..errors import Exit
-from . import drain, history as histories, journal as journals
+from . import drain, history as histories, journal as journals, preflight
 from .context import NodeContext
 from .lock import node_lock
 from .output import ReleaseOutput
@@ -237,23 +238,28 @@ def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
 # --- refusals -----------------------------------------------------------------------------------------
 
 
-def e2_drop_ins(ctx: NodeContext, serving: dict) -> list[str]:
-    """E2 benchmark drop-ins linked into the managed services: ``UNIT.d/NAME.conf -> TARGET`` lines.
+def foreign_drop_ins(ctx: NodeContext, serving: dict) -> list[Path]:
+    """Every drop-in systemd reads (or will read at the next daemon-reload) for the release's units.
 
-    A benchmark point is applied by symlinking drop-ins into ``<unit>.d/``
-    (docs/reference/release-protocol.md, "E2 benchmark points"); systemd lists
-    them in each unit's ``DropInPaths`` once reloaded, and the unit directory is
-    read too, for links made since.
+    systemd lists the applied ones in each unit's ``DropInPaths``; the directories it
+    reads (``NAME.d/``, dash-prefix ``flatshare-.service.d/``, ``service.d/``, in every
+    directory of the manager's ``UnitPath``) are read too, for ones linked since
+    (:mod:`common.drop_ins`). flatshare-ops renders none, so each is foreign.
     """
-    services = serving.get("services", list(SERVICE_UNITS))
-    found = systemd.properties(ctx.address, [(name, "Unit", "DropInPaths") for name in services])
+    units = sorted(serving.get("units") or SERVICE_UNITS)
+    found = systemd.properties(ctx.address, [(u, "Unit", "DropInPaths") for u in units] + [("", "Manager", "UnitPath")])
+    search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
     paths: set[str] = set()
-    for name in services:
-        paths.update(found[f"{name}/DropInPaths"])
-    unit_dir = Path(serving["layout"]["unit_dir"])
-    for name in services:
-        paths.update(str(p) for p in (unit_dir / f"{name}.d").glob("*.conf"))
-    return [f"{Path(p).parent.name}/{Path(p).name} -> {os.readlink(p)}" for p in sorted(paths) if os.path.islink(p)]
+    for unit in units:
+        paths.update(found[f"{unit}/DropInPaths"])
+        paths.update(str(p) for p in drop_ins.on_disk(unit, search))
+    return [Path(p) for p in sorted(paths)]
+
+
+def e2_drop_ins(ctx: NodeContext, serving: dict) -> list[str]:
+    """E2 benchmark drop-ins (symlinked ``*.conf``, docs/reference/release-protocol.md#e2-benchmark-drop-ins)
+    among the foreign drop-ins: ``DIR/NAME.conf -> TARGET`` lines."""
+    return [drop_ins.describe(p) for p in foreign_drop_ins(ctx, serving) if p.is_symlink()]
 
 
 def refusals(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput, action: str = "release") -> bool:
@@ -618,6 +624,12 @@ def _refuse(ctx, request: Request, out, work: list[_Work], dry_run: bool, admit:
         for line in describe(item.plan):
             out.line(line)
         item.forced = refusals(ctx, item.new.serving, request.force, out, _action(request)) or item.forced
+        if "restart-engine" in item.plan.steps:
+            out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM's own parser in the engine venv)")
+            found = preflight.problems(item.new.serving)
+            if found:
+                raise Refused(f"{_action(request)} refused before draining: {ctx.node}: {'; '.join(found)}")
+            out.line(f"{ctx.node}: preflight passed")
     draining = [w.plan for w in work if w.plan.drains]
     if not draining:
         return

@@ -42,12 +42,20 @@ def render_profile(loaded: LoadedProfile) -> Rendered:
     """Render a loaded profile's units, serving.json and engine argv.
 
     Raises:
+        ProfileError: a value would not mean to vLLM or systemd what the profile says (render.meaning).
         systemd_escape.UnsafeValueError: only if the schema let a control character through.
     """
-    units = render_units(loaded.profile)
+    from . import meaning
+    from .units import commands
+
+    profile = loaded.profile
+    units = render_units(profile)
+    argv = engine_argv(profile.engine)
+    meaning.check_engine(loaded, argv)
+    meaning.check_units(loaded, units, commands(profile))
     return Rendered(
         units=units,
         serving=render_serving(loaded, units),
-        argv=engine_argv(loaded.profile.engine),
+        argv=argv,
         profile_json=json.dumps(loaded.data, indent=2, sort_keys=True) + "\n",
     )

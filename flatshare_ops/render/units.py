@@ -10,7 +10,7 @@ from pathlib import PurePosixPath
 
 import jinja2
 
-from ..common.units import UNIT_NAMES
+from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, UNIT_NAMES, VOICE_UNIT
 from ..config.profile import Profile
 from . import systemd_escape
 from .engine import engine_argv
@@ -83,6 +83,17 @@ def _context(profile: Profile) -> dict:
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
         "check_argv": check_argv(profile),
+    }
+
+
+def commands(profile: Profile) -> dict[tuple[str, str], list[str]]:
+    """(unit, key) -> the one argv each rendered command line runs (render.meaning reads them back)."""
+    return {
+        (ENGINE_UNIT, "ExecStart"): engine_argv(profile.engine),
+        (ENGINE_UNIT, "ExecStartPre"): list(profile.module.build_command),
+        (GATEWAY_UNIT, "ExecStart"): list(profile.gateway.command),
+        (VOICE_UNIT, "ExecStart"): list(profile.voice.command),
+        (CHECK_SERVICE, "ExecStart"): check_argv(profile),
     }
 
 

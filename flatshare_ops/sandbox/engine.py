@@ -5,8 +5,10 @@ Installed as ``bin/vllm`` in a sandbox node's engine venv, beside a
 engine unit exactly as production starts vLLM: ``vllm serve MODEL FLAGS...``.
 It speaks the interfaces flatshare-ops reads from the real engine:
 
-- its command line (``/proc/PID/cmdline``), parsed here with the flag set the
-  renderer writes; an unknown flag is refused (exit 2), as vLLM refuses one;
+- its command line (``/proc/PID/cmdline``), read with the option table of the
+  venv's vLLM release (dumped from vLLM's own parser); whatever vLLM rejects is
+  refused here too (exit 2, vLLM's message), so a release with a flag vLLM
+  rejects crash-loops in the sandbox as it would in production;
 - ``GET /health`` (503 while loading, 200 when ready), ``GET /version``
   (``{"version": ...}`` from the venv's installed metadata, or
   ``FLATSHARE_STANDIN_VERSION``), ``GET /metrics`` (Prometheus text with
@@ -20,8 +22,6 @@ It speaks the interfaces flatshare-ops reads from the real engine:
 
 from __future__ import annotations
 
-import argparse
-import json
 import os
 import sys
 import threading
@@ -29,56 +29,21 @@ from pathlib import Path
 
 from .http import json_body, serve
 
-BOOLEAN_FLAGS = ("enable-prefix-caching", "async-scheduling")
-VALUE_FLAGS = (
-    "served-model-name", "host", "port", "gpu-memory-utilization", "max-model-len", "max-num-seqs",
-    "max-num-batched-tokens", "kv-cache-dtype", "kv-offloading-size", "kv-offloading-backend",
-    "attention-backend", "scheduler-cls", "api-server-count", "speculative-config", "compilation-config",
-    "additional-config",
-)
-
-
-def parse_serve_args(argv: list[str]) -> tuple[argparse.Namespace, dict]:
-    """Parse ``serve MODEL FLAGS...``; dotted ``--additional-config.X.Y V`` keys are collected
-    with ``json.loads`` values (falling back to the raw string), as vLLM does.
+def parse_serve_args(argv: list[str]) -> dict:
+    """Read ``serve MODEL FLAGS...`` as this venv's vLLM release reads it (its option table, dumped
+    from the real parser: :mod:`flatshare_ops.common.engine_argv`); returns the effective values
+    (``model`` added).
 
     Raises:
-        SystemExit(2): an unknown flag or a missing value (argparse's error).
+        SystemExit(2): what vLLM rejects, with vLLM's message on stderr (as ``vllm serve`` does).
     """
-    parser = argparse.ArgumentParser(prog="vllm")
-    sub = parser.add_subparsers(dest="command", required=True)
-    serve_parser = sub.add_parser("serve")
-    serve_parser.add_argument("model")
-    for flag in BOOLEAN_FLAGS:
-        serve_parser.add_argument(f"--{flag}", action=argparse.BooleanOptionalAction)
-    for flag in VALUE_FLAGS:
-        serve_parser.add_argument(f"--{flag}")
-    additional: dict = {}
-    rest: list[str] = []
-    i = 0
-    while i < len(argv):
-        word = argv[i]
-        if word.startswith("--additional-config."):
-            key, _, inline = word.partition("=")
-            if inline:
-                value, i = inline, i + 1
-            elif i + 1 < len(argv):
-                value, i = argv[i + 1], i + 2
-            else:
-                parser.error(f"{word} needs a value")
-            node = additional
-            *path, leaf = key.removeprefix("--additional-config.").split(".")
-            for part in path:
-                node = node.setdefault(part, {})
-            try:
-                node[leaf] = json.loads(value)
-            except json.JSONDecodeError:
-                node[leaf] = value
-        else:
-            rest.append(word)
-            i += 1
-    args = parser.parse_args(rest)
-    return args, additional
+    from flatshare_ops.common import engine_argv
+
+    reading = engine_argv.read_argv(["serve", *argv[1:]] if argv[:1] == ["serve"] else argv, installed_release())
+    if reading.errors:
+        print(f"vllm serve: error: {reading.errors[0]}", file=sys.stderr, flush=True)
+        sys.exit(2)
+    return {**reading.values, "model": reading.model}
 
 
 def installed_release() -> str:
@@ -86,6 +51,10 @@ def installed_release() -> str:
     override = os.environ.get("FLATSHARE_STANDIN_VERSION")
     if override:
         return override
+    return _metadata_release()
+
+
+def _metadata_release() -> str:
     venv = Path(sys.argv[0]).resolve().parent.parent
     for metadata in venv.glob("lib/python*/site-packages/vllm-*.dist-info/METADATA"):
         for line in metadata.read_text().splitlines():
@@ -97,9 +66,8 @@ def installed_release() -> str:
 class EngineState:
     """What the stand-in engine counts while it runs."""
 
-    def __init__(self, args: argparse.Namespace, additional: dict) -> None:
+    def __init__(self, args: dict) -> None:
         self.args = args
-        self.additional = additional
         self.ready = False
         self.running = 0
         self.turns = 0
@@ -109,11 +77,11 @@ class EngineState:
         """Prometheus text exposition of the stand-in's gauges and counters."""
         a = self.args
         labels = (
-            f'cache_dtype="{a.kv_cache_dtype or "auto"}",'
-            f'enable_prefix_caching="{bool(a.enable_prefix_caching)}",'
-            f'kv_offloading_size="{a.kv_offloading_size or "None"}"'
+            f'cache_dtype="{a.get("kv_cache_dtype") or "auto"}",'
+            f'enable_prefix_caching="{bool(a.get("enable_prefix_caching"))}",'
+            f'kv_offloading_size="{a.get("kv_offloading_size") or "None"}"'
         )
-        name = a.served_model_name or a.model
+        name = (a.get("served_model_name") or [a.get("model")])[0]
         return (
             "# HELP vllm:num_requests_running Number of requests in model execution batches.\n"
             "# TYPE vllm:num_requests_running gauge\n"
@@ -129,8 +97,8 @@ class EngineState:
 
 def main(argv: list[str] | None = None) -> None:
     """Run the stand-in engine until SIGTERM (whose default action ends it)."""
-    args, additional = parse_serve_args(sys.argv[1:] if argv is None else argv)
-    state = EngineState(args, additional)
+    args = parse_serve_args(sys.argv[1:] if argv is None else argv)
+    state = EngineState(args)
 
     def health(_q):
         return json_body(200 if state.ready else 503, {"ready": state.ready})
@@ -150,10 +118,11 @@ def main(argv: list[str] | None = None) -> None:
         ("POST", "/v1/requests/start"): change(1, "running"),
         ("POST", "/v1/requests/end"): change(-1, "running"),
     }
-    server = serve(args.host or "127.0.0.1", int(args.port or 8000), routes)
+    server = serve(args.get("host") or "127.0.0.1", int(args.get("port") or 8000), routes)
     load_s = float(os.environ.get("FLATSHARE_STANDIN_LOAD_S", "1"))
     threading.Timer(load_s, lambda: setattr(state, "ready", True)).start()
-    print(f"stand-in engine: serving {args.model} on {args.host}:{args.port}, ready in {load_s:g} s", flush=True)
+    print(f"stand-in engine: serving {args['model']} on {args.get('host')}:{args.get('port')}, ready in {load_s:g} s",
+          flush=True)
     server.serve_forever()
 
 

@@ -221,6 +221,21 @@ def make_engine_venv(node: SandboxNode, vllm_release: str) -> None:
             stale.rmdir()
     metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm_release}\nSummary: flatshare-ops sandbox stand-in\n"
     _write_if_changed(site / f"vllm-{vllm_release}.dist-info/METADATA", metadata.encode())
+    install_vllm_standin(site, vllm_release)
+
+
+def install_vllm_standin(site: Path, vllm_release: str) -> None:
+    """Put the stand-in ``vllm`` package (sandbox/vllm_standin) into an engine venv's site-packages,
+    laid out as ``vllm_release`` lays out its modules, and make flatshare-ops importable there (a .pth
+    file naming this checkout), so that the node's preflight runs the same script as in production."""
+    source = Path(__file__).parent / "vllm_standin"
+    moved = tuple(int(p) for p in vllm_release.split(".")[:2]) >= (0, 33)
+    for path in sorted(source.rglob("*.py")):
+        relative = path.relative_to(source)
+        if relative.parts[:2] == ("entrypoints", "common") and not moved:
+            continue  # 0.32.0 has no vllm.entrypoints.common; the preflight script tells the releases apart by it
+        _write_if_changed(site / "vllm" / relative, path.read_bytes())
+    _write_if_changed(site / "flatshare_ops_checkout.pth", f"{Path(__file__).resolve().parents[2]}\n".encode())
 
 
 def _keygen(path: Path, comment: str) -> None:
@@ -438,6 +453,9 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             directory.mkdir(parents=True, exist_ok=True)
         write_node_profile(node, production.resolve(), release)
         make_engine_venv(node, release)
+        # What production keeps beside the engine: the model's directory and the card's step-time model.
+        _write_if_changed(node.state_dir / "models/flatshare-chat/config.json", b'{"stand_in": true}\n')
+        _write_if_changed(node.state_dir / "step-time/rtx-5060-ti.json", b'{"stand_in": true}\n')
     write_ssh_files(base, sandbox_nodes)
     inventory = write_inventory(base, sandbox_nodes)
 
