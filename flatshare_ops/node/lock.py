@@ -14,7 +14,6 @@ import os
 import socket
 import time
 from contextlib import contextmanager
-from pathlib import Path
 from typing import Iterator
 
 from filelock import FileLock, Timeout

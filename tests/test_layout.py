@@ -1,0 +1,66 @@
+"""The layout is the architecture: where each piece runs, and what it may import (README.md, "Layout")."""
+
+from __future__ import annotations
+
+import ast
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO
+
+PACKAGE = REPO / "flatshare_ops"
+
+
+def _imports(path: Path) -> set[str]:
+    """Absolute module names a file imports (relative imports resolved against its package)."""
+    tree = ast.parse(path.read_text())
+    package = ".".join(path.relative_to(REPO).with_suffix("").parts[:-1])
+    names = set()
+    for node in ast.walk(tree):
+        if isinstance(node, ast.Import):
+            names.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            if node.level:
+                base = package.split(".")[: len(package.split(".")) - node.level + 1]
+                module = ".".join(base + ([node.module] if node.module else []))
+            else:
+                module = node.module or ""
+            names.add(module)
+            names.update(f"{module}.{alias.name}" for alias in node.names)
+    return names
+
+
+@pytest.mark.parametrize("part", ["node", "check", "common"])
+def test_node_check_and_common_never_import_the_operators_side_or_the_renderer(part):
+    offenders = {}
+    for path in sorted((PACKAGE / part).rglob("*.py")):
+        bad = sorted(n for n in _imports(path)
+                     if n.startswith(("flatshare_ops.control", "flatshare_ops.render", "flatshare_ops.cli",
+                                      "flatshare_ops.config")))
+        if bad:
+            offenders[str(path.relative_to(REPO))] = bad
+    assert offenders == {}
+
+
+def test_common_imports_only_the_standard_library():
+    modules = sorted(f"flatshare_ops.common.{p.stem}" for p in (PACKAGE / "common").glob("*.py")
+                     if p.stem not in ("__init__", "vllm_serve_parse"))
+    code = ("import sys\nbefore = set(sys.modules)\n" + "".join(f"import {m}\n" for m in modules) +
+            "new = {m.split('.')[0] for m in set(sys.modules) - before}\n"
+            "print(sorted(n for n in new if n not in sys.stdlib_module_names and n != 'flatshare_ops'))\n")
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    assert result.stdout.strip() == "[]", result.stdout + result.stderr
+
+
+def test_each_step_is_defined_once_and_the_plan_reads_the_table():
+    from flatshare_ops.node import plan, steps
+
+    names = [s.name for s in steps.STEPS]
+    assert len(names) == len(set(names))
+    assert set(plan.ALWAYS) <= set(names)
+    for cls_steps in plan._CLASS_STEPS.values():  # noqa: SLF001 (the plan's rules as data)
+        assert set(cls_steps) <= set(names)
+    assert all(callable(s.run) and s.description for s in steps.STEPS)

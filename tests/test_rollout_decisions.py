@@ -1,0 +1,87 @@
+"""The rollout's decisions, on fake connections (tests/fake_connection.py): admission, loss, silence, order.
+
+The same decisions are exercised for real on the sandbox in test_release.py and test_fleet_safety.py;
+these pin each rule exactly and fast.
+"""
+
+from __future__ import annotations
+
+import io
+import json
+
+from fake_connection import FakeNode, fleet
+from flatshare_ops.control.connection import Lost
+from flatshare_ops.control.rollout import Rollout
+from flatshare_ops.errors import Exit
+from flatshare_ops.node.cli import PROTOCOL
+from flatshare_ops.node.output import ReleaseOutput
+
+ADMIT = f"{PROTOCOL}admit {{}}\n".encode()
+
+
+def outcome(code: int) -> bytes:
+    return f"{PROTOCOL}outcome {json.dumps({'code': code})}\n".encode()
+
+
+def run(targets, chosen=None, **options):
+    stream = io.StringIO()
+    rollout = Rollout(None, chosen or targets, targets, ReleaseOutput(None, stream), mode="rollback", **options)
+    return rollout.run(), stream.getvalue()
+
+
+def test_a_node_is_admitted_while_the_other_takes_calls_and_is_not_locked():
+    cyan = FakeNode(switch_script=[ADMIT, b"switching\n", outcome(0)])
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets, chosen=targets[:1])
+    assert code == Exit.OK, text
+    assert json.loads(cyan.stdin[-1]) == {"admit": True, "reason": None}
+    assert "peacock: takes calls, no release holds it" in text
+
+
+def test_a_node_is_refused_while_the_other_is_locked_or_not_serving_or_unreachable():
+    for other in (FakeNode(probe={"takes_calls": True, "locked": True, "problems": [], "holder": "x pid 9"}),
+                  FakeNode(probe={"takes_calls": False, "locked": False, "problems": ["gateway inactive"],
+                                  "holder": None}),
+                  FakeNode(reachable=False)):
+        cyan = FakeNode(switch_script=[ADMIT, outcome(Exit.REFUSED)], switch_status=Exit.REFUSED)
+        targets = fleet(cyan=cyan, peacock=other)
+        code, text = run(targets, chosen=targets[:1])
+        answer = json.loads(cyan.stdin[-1])
+        assert answer["admit"] is False and "min_serving 1" in answer["reason"], text
+        assert code == Exit.REFUSED
+
+
+def test_a_lost_connection_reports_what_the_node_says_not_what_the_transport_guessed():
+    record = {"result": "released", "target": "r2", "step": None}
+    cyan = FakeNode(switch_script=[b"step 1/9\n", Lost], status_answers=[{"state": "recorded", "record": record}])
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets, chosen=targets[:1])
+    assert code == Exit.OK and "cyan: the node says: released r2" in text, text
+
+
+def test_a_stalled_session_trips_the_silence_bound_and_a_node_still_switching_has_its_own_code():
+    cyan = FakeNode(switch_script=[b"step 1/9\n"] + [None] * 10,
+                    status_answers=[{"state": "switching", "journal": "switch a -> b, 3/9 steps done"}])
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets)
+    assert "the silence bound" in text and code == Exit.STILL_SWITCHING, text
+    assert "cyan: the node is still switching after 2 s (the reconnect bound)" in text
+    assert "peacock: not started" in text  # --all does not go on past a node still switching
+
+
+def test_a_failed_node_stops_the_rollout_and_names_the_rest_not_started():
+    cyan = FakeNode(switch_script=[outcome(Exit.FAILED)], switch_status=Exit.FAILED)
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets)
+    assert code == Exit.FAILED
+    assert "cyan: failed mid-switch (journal kept)" in text and "peacock: not started" in text
+    assert targets[1].fake.commands == []
+
+
+def test_a_command_that_ends_without_its_outcome_asks_the_node():
+    record = {"result": "failed", "target": "r2", "step": "restart-engine", "reason": "boom"}
+    cyan = FakeNode(switch_script=[b"step 4/9\n"], switch_status=None,
+                    status_answers=[{"state": "recorded", "record": record}])
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets, chosen=targets[:1])
+    assert code == Exit.FAILED and "failed at restart-engine: boom" in text, text
