@@ -64,40 +64,34 @@ def test_every_flag_is_spelled_as_vllm_0_32_spells_it():
 
 
 def test_flags_give_exactly_the_profiles_values():
-    _, rendered = _rendered()
+    loaded, rendered = _rendered()
+    e = loaded.profile.engine
     flags, additional = parse_like_vllm(rendered.argv[3:])
     assert flags == {
-        "--served-model-name": "flatshare-chat",
-        "--host": "127.0.0.1",
-        "--port": "8000",
-        "--gpu-memory-utilization": "0.9",
-        "--max-model-len": "16384",
-        "--max-num-seqs": "32",
-        "--max-num-batched-tokens": "4096",
-        "--enable-prefix-caching": True,
-        "--kv-cache-dtype": "auto",
-        "--kv-offloading-size": "24.0",
-        "--kv-offloading-backend": "native",
-        "--async-scheduling": True,
-        "--attention-backend": "FLASHINFER",
-        "--scheduler-cls": "flatshare_make_room_serve.AsyncScheduler",
+        "--served-model-name": e.served_model_name,
+        "--host": e.host,
+        "--port": str(e.port),
+        "--gpu-memory-utilization": json.dumps(e.gpu_memory_utilization),
+        "--max-model-len": str(e.max_model_len),
+        "--max-num-seqs": str(e.max_num_seqs),
+        "--max-num-batched-tokens": str(e.max_num_batched_tokens),
+        "--enable-prefix-caching" if e.enable_prefix_caching else "--no-enable-prefix-caching": True,
+        "--kv-cache-dtype": e.kv_cache_dtype,
+        **({"--kv-offloading-size": json.dumps(e.kv_offloading.size_gib),
+            "--kv-offloading-backend": e.kv_offloading.backend} if e.kv_offloading.enabled else {}),
+        "--async-scheduling" if e.async_scheduling else "--no-async-scheduling": True,
+        "--attention-backend": e.attention_backend,
+        "--scheduler-cls": e.scheduler_cls,
     }
-    # FACTS.md's table, typed as vLLM types dotted values (JSON rules).
-    assert additional == {
-        "make_room": {
-            "retain_tokens": 3584,
-            "retain_s": 30,
-            "hint_hold_ms": 400,
-            "take_reservations": True,
-            "decode_hold_tokens": 48,
-            "recompute_tokens": 0,
-        },
-        "flatshare_jit": {"margin_ms": 30, "step_time_model": "/var/lib/flatshare/step-time/rtx-5060-ti.json"},
-    }
+    # The profile's values, typed as vLLM types dotted values (docs/reference/vllm.md#dotted-value-typing).
+    engine = loaded.profile.engine
+    assert additional == {"make_room": engine.make_room.model_dump(), "flatshare_jit": engine.flatshare_jit.model_dump()}
+    assert all(type(v) is int for k, v in additional["make_room"].items() if k != "take_reservations")
+    assert type(additional["make_room"]["take_reservations"]) is bool
 
 
 def test_additional_config_is_only_ever_dotted_never_json():
-    # vLLM keeps only the dotted keys when both forms are given, silently (FACTS.md).
+    # vLLM keeps only the dotted keys when both forms are given, silently (docs/reference/vllm.md#mixing-json-and-dotted-forms).
     _, rendered = _rendered()
     assert "--additional-config" not in rendered.argv
     assert not any(w.startswith("--additional-config=") for w in rendered.argv)

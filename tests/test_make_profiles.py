@@ -7,6 +7,7 @@ import hashlib
 import json
 
 from conftest import REPO, run_cli, snapshot
+from flatshare_ops.config.profile import load_profile
 
 
 def test_committed_files_match_the_profile():
@@ -22,7 +23,8 @@ def test_serving_json_hashes_the_committed_units_and_pins_the_module():
         assert hashlib.sha256((REPO / "units" / name).read_bytes()).hexdigest() == digest
     assert serving["module"]["name"] == "flatshare_make_room_serve"
     argv = serving["engine"]["argv"]
-    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "48"
+    hold = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml").profile.engine.make_room.decode_hold_tokens
+    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == str(hold)
 
 
 def test_drift_prints_a_unified_diff_per_file_and_exits_1(checkout):
@@ -70,14 +72,17 @@ def test_missing_markers_are_a_clear_error(checkout):
 def test_set_keeps_comments_validates_and_renders(checkout):
     profile = checkout / "profiles/rtx-5060-ti-serve.toml"
     before = profile.read_text()
-    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "0", "--root", str(checkout))
+    old = load_profile(profile).profile.engine.make_room.decode_hold_tokens
+    new = 7 if old != 7 else 8
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(new), "--root", str(checkout))
     assert result.returncode == 0, result.stderr
     after = profile.read_text()
-    assert after == before.replace("decode_hold_tokens = 48", "decode_hold_tokens = 0")
+    assert after == before.replace(f"decode_hold_tokens = {old}", f"decode_hold_tokens = {new}")
     unit = (checkout / "units/flatshare-engine.service").read_text()
-    assert '"--additional-config.make_room.decode_hold_tokens" "0"' in unit
-    assert "| cyan | NVIDIA GeForce RTX 5060 Ti | rtx-5060-ti-serve | 0.32.0 |" in (checkout / "PRODUCTION.md").read_text()
-    assert "| 0 |" in (checkout / "PRODUCTION.md").read_text()
+    assert f'"--additional-config.make_room.decode_hold_tokens" "{new}"' in unit
+    release = load_profile(profile).profile.engine.vllm_release
+    assert f"| cyan | NVIDIA GeForce RTX 5060 Ti | rtx-5060-ti-serve | {release} |" in (checkout / "PRODUCTION.md").read_text()
+    assert f"| {new} |" in (checkout / "PRODUCTION.md").read_text()
     assert run_cli("profiles", "render", "--root", str(checkout)).returncode == 0
 
 

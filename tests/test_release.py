@@ -16,94 +16,19 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, copy_checkout, faults, loopback_pair, run_cli
-from flatshare_ops.check.run import run_checks
+from conftest import BIN, faults, loopback_pair, run_cli
+from release_fleet import ENGINE, HOLD_FLAG, Fleet, sandbox_fleet  # noqa: F401
 from flatshare_ops.common.http import wait_for_200
-from flatshare_ops.control.bundle import bundle
-from flatshare_ops.control.targets import targets
 from flatshare_ops.node.drain import DrainError, begin, wait_drained
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
-from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+from flatshare_ops.systemd import connect, daemon_reload, run_job
 
 ADDRESSES = loopback_pair(3)
-ENGINE = "flatshare-engine.service"
-HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
-
-
-class Fleet:
-    """The release tests' checkout and sandbox."""
-
-    def __init__(self, checkout: Path, base: Path) -> None:
-        self.checkout, self.base = checkout, base
-        self.inventory = base / "fleet.toml"
-
-    def node(self, name: str) -> SandboxNode:
-        return SandboxNode(name, ADDRESSES[name], self.base)
-
-    def address(self, name: str) -> ManagerAddress:
-        return ManagerAddress("user", self.node(name).manager.runtime_dir)
-
-    def release(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        return run_cli("release", "--inventory", str(self.inventory), "--root", str(self.checkout), *args, env=env)
-
-    def local_release(self, name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        """`flatshare release` as run on the node itself (no --node)."""
-        return self.release(*args, env={"FLATSHARE_NODE": name, **(env or {})})
-
-    def set_hold(self, value: int) -> None:
-        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(value), "--root", str(self.checkout))
-        assert result.returncode == 0, result.stderr
-
-    def expected_id(self, name: str) -> str:
-        (target,) = targets(self.inventory, [name], False)
-        return bundle(self.checkout, target)["id"]
-
-    def current(self, name: str) -> str:
-        return os.readlink(self.node(name).state_dir / "releases/current")
-
-    def engine(self, name: str) -> tuple[list[str], bytes]:
-        """(the engine's argv from /proc, its InvocationID)."""
-        with connect(self.address(name)) as bus:
-            pid = unit_property(bus, ENGINE, "Service", "MainPID")
-            invocation = unit_property(bus, ENGINE, "Unit", "InvocationID")
-        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
-        return argv, invocation
-
-    def hold(self, name: str) -> str:
-        argv = self.engine(name)[0]
-        return argv[argv.index(HOLD_FLAG) + 1]
-
-    def history(self, name: str) -> list[dict]:
-        path = self.node(name).state_dir / "releases/history.jsonl"
-        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
-
-    def journal(self, name: str) -> Path:
-        return self.node(name).state_dir / "releases/switching.json"
-
-    def drain_file(self, name: str) -> Path:
-        return self.node(name).run_dir / "voice.drain"
-
-    def check_ok(self, name: str) -> None:
-        report = run_checks(self.node(name).state_dir, name, self.node(name).manager.runtime_dir)
-        assert report.status == "OK", [(f.check, f.status, f.summary, f.details) for f in report.findings]
-
-    def settled(self, name: str) -> None:
-        """The node as every test must leave it."""
-        assert not self.journal(name).exists()
-        assert not self.drain_file(name).exists()
-        self.check_ok(name)
 
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    root = tmp_path_factory.mktemp("release")
-    checkout = copy_checkout(REPO, root / "checkout")
-    base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    try:
-        yield Fleet(checkout, base)
-    finally:
-        down(base, echo=lambda _l: None)
+    with sandbox_fleet(tmp_path_factory, ADDRESSES) as f:
+        yield f
 
 
 def test_release_of_both_nodes_switches_the_flag_and_passes_serving_check(fleet):

@@ -89,14 +89,17 @@ def test_quiet_prints_nothing_when_ok(sandbox):
 def test_a_flag_changed_through_a_drop_in_is_named_with_both_values(sandbox):
     argv = _serving(sandbox)["engine"]["argv"]
     changed = list(argv)
-    changed[changed.index("--additional-config.make_room.decode_hold_tokens") + 1] = "0"
+    index = changed.index("--additional-config.make_room.decode_hold_tokens") + 1
+    profile_value = changed[index]
+    changed[index] = "7" if profile_value != "7" else "8"
     drop_in = DropIn(sandbox, ENGINE, f"[Service]\nExecStart=\nExecStart={exec_command(changed)}\n")
     try:
         _restart(sandbox)
         result = _check(sandbox)
         assert result.returncode == 2, result.stdout
         assert result.stdout.startswith("SERVING-CHECK CRITICAL")
-        assert "--additional-config.make_room.decode_hold_tokens: running 0, profile 48" in result.stdout
+        assert (f"--additional-config.make_room.decode_hold_tokens: running {changed[index]}, profile {profile_value}"
+                in result.stdout)
         assert f"drop-in {drop_in.path}" in result.stdout
     finally:
         drop_in.remove()

@@ -1,0 +1,105 @@
+"""A sandbox fleet for release tests: a scratch checkout and both nodes, with helpers that read the truth
+(systemd over D-Bus, files on disk, /proc) rather than what the tool prints."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+from contextlib import contextmanager
+from pathlib import Path
+
+from conftest import REPO, copy_checkout, run_cli
+from flatshare_ops.check.run import run_checks
+from flatshare_ops.control.bundle import bundle
+from flatshare_ops.control.targets import targets
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.systemd import ManagerAddress, connect, unit_property
+
+ENGINE = "flatshare-engine.service"
+GATEWAY = "flatshare-gateway.service"
+VOICE = "flatshare-voice.service"
+HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+
+
+class Fleet:
+    """The release tests' checkout and sandbox."""
+
+    def __init__(self, checkout: Path, base: Path, addresses: dict[str, str]) -> None:
+        self.checkout, self.base, self.addresses = checkout, base, addresses
+        self.inventory = base / "fleet.toml"
+
+    def node(self, name: str) -> SandboxNode:
+        return SandboxNode(name, self.addresses[name], self.base)
+
+    def address(self, name: str) -> ManagerAddress:
+        return ManagerAddress("user", self.node(name).manager.runtime_dir)
+
+    def release(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_cli("release", "--inventory", str(self.inventory), "--root", str(self.checkout), *args, env=env)
+
+    def local_release(self, name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """`flatshare release` as run on the node itself (no --node)."""
+        return self.release(*args, env={"FLATSHARE_NODE": name, **(env or {})})
+
+    def set_hold(self, value: int) -> None:
+        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(value), "--root", str(self.checkout))
+        assert result.returncode == 0, result.stderr
+
+    def expected_id(self, name: str) -> str:
+        (target,) = targets(self.inventory, [name], False)
+        return bundle(self.checkout, target)["id"]
+
+    def current(self, name: str) -> str:
+        return os.readlink(self.node(name).state_dir / "releases/current")
+
+    def engine(self, name: str) -> tuple[list[str], bytes]:
+        """(the engine's argv from /proc, its InvocationID)."""
+        with connect(self.address(name)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+            invocation = unit_property(bus, ENGINE, "Unit", "InvocationID")
+        argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+        return argv, invocation
+
+    def hold(self, name: str) -> str:
+        argv = self.engine(name)[0]
+        return argv[argv.index(HOLD_FLAG) + 1]
+
+    def history(self, name: str) -> list[dict]:
+        path = self.node(name).state_dir / "releases/history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines()] if path.exists() else []
+
+    def journal(self, name: str) -> Path:
+        return self.node(name).state_dir / "releases/switching.json"
+
+    def drain_file(self, name: str) -> Path:
+        return self.node(name).run_dir / "voice.drain"
+
+    def check_ok(self, name: str) -> None:
+        report = run_checks(self.node(name).state_dir, name, self.node(name).manager.runtime_dir)
+        assert report.status == "OK", [(f.check, f.status, f.summary, f.details) for f in report.findings]
+
+    def settled(self, name: str) -> None:
+        """The node as every test must leave it."""
+        assert not self.journal(name).exists()
+        assert not self.drain_file(name).exists()
+        self.check_ok(name)
+
+
+    def invocations(self, name: str) -> dict[str, bytes]:
+        """Each managed service's InvocationID (it changes at every start)."""
+        with connect(self.address(name)) as bus:
+            return {u: unit_property(bus, u, "Unit", "InvocationID") for u in (ENGINE, GATEWAY, VOICE)}
+
+
+@contextmanager
+def sandbox_fleet(tmp_path_factory, addresses: dict[str, str]):
+    """Bring up a fleet from a scratch copy of the checkout on ``addresses``; yield a :class:`Fleet`; tear down."""
+    root = tmp_path_factory.mktemp("release")
+    checkout = copy_checkout(REPO, root / "checkout")
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
+    try:
+        yield Fleet(checkout, base, addresses)
+    finally:
+        down(base, echo=lambda _l: None)

@@ -1,0 +1,117 @@
+"""The plan restarts exactly what changed, compared by meaning (node/plan.py, common/unit_file.py).
+
+Pure: two releases rendered from the production profile, one of them edited as a change would edit it.
+The sandbox tests (test_release_changes.py) check the same rules against systemd's InvocationIDs.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+
+import pytest
+
+from conftest import REPO
+from flatshare_ops.common import unit_file
+from flatshare_ops.config.profile import load_profile
+from flatshare_ops.node.plan import ReleaseView, plan
+from flatshare_ops.node.store import release_id
+from flatshare_ops.render import render_profile
+
+DRAINS = {"drain-voice", "stop-gateway"}
+
+
+@pytest.fixture(scope="module")
+def release() -> ReleaseView:
+    rendered = render_profile(load_profile(REPO / "profiles/rtx-5060-ti-serve.toml"))
+    return ReleaseView("old", dict(rendered.units), json.loads(rendered.serving))
+
+
+def changed(release: ReleaseView, unit: str | None = None, old: str = "", new: str = "", serving=None) -> ReleaseView:
+    units = dict(release.units)
+    if unit:
+        assert old in units[unit], (unit, old)
+        units[unit] = units[unit].replace(old, new, 1)
+    return ReleaseView("new", units, serving or copy.deepcopy(release.serving))
+
+
+def test_the_same_render_is_the_same_release_id(release):
+    files = {f"units/{k}": v for k, v in release.units.items()}
+    assert release_id(files) == release_id(dict(files))
+    assert release_id(files) != release_id({**files, "units/flatshare.target": files["units/flatshare.target"] + "#"})
+
+
+def test_a_description_or_comment_change_restarts_nothing(release):
+    new = changed(release, "flatshare-engine.service", "Description=Flatshare vLLM engine", "Description=The engine")
+    new.units["flatshare-voice.service"] += "# a comment\n"
+    p = plan("cyan", release, new)
+    assert not p.drains and "restart-engine" not in p.steps
+    assert p.units["flatshare-engine.service"] == "update" and p.units["flatshare-voice.service"] == "update"
+    assert p.steps == ["install-units", "apply-units", "switch-current", "serving-check", "record-history"]
+
+
+def test_an_exec_start_quoted_differently_but_running_the_same_argv_restarts_nothing(release):
+    text = release.units["flatshare-gateway.service"]
+    line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
+    argv = unit_file.exec_commands(line.removeprefix("ExecStart="))[0][1]
+    requoted = "ExecStart=" + " ".join(a.replace(" ", "\\x20") if " " in a else a for a in argv)
+    new = changed(release, "flatshare-gateway.service", line, requoted)
+    assert new.units["flatshare-gateway.service"] != text
+    p = plan("cyan", release, new)
+    assert not p.drains and p.units["flatshare-gateway.service"] == "update"
+
+
+def test_a_time_span_spelled_differently_is_the_same(release):
+    new = changed(release, "flatshare-voice.service", "TimeoutStopSec=30s", "TimeoutStopSec=0.5min")
+    assert plan("cyan", release, new).units["flatshare-voice.service"] == "update"
+
+
+def test_a_gateway_change_costs_only_the_gateways_own_drain(release):
+    new = changed(release, "flatshare-gateway.service", "RestartSec=2s", "RestartSec=3s")
+    p = plan("cyan", release, new)
+    assert {"stop-gateway", "start-gateway"} <= set(p.steps)
+    assert not {"drain-voice", "restart-engine", "restart-voice", "end-voice-drain"} & set(p.steps)
+    assert p.units["flatshare-engine.service"] == "unchanged"
+
+
+def test_a_voice_change_costs_a_voice_drain_and_the_workers_restart_only(release):
+    new = changed(release, "flatshare-voice.service", "RestartSec=2s", "RestartSec=3s")
+    p = plan("cyan", release, new)
+    assert {"drain-voice", "restart-voice", "end-voice-drain"} <= set(p.steps)
+    assert not {"stop-gateway", "restart-engine", "start-gateway"} & set(p.steps)
+
+
+def test_a_timer_change_restarts_the_timer_without_a_drain(release):
+    new = changed(release, "serving-check.timer", "AccuracySec=1s", "AccuracySec=2s")
+    p = plan("cyan", release, new)
+    assert not p.drains and p.units["serving-check.timer"] == "restart"
+
+
+@pytest.mark.parametrize("path, value", [(("module", "sha256"), "f" * 64), (("vllm_release",), "0.33.0")])
+def test_an_engine_change_outside_the_units_is_the_whole_switch(release, path, value):
+    serving = copy.deepcopy(release.serving)
+    target = serving
+    for key in path[:-1]:
+        target = target[key]
+    target[path[-1]] = value
+    p = plan("cyan", release, changed(release, serving=serving))
+    assert DRAINS <= set(p.steps) and "restart-engine" in p.steps
+
+
+def test_an_engine_unit_change_is_the_whole_switch(release):
+    new = changed(release, "flatshare-engine.service", "RestartSec=5s", "RestartSec=6s")
+    p = plan("cyan", release, new)
+    assert DRAINS <= set(p.steps) and "restart-engine" in p.steps and "start-gateway" in p.steps
+
+
+def test_finishing_an_interrupted_switch_restarts_every_managed_service(release):
+    p = plan("cyan", release, release, resume=True)
+    assert {"drain-voice", "stop-gateway", "restart-engine", "restart-voice", "start-gateway"} <= set(p.steps)
+
+
+def test_the_policy_is_read_from_the_unit_itself(release):
+    text = release.units["flatshare.target"]
+    assert unit_file.change_class(text) == "start"
+    new = changed(release, "flatshare.target", "X-Flatshare-Change=start", "X-Flatshare-Change=switch")
+    new.units["flatshare.target"] = new.units["flatshare.target"].replace("Wants=", "Wants=extra.service ")
+    assert "restart-engine" in plan("cyan", release, new).steps
