@@ -8,7 +8,7 @@ from conftest import REPO
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 
-# FACTS.md, "vLLM 0.32.0's flag spellings (read from its own argument parser)".
+# docs/reference/vllm.md#flag-spellings (read from vLLM 0.32.0's own argument parser).
 VLLM_0_32_FLAGS = {
     "--scheduler-cls", "--async-scheduling", "--no-async-scheduling", "--attention-backend",
     "--kv-cache-dtype", "--kv-offloading-size", "--kv-offloading-backend",
@@ -21,7 +21,7 @@ BOOLEAN_FLAGS = {"--async-scheduling", "--no-async-scheduling", "--enable-prefix
 
 
 def parse_like_vllm(words: list[str]) -> tuple[dict[str, str | bool], dict]:
-    """Read flags by FACTS.md's rules: booleans stand alone, dotted additional-config
+    """Read flags by docs/reference/vllm.md's rules: booleans stand alone, dotted additional-config
     values go through json.loads and merge into one dict per prefix."""
     flags: dict[str, str | bool] = {}
     additional: dict = {}
