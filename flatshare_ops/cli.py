@@ -33,11 +33,13 @@ def profiles_render(
     update: Annotated[bool, typer.Option("--update", help="Write the files that drifted.")] = False,
     root: RootOption = Path("."),
 ) -> None:
-    """Compare the production profile's rendered files with the checkout (exit 1 on drift), or write them
-    with --update. (Other profiles, such as variants, are checked with 'flatshare profiles verify --profile'.)"""
-    from .render.checkout import drift, expected_outputs, write_outputs
+    """Compare the rendered files of production and of every variant (profiles/*.toml) with the checkout
+    (exit 1 on drift), or write them with --update. A placeholder module pin is a warning."""
+    from .render.checkout import drift, expected_outputs, placeholder_pins, write_outputs
 
     outputs = expected_outputs(root)
+    for warning in placeholder_pins(root):
+        typer.echo(f"warning: {warning}", err=True)
     if update:
         for path in write_outputs(root, outputs):
             typer.echo(f"wrote {path}")
@@ -74,6 +76,65 @@ def profiles_set(
     path = root / (profile or DEFAULT_PROFILE)
     old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)), echo=report)
     typer.echo(f"{path}: {key}: {old!r} -> {new!r}")
+
+
+@profiles_app.command("pin-module")
+def profiles_pin_module(
+    sha256: Annotated[Optional[str], typer.Option("--sha256", metavar="HEX",
+                                                   help="The hash a make-room revision publishes.")] = None,
+    file: Annotated[Optional[Path], typer.Option("--file", metavar="PATH", help="A built module file.")] = None,
+    from_node: Annotated[Optional[str], typer.Option(
+        "--from-node", metavar="NAME", help="The module the node built (its engine's last start).")] = None,
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", envvar="FLATSHARE_INVENTORY",
+                                                      help="The inventory (with --from-node).")] = None,
+) -> None:
+    """Pin the serve module's sha256 in a profile (comments kept) and re-render the checkout's files.
+
+    Give exactly one of --sha256, --file, --from-node. The profile is --profile (default production; with
+    --from-node, the profile the inventory names for that node)."""
+    import re as _re
+
+    from .common.hashing import sha256_file
+    from .config.edit import set_value
+    from .render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
+
+    given = [g for g in (sha256, file, from_node) if g is not None]
+    if len(given) != 1:
+        raise FlatshareError("profiles pin-module: give exactly one of --sha256 HEX, --file PATH, --from-node NAME")
+    path = root / (profile or DEFAULT_PROFILE)
+    if file is not None:
+        try:
+            sha256 = sha256_file(file)
+        except OSError as err:
+            raise FlatshareError(f"{file}: cannot read the module ({err.strerror or err})") from None
+    elif from_node is not None:
+        sha256, node_profile = _module_on_node(from_node, inventory)
+        path = node_profile if profile is None else path
+    if not _re.fullmatch(r"[0-9a-f]{64}", sha256 or ""):
+        raise FlatshareError(f"profiles pin-module: {sha256!r} is not a sha256 (64 lowercase hex digits)")
+    old, new, _ = set_value(path, "module.sha256", f'"{sha256}"',
+                            then=lambda: write_outputs(root, expected_outputs(root)),
+                            echo=lambda written: [typer.echo(f"wrote {p}") for p in written])
+    typer.echo(f"{path}: module.sha256: {old} -> {new}")
+
+
+def _module_on_node(name: str, inventory: Path | None) -> tuple[str, Path]:
+    """(sha256 of the module node ``name`` built, the profile file the inventory names for it)."""
+    import json as _json
+
+    from .config.inventory import inventory_path
+    from .control import commands
+    from .control.fleet import ask
+    from .control.targets import targets
+
+    (target,) = targets(inventory_path(inventory), [name], False)
+    answer = ask([target], lambda t: commands.module(t.spec))[name]
+    if "error" in answer or not isinstance(answer.get("sha256"), str):
+        raise FlatshareError(f"profiles pin-module: {name} did not report its module: "
+                             f"{answer.get('error') or _json.dumps(answer)}")
+    return answer["sha256"], target.profile_path
 
 
 @profiles_app.command("verify")
@@ -245,7 +306,7 @@ def release(
     Exit codes: 0 released, 1 failed mid-switch, 2 bad input, 3 refused, 4 nothing to do, 5 damaged node
     state, 6 unreachable, 7 still switching, 8 systemd did not answer, 130/143 interrupted."""
     from .config.inventory import inventory_path
-    from .control.rollout import Rollout, refuse_drift, terminal, warn_uncommitted
+    from .control.rollout import Rollout, refuse_drift, refuse_placeholder_pins, terminal, warn_uncommitted
     from .control.targets import fleet, targets
 
     out = terminal()
@@ -253,6 +314,7 @@ def release(
     warn_uncommitted(root, out)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
+    refuse_placeholder_pins(chosen)
     _on_signals()
     raise typer.Exit(Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run,
                              batch_size=batch_size).run())

@@ -1,10 +1,12 @@
-"""The rendered engine flags, parsed by vLLM 0.32.0's own `vllm serve` argument parser.
+"""The rendered engine flags, parsed by vLLM's own `vllm serve` argument parser (0.32.0 and 0.33.0).
 
-`scripts/vllm-parser-venv.sh` (run by `make test`) builds `.venv-vllm` with
-vLLM 0.32.0 and what its parser needs; `vllm_parser/parse_argv.py` builds the
-serve parser exactly as `vllm serve` does and prints the parsed namespace.
-This is the independent check that our spellings and JSON-typed dotted
-values mean, to vLLM, exactly the profile's values.
+`scripts/vllm-parser-venv.sh` (run by `make test`) builds `.venv-vllm` (vLLM 0.32.0) and
+`.venv-vllm-0.33` (vLLM 0.33.0) with what their parsers need;
+`flatshare_ops/common/vllm_serve_parse.py` builds the serve parser exactly as `vllm serve`
+does, for either release, and parses every command line in one process. This is the
+independent check that our spellings and JSON-typed values mean, to vLLM, exactly the
+profile's values: production on 0.32.0, the 0.33.0 variant on 0.33.0, and the
+speculative-decoding switch turned on.
 """
 
 from __future__ import annotations
@@ -12,70 +14,82 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-from pathlib import Path
 
 import pytest
 
 from conftest import REPO
 from flatshare_ops.config.profile import load_profile
+from flatshare_ops.node.preflight import PARSE_SCRIPT
 from flatshare_ops.render import render_profile
+from flatshare_ops.render.meaning import DEST_KEYS, expected_values
 
-VENV_PYTHON = REPO / ".venv-vllm/bin/python"
-PARSER = Path(__file__).parent / "vllm_parser/parse_argv.py"
+VENVS = {"0.32.0": REPO / ".venv-vllm", "0.33.0": REPO / ".venv-vllm-0.33"}
+PRODUCTION = REPO / "profiles/rtx-5060-ti-serve.toml"
+VARIANT = REPO / "profiles/rtx-5060-ti-serve-vllm-0.33.toml"
 
 
-def _parse(argv_after_serve: list[str]) -> subprocess.CompletedProcess:
-    if not VENV_PYTHON.exists():
+def _parse_many(release: str, argvs: list[list[str]]) -> list[dict]:
+    python = VENVS[release] / "bin/python"
+    if not python.exists():
         if os.environ.get("FLATSHARE_SKIP_VLLM_PARSER") == "1":
             pytest.skip("FLATSHARE_SKIP_VLLM_PARSER=1")
-        pytest.fail(f"{VENV_PYTHON} missing: run scripts/vllm-parser-venv.sh (make test does)")
-    return subprocess.run(
-        [str(VENV_PYTHON), str(PARSER)], input=json.dumps(argv_after_serve), capture_output=True, text=True,
-        timeout=300, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"},
-    )
+        pytest.fail(f"{python} missing: run scripts/vllm-parser-venv.sh (make test does)")
+    result = subprocess.run([str(python), str(PARSE_SCRIPT), "parse-many"], input=json.dumps(argvs),
+                            capture_output=True, text=True, timeout=600,
+                            env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+    assert result.returncode == 0, result.stderr[-2000:]
+    return json.loads(result.stdout)
+
+
+def _speculative_on(tmp_path, parent):
+    path = tmp_path / f"speculative-{parent.stem}.toml"
+    path.write_text(f'extends = "{parent}"\n\n[engine.speculative]\nenabled = true\n')
+    return load_profile(path)
 
 
 @pytest.fixture(scope="module")
-def parsed():
-    loaded = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml")
-    argv = render_profile(loaded).argv
-    assert argv[1] == "serve"
-    result = _parse(argv[2:])
-    assert result.returncode == 0, result.stderr[-2000:]
-    return loaded.profile, json.loads(result.stdout)
+def parsed(tmp_path_factory):
+    """release -> [(loaded profile, vLLM's result)] for each rendered profile of that release."""
+    tmp = tmp_path_factory.mktemp("speculative")
+    cases = {"0.32.0": [load_profile(PRODUCTION), _speculative_on(tmp, PRODUCTION)],
+             "0.33.0": [load_profile(VARIANT), _speculative_on(tmp, VARIANT)]}
+    out = {}
+    for release, profiles in cases.items():
+        argvs = [render_profile(p).argv[2:] for p in profiles]
+        out[release] = list(zip(profiles, _parse_many(release, argvs)))
+    return out
 
 
-def test_vllm_reads_the_profiles_engine_values(parsed):
-    profile, ns = parsed
-    e = profile.engine
-    assert ns["model_tag"] == e.model
-    assert ns["served_model_name"] == [e.served_model_name]
-    assert (ns["host"], ns["port"]) == (e.host, e.port)
-    assert ns["gpu_memory_utilization"] == e.gpu_memory_utilization
-    assert (ns["max_model_len"], ns["max_num_seqs"], ns["max_num_batched_tokens"]) == (
-        e.max_model_len, e.max_num_seqs, e.max_num_batched_tokens)
-    assert ns["enable_prefix_caching"] is e.enable_prefix_caching
-    assert ns["kv_cache_dtype"] == e.kv_cache_dtype
-    assert ns["kv_offloading_size"] == e.kv_offloading.size_gib
-    assert ns["kv_offloading_backend"] == e.kv_offloading.backend
-    assert ns["async_scheduling"] is e.async_scheduling
-    assert ns["attention_backend"] == e.attention_backend
-    assert ns["scheduler_cls"] == e.scheduler_cls
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_vllm_reads_every_rendered_value_as_the_profile_says(parsed, release):
+    for loaded, result in parsed[release]:
+        assert loaded.profile.engine.vllm_release == release
+        assert result["ok"], result
+        ns = result["namespace"]
+        assert ns["model_tag"] == loaded.profile.engine.model
+        for dest, want in expected_values(loaded).items():
+            assert ns[dest] == want, (DEST_KEYS[dest], ns[dest], want)
 
 
-def test_vllm_reads_make_room_and_jit_settings_with_their_types(parsed):
-    profile, ns = parsed
-    assert ns["additional_config"] == {
-        "make_room": profile.engine.make_room.model_dump(),
-        "flatshare_jit": profile.engine.flatshare_jit.model_dump(),
-    }
-    # Typed as the profile types them: ints stay ints, the bool a bool, the path a string.
-    make_room = ns["additional_config"]["make_room"]
-    assert type(make_room["decode_hold_tokens"]) is int and make_room["decode_hold_tokens"] == profile.engine.make_room.decode_hold_tokens
-    assert make_room["take_reservations"] is profile.engine.make_room.take_reservations
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_make_room_values_keep_their_types(parsed, release):
+    loaded, result = parsed[release][0]
+    make_room = result["namespace"]["additional_config"]["make_room"]
+    assert make_room == loaded.profile.engine.make_room.model_dump()
+    assert all(type(make_room[k]) is int for k in make_room if k != "take_reservations")
+    assert make_room["take_reservations"] is loaded.profile.engine.make_room.take_reservations
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_the_speculative_switch_renders_vllms_config_only_when_on(parsed, release):
+    off, on = parsed[release]
+    assert "--speculative-config" not in render_profile(off[0]).argv
+    assert off[1]["namespace"]["speculative_config"] is None
+    assert on[1]["namespace"]["speculative_config"] == {
+        "method": "eagle3", "model": on[0].profile.engine.speculative.model,
+        "num_speculative_tokens": on[0].profile.engine.speculative.num_speculative_tokens}
 
 
 def test_vllm_refuses_a_misspelt_flag():
-    result = _parse(["/models/m", "--kv-offload-size", "24"])
-    assert result.returncode == 2
-    assert "unrecognized arguments: --kv-offload-size 24" in result.stderr
+    (result,) = _parse_many("0.32.0", [["/models/m", "--kv-offload-size", "24"]])
+    assert not result["ok"] and result["error"] == "unrecognized arguments: --kv-offload-size 24"

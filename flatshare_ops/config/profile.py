@@ -105,6 +105,23 @@ class KvOffloading(StrictModel):
     backend: Literal["native", "lmcache"]
 
 
+class Speculative(StrictModel):
+    """Speculative decoding (vLLM ``--speculative-config``): a switch, off in production.
+
+    Measured with EAGLE-3 and two drafts and kept off (docs/reference/profile-values.md#not-adopted);
+    when on, the calls' short loads are recomputed through ``make_room.recompute_tokens``.
+    """
+
+    enabled: bool
+    method: Literal["eagle3"]
+    model: AbsPath = Field(description="the draft model's path on the node")
+    num_speculative_tokens: Positive = Field(description="speculative tokens per step")
+
+    def vllm_config(self) -> dict:
+        """The ``--speculative-config`` object vLLM reads (its keys: method, model, num_speculative_tokens)."""
+        return {"method": self.method, "model": self.model, "num_speculative_tokens": self.num_speculative_tokens}
+
+
 class Engine(StrictModel):
     """The vLLM engine: what ``vllm serve`` is started with."""
 
@@ -131,6 +148,7 @@ class Engine(StrictModel):
     kv_offloading: KvOffloading
     make_room: MakeRoom
     flatshare_jit: FlatshareJit
+    speculative: Speculative | None = None
 
     @model_validator(mode="after")
     def _batch_holds_every_sequence(self) -> "Engine":

@@ -73,6 +73,11 @@ def probe(spec: NodeSpec) -> list[str]:
     return _node(spec, "probe")
 
 
+def module(spec: NodeSpec) -> list[str]:
+    """``flatshare-node module``: the serve module the node built (path, sha256, when)."""
+    return _node(spec, "module")
+
+
 def serving_check(spec: NodeSpec) -> list[str]:
     """``serving-check --json`` for the node's own state and manager."""
     argv = [spec.check_program, "--json", "--state-dir", spec.state_dir, "--node-name", spec.name]

@@ -335,6 +335,23 @@ def refuse_drift(root: Path) -> None:
         )
 
 
+def refuse_placeholder_pins(chosen: list[NodeTarget]) -> None:
+    """Refuse, before connecting to any node, a release of a profile whose module pin is the placeholder.
+
+    Raises:
+        Refused: one line per such node's profile, saying how to pin.
+    """
+    from ..render.checkout import PLACEHOLDER_PIN
+
+    placeholders = [t for t in chosen if t.loaded.profile.module.sha256 == PLACEHOLDER_PIN]
+    if placeholders:
+        names = ", ".join(f"{t.name} ({t.profile_path})" for t in placeholders)
+        raise Refused(
+            f"release refused: the module pin is a placeholder (zeros) in the profile of {names}; pin the built "
+            "module first: 'flatshare profiles pin-module --sha256 HEX' (the hash a make-room revision publishes), "
+            "'--file PATH', or '--from-node NAME' (the module a node built), then commit and release")
+
+
 def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:
     """Say so when the checkout has uncommitted changes (the commit is then recorded as ...-dirty)."""
     from .git import describe

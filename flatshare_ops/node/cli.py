@@ -67,7 +67,8 @@ def _parser() -> argparse.ArgumentParser:
     sub = parser.add_subparsers(dest="command", required=True)
     for name, text in (("switch", "switch this node (bundle on stdin)"), ("status", "this node's state as JSON"),
                        ("history", "this node's release history as JSON"),
-                       ("probe", "whether this node takes calls and whether a release holds it, as JSON")):
+                       ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
+                       ("module", "the serve module this node built (path, sha256), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
         p.add_argument("--state-dir", required=True, type=Path, help="the node's state directory")
@@ -182,6 +183,11 @@ def main(argv: list[str] | None = None) -> None:
 
             hist = read_history(_context(args))
             print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))
+            code = 0
+        elif args.command == "module":
+            from .probe import built_module
+
+            print(json.dumps(built_module(_context(args)), sort_keys=True))
             code = 0
         else:
             from .probe import probe

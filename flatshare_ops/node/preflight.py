@@ -9,7 +9,7 @@ So, before anything is drained, on the node itself:
   ``ENGINE_VENV/bin/python flatshare_ops/common/vllm_serve_parse.py parse``,
   the script that runs unchanged on vLLM 0.32.0 and 0.33.0; a rejection
   refuses the release with vLLM's own message;
-- the model path exists (when it is a path);
+- the model path exists (when it is a path), and the speculative draft model's;
 - the serve module's build command exists and is executable.
 
 The real parser costs about 7 s of CPU per process, so it runs only here (and
@@ -75,6 +75,13 @@ def problems(serving: dict) -> list[str]:
     model = words[0] if words else ""
     if model.startswith("/") and not Path(model).exists():
         found.append(f"the model path {model} does not exist on this node")
+    if "--speculative-config" in words:
+        try:
+            draft = json.loads(words[words.index("--speculative-config") + 1]).get("model", "")
+        except (ValueError, IndexError, AttributeError):
+            draft = ""
+        if isinstance(draft, str) and draft.startswith("/") and not Path(draft).exists():
+            found.append(f"the speculative draft model path {draft} does not exist on this node")
     build = (serving.get("module") or {}).get("build_command") or []
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")

@@ -9,9 +9,34 @@ never takes the lock.
 
 from __future__ import annotations
 
+import os
+
 from ..errors import NodeStateError
 from .context import NodeContext
 from .lock import describe_holder, held_by, holder_record
+
+
+def built_module(ctx: NodeContext) -> dict:
+    """The serve module this node's engine built (the active release's ``module.path``).
+
+    Returns:
+        ``{"node", "path", "sha256", "modified_at"}``, or ``{"node", "error"}`` naming what is missing.
+    """
+    from ..common.hashing import sha256_file
+    from .store import current_release
+    from .switch import active_serving
+
+    try:
+        serving = active_serving(ctx, current_release(ctx.state_dir))
+    except NodeStateError as err:
+        return {"node": ctx.node, "error": str(err)}
+    if serving is None:
+        return {"node": ctx.node, "error": "no active release: bootstrap and release the node first"}
+    path = (serving.get("module") or {}).get("path")
+    try:
+        return {"node": ctx.node, "path": path, "sha256": sha256_file(path), "modified_at": os.stat(path).st_mtime}
+    except (OSError, TypeError) as err:
+        return {"node": ctx.node, "error": f"{path}: cannot read the built module ({err})"}
 
 
 def probe(ctx: NodeContext) -> dict:

@@ -2,7 +2,8 @@
 
 The committed outputs of the production profile are: ``units/*``,
 ``profiles/NAME.serving.json``, and the generated blocks of ``README.md``
-and ``PRODUCTION.md``. Computing them is pure (reads only); writing them is
+and ``PRODUCTION.md``; each variant (another ``profiles/*.toml``) renders
+beside them to ``units/VARIANT/*`` and ``profiles/VARIANT.serving.json``. Computing them is pure (reads only); writing them is
 :func:`write_outputs`, one atomic replacement per changed file.
 """
 
@@ -20,6 +21,12 @@ from .docs import node_rows, quick_start, replace_block
 
 DEFAULT_PROFILE = Path("profiles/rtx-5060-ti-serve.toml")
 FLEET = Path("profiles/fleet.toml")
+
+
+def variants(root: Path) -> list[Path]:
+    """The checkout's variant profiles (relative to root): every ``profiles/*.toml`` but production and the inventory."""
+    return sorted(p.relative_to(root) for p in (root / "profiles").glob("*.toml")
+                  if p.name not in (DEFAULT_PROFILE.name, FLEET.name))
 
 
 def _read(path: Path) -> str:
@@ -65,6 +72,41 @@ def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path,
     }
     production = _document(root, "PRODUCTION.md")
     outputs[Path("PRODUCTION.md")] = replace_block(production, "nodes", node_rows(by_node), "PRODUCTION.md")
+    if profile_path == DEFAULT_PROFILE:
+        for variant in variants(root):
+            outputs.update(variant_outputs(root, variant))
+    return outputs
+
+
+PLACEHOLDER_PIN = "0" * 64
+
+
+def placeholder_pins(root: Path) -> list[str]:
+    """One line per profile of the checkout (production and variants) that pins the placeholder module hash."""
+    found = []
+    for path in [DEFAULT_PROFILE, *variants(root)]:
+        try:
+            pin = load_profile(root / path).profile.module.sha256
+        except ProfileError:
+            continue
+        if pin == PLACEHOLDER_PIN:
+            found.append(f"{path} pins a placeholder module hash (zeros): a release of it is refused until you "
+                         f"pin the built module: 'flatshare profiles pin-module --sha256 HEX --profile {path}' "
+                         "(or --file PATH, or --from-node NAME)")
+    return found
+
+
+def variant_outputs(root: Path, variant: Path) -> dict[Path, str]:
+    """A variant's rendered files, beside production's: ``units/NAME/*`` and ``profiles/NAME.serving.json``.
+
+    Raises:
+        ProfileError: the variant does not load or render.
+    """
+    loaded = load_profile(root / variant)
+    rendered = render_profile(loaded)
+    name = loaded.profile.name
+    outputs = {Path("units") / name / unit: text for unit, text in rendered.units.items()}
+    outputs[variant.with_name(f"{name}.serving.json")] = rendered.serving
     return outputs
 
 

@@ -75,6 +75,11 @@ def engine_flags(engine: Engine) -> list[str]:
         flags += [f"--additional-config.make_room.{key}", dotted_value(getattr(engine.make_room, key))]
     for key in FLATSHARE_JIT_KEYS:
         flags += [f"--additional-config.flatshare_jit.{key}", dotted_value(getattr(engine.flatshare_jit, key))]
+    if engine.speculative is not None and engine.speculative.enabled:
+        # One JSON form, never dotted keys beside it (docs/reference/vllm.md#mixing-json-and-dotted-forms);
+        # compact and key-sorted, so the render never churns.
+        flags += ["--speculative-config",
+                  json.dumps(engine.speculative.vllm_config(), sort_keys=True, separators=(",", ":"))]
     return flags
 
 

@@ -5,9 +5,12 @@ Each node gets, under ``BASE/NODE/``:
 - ``etc/systemd/user/``: its unit directory (the manager's ``XDG_CONFIG_HOME`` is ``etc``);
 - ``var/lib/flatshare/``: state (releases, the serve module), ``run/flatshare/``: drain files;
 - ``run/user/``: its systemd user manager's ``XDG_RUNTIME_DIR``;
-- ``opt/engine-venv/``: an engine venv with the stand-in ``bin/vllm`` and vLLM's metadata;
+- ``opt/engine-venv/``: an engine venv with the stand-in ``bin/vllm``, vLLM's metadata and the
+  stand-in ``vllm`` package (sandbox/vllm_standin) the preflight parses with; a variant on
+  another vLLM release gets ``opt/engine-venv-RELEASE/`` beside it;
 - ``ssh/``: its OpenSSH server's host key, config and log;
-- ``profile.toml``: the production profile, extended with this node's layout.
+- ``profile.toml``: the production profile, extended with this node's layout, and
+  ``profile-VARIANT.toml`` for each variant profile beside production.
 
 ``BASE/ssh/`` holds the operator's client key, ``authorized_keys`` and
 ``known_hosts``; ``BASE/fleet.toml`` is the sandbox inventory and
@@ -104,6 +107,10 @@ class SandboxNode:
         """The node's profile (extends the production one)."""
         return self.root / "profile.toml"
 
+    def variant_profile(self, variant: Path) -> Path:
+        """The node's profile for a variant (extends the checkout's variant): ``profile-VARIANT.toml``."""
+        return self.root / f"profile-{variant.stem}.toml"
+
 
 def parse_addresses(text: str | None) -> dict[str, str] | None:
     """``cyan=127.0.0.2,peacock=127.0.0.3`` -> {name: address}; None keeps the defaults.
@@ -144,16 +151,23 @@ def _toml_array(values: list[str]) -> str:
     return "[" + ", ".join(_toml_string(v) for v in values) + "]"
 
 
-def write_node_profile(node: SandboxNode, production: Path, vllm_release: str) -> None:
-    """Write the node's profile: production's, with the sandbox layout and stand-in commands."""
+def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, venv_dir: Path | None = None,
+                       path: Path | None = None) -> None:
+    """Write the node's profile: ``production``'s (or a variant's), with the sandbox layout and stand-in commands.
+
+    Args:
+        production: the profile it extends.
+        venv_dir: the engine venv (default the node's, for production's vLLM release).
+        path: where to write it (default the node's ``profile.toml``).
+    """
     python = sys.executable
     module_dir = node.state_dir / "module"
-    text = f"""# Written by `flatshare sandbox up`: the production profile, with this sandbox
+    text = f"""# Written by `flatshare sandbox up`: {production.name}, with this sandbox
 # node's layout, its loopback address and the stand-ins' commands.
 extends = {_toml_string(str(production))}
 
 [engine]
-venv = {_toml_string(str(node.venv))}
+venv = {_toml_string(str(venv_dir or node.venv))}
 model = {_toml_string(str(node.state_dir / "models/flatshare-chat"))}
 host = {_toml_string(node.address)}
 start_timeout_s = 60
@@ -188,8 +202,8 @@ unit_dir = {_toml_string(str(node.manager.unit_dir))}
 state_dir = {_toml_string(str(node.state_dir))}
 run_dir = {_toml_string(str(node.run_dir))}
 """
-    _write_if_changed(node.profile, text.encode())
-    load_profile(node.profile)  # refuse to go on with a profile that does not validate
+    _write_if_changed(path or node.profile, text.encode())
+    load_profile(path or node.profile)  # refuse to go on with a profile that does not validate
 
 
 def _sha256(data: bytes) -> str:
@@ -206,14 +220,21 @@ def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> bool:
     return True
 
 
-def make_engine_venv(node: SandboxNode, vllm_release: str) -> None:
-    """Create the node's engine venv: a real venv, the stand-in ``bin/vllm``, vLLM's metadata."""
-    if not (node.venv / "bin/python").exists():
-        venv.EnvBuilder(with_pip=False, symlinks=True).create(node.venv)
+def variant_profiles(production: Path) -> list[Path]:
+    """The checkout's variant profiles beside production (every other ``*.toml`` but the inventory)."""
+    return sorted(p for p in production.parent.glob("*.toml") if p.name not in (production.name, "fleet.toml"))
+
+
+def make_engine_venv(node: SandboxNode, vllm_release: str, venv_dir: Path | None = None) -> None:
+    """Create an engine venv (default the node's): a real venv, the stand-in ``bin/vllm``, vLLM's metadata
+    for ``vllm_release`` and the stand-in ``vllm`` package laid out as that release lays it out."""
+    venv_dir = venv_dir or node.venv
+    if not (venv_dir / "bin/python").exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(venv_dir)
     vllm = f"#!{sys.executable}\n# Stand-in for vLLM's console script (flatshare-ops sandbox).\n" \
         "from flatshare_ops.sandbox.engine import main\nmain()\n"
-    _write_if_changed(node.venv / "bin/vllm", vllm.encode(), mode=0o755)
-    site = next(node.venv.glob("lib/python*/site-packages"))
+    _write_if_changed(venv_dir / "bin/vllm", vllm.encode(), mode=0o755)
+    site = next(venv_dir.glob("lib/python*/site-packages"))
     for stale in site.glob("vllm-*.dist-info"):
         if stale.name != f"vllm-{vllm_release}.dist-info":
             for f in stale.iterdir():
@@ -453,6 +474,13 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             directory.mkdir(parents=True, exist_ok=True)
         write_node_profile(node, production.resolve(), release)
         make_engine_venv(node, release)
+        for variant in variant_profiles(production):
+            # A variant on another vLLM release gets its own engine venv, side by side (as on a real node).
+            other = load_profile(variant).profile.engine.vllm_release
+            venv_dir = node.venv if other == release else node.venv.with_name(f"engine-venv-{other}")
+            if other != release:
+                make_engine_venv(node, other, venv_dir)
+            write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant))
         # What production keeps beside the engine: the model's directory and the card's step-time model.
         _write_if_changed(node.state_dir / "models/flatshare-chat/config.json", b'{"stand_in": true}\n')
         _write_if_changed(node.state_dir / "step-time/rtx-5060-ti.json", b'{"stand_in": true}\n')

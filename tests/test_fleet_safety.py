@@ -1,0 +1,751 @@
+"""One node always takes calls, whoever releases at once, and the operator is always told the truth.
+
+Everything here runs on the real sandbox fleet (two systemd user managers, two
+sshd, the stand-in engine, gateway and voice worker) on this file's own
+loopback addresses. The truth each test checks is independent of what the tool
+prints: the gateways' ``GET /health``, the voice drain files, systemd's
+ActiveState over D-Bus, the nodes' ``history.jsonl`` and ``release.log``, the
+kernel's lock table and the processes in ``/proc``.
+
+Every test leaves the fleet serving: no journal, no drain file, serving-check OK.
+"""
+
+from __future__ import annotations
+
+import calendar
+import http.client
+import json
+import os
+import random
+import re
+import signal
+import socket
+import subprocess
+import tempfile
+import threading
+import time
+import tomllib
+import urllib.request
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, copy_checkout
+from flatshare_ops.check.run import run_checks
+from flatshare_ops.common.locks import held_by
+from flatshare_ops.control.bundle import bundle
+from flatshare_ops.control.targets import targets
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.systemd import ManagerAddress, connect, unit_property
+
+ADDRESSES = {"cyan": "127.61.0.2", "peacock": "127.61.0.3"}
+NODES = ("cyan", "peacock")
+ENGINE = "flatshare-engine.service"
+GATEWAY = "flatshare-gateway.service"
+HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+STEP = r"step \d+/\d+ "
+#: Exit codes a release or rollback may end with when nothing went wrong (README "Exit codes"); 1 needs
+#: a recorded reason on the node.
+DOCUMENTED = {0, 3, 4}
+
+
+# --- processes -------------------------------------------------------------------------------------
+
+
+def _cmdline(pid: int) -> list[str]:
+    try:
+        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
+    except OSError:
+        return []
+
+
+def _ppid(pid: int) -> int | None:
+    try:
+        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+            if line.startswith("PPid:"):
+                return int(line.split()[1])
+    except OSError:
+        return None
+    return None
+
+
+def _pids() -> list[int]:
+    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+        return True
+    except ProcessLookupError:
+        return False
+
+
+def _signal(pid: int | None, sig: int) -> None:
+    if pid:
+        try:
+            os.kill(pid, sig)
+        except ProcessLookupError:
+            pass
+
+
+def _poll(check, timeout_s: float, interval_s: float = 0.05):
+    deadline = time.monotonic() + timeout_s
+    while True:
+        value = check()
+        if value or time.monotonic() >= deadline:
+            return value
+        time.sleep(interval_s)
+
+
+def _http_status(url: str, method: str = "GET", timeout_s: float = 2.0) -> int | None:
+    try:
+        with urllib.request.urlopen(urllib.request.Request(url, method=method, data=b"" if method == "POST" else None),
+                                    timeout=timeout_s) as answer:
+            return answer.status
+    except urllib.error.HTTPError as err:
+        return err.code
+    except OSError:
+        return None
+
+
+def _serving_status_line(name: str, release: str, text: str) -> bool:
+    """``flatshare status`` says NAME runs RELEASE and each of its four units is active."""
+    match = re.search(rf"^{name}: release {release}; (.*)$", text, re.M)
+    units = ("flatshare.target", "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")
+    return bool(match) and all(f"{u} active" in match.group(1) for u in units)
+
+
+def _no_traceback(*texts: str) -> None:
+    for text in texts:
+        assert "Traceback" not in (text or ""), text
+
+
+def _stamp(t: float) -> str:
+    return time.strftime("%H:%M:%S", time.gmtime(t)) + f".{int((t % 1) * 1000):03d}Z"
+
+
+# --- the fleet ---------------------------------------------------------------------------------------
+
+
+class Fleet:
+    """This file's checkout and sandbox, and what the tests read of them."""
+
+    def __init__(self, checkout: Path, base: Path) -> None:
+        self.checkout, self.base = checkout, base
+        self.inventory = base / "fleet.toml"
+        profile = tomllib.loads((checkout / "profiles/rtx-5060-ti-serve.toml").read_text())
+        self.hold_value = profile["engine"]["make_room"]["decode_hold_tokens"]
+
+    # -- where things are
+    def node(self, name: str) -> SandboxNode:
+        return SandboxNode(name, ADDRESSES[name], self.base)
+
+    def address(self, name: str) -> ManagerAddress:
+        return ManagerAddress("user", self.node(name).manager.runtime_dir)
+
+    def releases(self, name: str) -> Path:
+        return self.node(name).state_dir / "releases"
+
+    def journal(self, name: str) -> Path:
+        return self.releases(name) / "switching.json"
+
+    def drain_file(self, name: str) -> Path:
+        return self.node(name).run_dir / "voice.drain"
+
+    def log(self, name: str) -> Path:
+        return self.releases(name) / "release.log"
+
+    def log_size(self, name: str) -> int:
+        return self.log(name).stat().st_size if self.log(name).exists() else 0
+
+    def log_since(self, name: str, offset: int) -> str:
+        return self.log(name).read_bytes()[offset:].decode(errors="replace") if self.log(name).exists() else ""
+
+    def sandbox_state(self) -> dict:
+        return json.loads((self.base / "state.json").read_text())["nodes"]
+
+    # -- commands
+    def cli(self, *args: str, env: dict | None = None, timeout: float = 240, program: str = "flatshare"):
+        clean = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        return subprocess.run([str(BIN / program), *args], capture_output=True, text=True,
+                              env={**clean, **(env or {})}, timeout=timeout)
+
+    def argv(self, kind: str, name: str, inventory: Path | None = None, *extra: str) -> tuple[list[str], dict]:
+        """(argv, extra env) of ``release --node``, a local release, ``rollback --node`` or a local rollback."""
+        inv = ["--inventory", str(inventory or self.inventory), "--root", str(self.checkout)]
+        if kind == "release":
+            return [str(BIN / "flatshare"), "release", "--node", name, *inv, *extra], {}
+        if kind == "local-release":
+            return [str(BIN / "flatshare"), "release", *inv, *extra], {"FLATSHARE_NODE": name}
+        if kind == "rollback":
+            return [str(BIN / "flatshare"), "rollback", "--node", name, *inv, *extra], {}
+        raise ValueError(kind)
+
+    def release(self, *args: str, inventory: Path | None = None, env: dict | None = None, timeout: float = 240):
+        return self.cli("release", "--inventory", str(inventory or self.inventory), "--root", str(self.checkout),
+                        *args, env=env, timeout=timeout)
+
+    def rollback(self, *args: str, inventory: Path | None = None, timeout: float = 240):
+        return self.cli("rollback", "--inventory", str(inventory or self.inventory), "--root", str(self.checkout),
+                        *args, timeout=timeout)
+
+    def popen(self, argv: list[str], env: dict | None = None, new_session: bool = False) -> subprocess.Popen:
+        clean = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        return subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                env={**clean, **(env or {})}, start_new_session=new_session)
+
+    # -- the checkout and the nodes' profiles
+    def set_hold(self, value: int) -> None:
+        result = self.cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(value),
+                          "--root", str(self.checkout))
+        assert result.returncode == 0, result.stdout + result.stderr
+        self.hold_value = value
+
+    def toggle_hold(self) -> None:
+        self.set_hold(0 if self.hold_value else 48)
+
+    @contextmanager
+    def node_profile(self, names, load: str | None = None, start_timeout: int | None = None):
+        """The stand-in engine's load time and the start budget in the nodes' own profiles, restored after."""
+        names = [names] if isinstance(names, str) else list(names)
+        originals = {n: self.node(n).profile.read_text() for n in names}
+        try:
+            for n, text in originals.items():
+                if load is not None:
+                    text = re.sub(r'FLATSHARE_STANDIN_LOAD_S = "[^"]*"', f'FLATSHARE_STANDIN_LOAD_S = "{load}"', text)
+                if start_timeout is not None:
+                    text = re.sub(r"(?m)^start_timeout_s = .*$", f"start_timeout_s = {start_timeout}", text)
+                self.node(n).profile.write_text(text)
+            yield
+        finally:
+            for n, text in originals.items():
+                self.node(n).profile.write_text(text)
+
+    def variant(self, label: str, transport: dict | None = None, nodes: dict[str, dict] | None = None) -> Path:
+        """A copy of the inventory beside it (paths in it stay valid) with a [transport] table and node overrides."""
+        data = tomllib.loads(self.inventory.read_text())
+        lines = ["schema = 1", ""]
+        if transport:
+            lines += ["[transport]", *(f"{k} = {json.dumps(v)}" for k, v in transport.items()), ""]
+        for name, node in data["nodes"].items():
+            node = {**node, **(nodes or {}).get(name, {})}
+            lines += [f"[nodes.{name}]", *(f"{k} = {json.dumps(v)}" for k, v in node.items()), ""]
+        path = self.base / f"fleet-{label}.toml"
+        path.write_text("\n".join(lines))
+        return path
+
+    # -- truth
+    def expected_id(self, name: str) -> str:
+        (target,) = targets(self.inventory, [name], False)
+        return bundle(self.checkout, target)["id"]
+
+    def current(self, name: str) -> str:
+        return os.readlink(self.releases(name) / "current")
+
+    def history(self, name: str) -> list[dict]:
+        path = self.releases(name) / "history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def unit_state(self, name: str, unit: str) -> str:
+        with connect(self.address(name)) as bus:
+            state = unit_property(bus, unit, "Unit", "ActiveState")
+        return state.decode() if isinstance(state, bytes) else state
+
+    def engine_argv(self, name: str) -> list[str]:
+        with connect(self.address(name)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+        return _cmdline(pid)
+
+    def engine_health(self, name: str) -> int | None:
+        return _http_status(f"http://{ADDRESSES[name]}:8000/health")
+
+    def lock_holder(self, name: str) -> int | None:
+        return held_by(self.releases(name) / ".lock")
+
+    def check_ok(self, name: str) -> None:
+        report = run_checks(self.node(name).state_dir, name, self.node(name).manager.runtime_dir)
+        assert report.status == "OK", [(f.check, f.status, f.summary, f.details) for f in report.findings]
+
+    def settled(self, name: str) -> None:
+        """As every test leaves a node: no journal, no drain file, no lock held, serving-check OK."""
+        assert _poll(lambda: self.lock_holder(name) is None, 60), f"{name}: a release still holds the lock"
+        assert not self.journal(name).exists(), self.journal(name).read_text()
+        assert not self.drain_file(name).exists()
+        self.check_ok(name)
+
+    def wait_log(self, name: str, offset: int, pattern: str, timeout_s: float = 60) -> str:
+        found = _poll(lambda: re.search(pattern, self.log_since(name, offset), re.M), timeout_s, 0.02)
+        assert found, f"{name}: release.log never showed {pattern!r}:\n{self.log_since(name, offset)}"
+        return found.group(0)
+
+    # -- processes on the node
+    def switch_pids(self, name: str) -> list[int]:
+        """The node-side switch processes of this node (``flatshare-node switch`` / ``python -m flatshare_ops.node switch``)."""
+        state_dir = str(self.node(name).state_dir)
+        found = []
+        for pid in _pids():
+            argv = _cmdline(pid)
+            if "switch" in argv and state_dir in argv and any(
+                    a == "flatshare_ops.node" or a.endswith("/flatshare-node") for a in argv):
+                found.append(pid)
+        return found
+
+    def session_pid(self, name: str) -> int:
+        """The node's sshd session process running its release: a child of the node's sshd listener, an ancestor
+        of the node-side switch."""
+        listener = self.sandbox_state()[name]["sshd_pid"]
+        (switch,) = self.switch_pids(name)
+        pid = switch
+        while pid and _ppid(pid) not in (listener, None, 0, 1):
+            pid = _ppid(pid)
+        assert _ppid(pid) == listener, f"switch {switch} is not under {name}'s sshd listener {listener}"
+        argv = " ".join(_cmdline(pid))
+        assert "sshd" in argv and pid != listener, argv
+        return pid
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("safety")
+    checkout = copy_checkout(REPO, root / "checkout")
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    try:
+        yield Fleet(checkout, base)
+    finally:
+        down(base, echo=lambda _l: None)
+
+
+# --- the monitor: does a node take calls? ----------------------------------------------------------------
+
+
+class CallsMonitor(threading.Thread):
+    """Samples both gateways' ``GET /health`` and both voice drain files every ``period_s``.
+
+    A node takes calls when its gateway answers 200 and its drain file is absent.
+    """
+
+    def __init__(self, fleet: Fleet, period_s: float = 0.01) -> None:
+        super().__init__(daemon=True)
+        self.targets = [(n, ADDRESSES[n], fleet.drain_file(n)) for n in NODES]
+        self.period_s = period_s
+        self.samples: list[tuple[float, dict[str, tuple[bool, str]]]] = []
+        self.max_gap_s = 0.0
+        self._stop = threading.Event()
+
+    @staticmethod
+    def takes_calls(address: str, drain_file: Path) -> tuple[bool, str]:
+        try:
+            conn = http.client.HTTPConnection(address, 8080, timeout=1.0)
+            conn.request("GET", "/health", headers={"Connection": "close"})
+            status = conn.getresponse().status
+            conn.close()
+        except OSError as err:
+            return False, f"gateway: {type(err).__name__}"
+        if status != 200:
+            return False, f"gateway answered {status}"
+        if drain_file.exists():
+            return False, "voice.drain present"
+        return True, ""
+
+    def run(self) -> None:
+        last = None
+        while not self._stop.is_set():
+            t = time.time()
+            self.samples.append((t, {n: self.takes_calls(a, d) for n, a, d in self.targets}))
+            if last is not None:
+                self.max_gap_s = max(self.max_gap_s, t - last)
+            last = t
+            self._stop.wait(max(0.0, self.period_s - (time.time() - t)))
+
+    def stop(self) -> None:
+        self._stop.set()
+        self.join(10)
+
+    def nobody_serving(self) -> list[str]:
+        return [f"{_stamp(t)}: " + ", ".join(f"{n} {why}" for n, (_, why) in state.items())
+                for t, state in self.samples if not any(ok for ok, _ in state.values())]
+
+    def down_intervals(self, name: str) -> list[tuple[float, float]]:
+        intervals, start = [], None
+        for t, state in self.samples:
+            if not state[name][0] and start is None:
+                start = t
+            elif state[name][0] and start is not None:
+                intervals.append((start, t))
+                start = None
+        if start is not None:
+            intervals.append((start, self.samples[-1][0]))
+        return intervals
+
+
+_LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) (.*)$")
+
+
+def drain_intervals(log_text: str) -> tuple[list[tuple[int, int]], list[str]]:
+    """(each drain's [start, end] in UTC seconds: the drain-voice step's start to the end of the voice drain
+    (end-voice-drain done, or an early end), problems such as a drain never ended)."""
+    intervals, problems, start = [], [], None
+    for line in log_text.splitlines():
+        match = _LOG_LINE.match(line)
+        if not match:
+            continue
+        t = calendar.timegm(time.strptime(match.group(1), "%Y-%m-%dT%H:%M:%SZ"))
+        text = match.group(2)
+        if re.fullmatch(STEP + "drain-voice", text):
+            if start is not None:
+                problems.append(f"a drain began at {match.group(1)} while the one from {start} had not ended")
+            start = t
+        elif start is not None and (text == "  voice worker takes calls again"
+                                    or text.startswith("  voice drain ended early")
+                                    or (text.startswith("flatshare: ") and " failed: " in text)):
+            intervals.append((start, t))
+            start = None
+    if start is not None:
+        problems.append(f"a drain that began at {start} never ended in release.log")
+    return intervals, problems
+
+
+def overlaps(a: list[tuple[float, float]], b: list[tuple[float, float]]) -> list[tuple]:
+    return [(x, y) for x in a for y in b if x[0] < y[1] and y[0] < x[1]]
+
+
+# =====================================================================================================
+# 5. known_hosts read as OpenSSH reads it
+# =====================================================================================================
+
+
+def _other_key(tmp: Path) -> tuple[str, str]:
+    key = tmp / "other_host_key"
+    if not key.exists():
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", "other", "-f", str(key)], check=True)
+    kind, blob = key.with_suffix(".pub").read_text().split()[:2]
+    return kind, blob
+
+
+def _known_hosts_lines(fleet: Fleet) -> dict[str, str]:
+    lines = {}
+    for line in (fleet.base / "ssh/known_hosts").read_text().splitlines():
+        host = line.split()[0]
+        lines[next(n for n, a in ADDRESSES.items() if f"[{a}]" in host)] = line
+    return lines
+
+
+def _hashed(line: str, tmp: Path) -> str:
+    path = tmp / "to_hash"
+    path.write_text(line + "\n")
+    subprocess.run(["ssh-keygen", "-q", "-H", "-f", str(path)], check=True, capture_output=True)
+    (hashed,) = [x for x in path.read_text().splitlines() if x.strip() and not x.startswith("#")]
+    assert hashed.startswith("|1|"), hashed
+    return hashed
+
+
+def _known_hosts_form(form: str, fleet: Fleet, tmp: Path) -> list[str]:
+    good = _known_hosts_lines(fleet)
+    kind, other = _other_key(tmp)
+    cyan_kind, cyan_blob = good["cyan"].split()[1:3]
+    truncated = other[: (len(other) // 2) // 4 * 4]  # still base64, but the key blob is cut short
+    forms = {
+        "truncated key for another host": [f"[127.61.0.9]:2222 {kind} {truncated}", f"other.example {kind} {other[:-7]}"],
+        "@revoked for another host's key": [f"@revoked [127.61.0.9]:2222 {kind} {other}"],
+        "@cert-authority": [f"@cert-authority *.example.org,[127.61.0.2]:2222 {kind} {other}"],
+        "garbage": ["garbage", "this is not a known_hosts line", "@@@ ]] ssh-ed25519 ???", "\t  |1|x|y ssh-ed25519"],
+        "hashed hostname for the target": [_hashed(good["cyan"], tmp)],
+    }
+    lines = forms[form]
+    if form == "hashed hostname for the target":
+        return ["# hashed by ssh-keygen -H", *lines, good["peacock"]]
+    return [*lines, good["cyan"], good["peacock"]]
+
+
+KNOWN_HOSTS_FORMS = ["truncated key for another host", "@revoked for another host's key", "@cert-authority",
+                     "garbage", "hashed hostname for the target"]
+
+
+@pytest.mark.parametrize("form", KNOWN_HOSTS_FORMS)
+def test_known_hosts_lines_openssh_skips_or_handles_never_stop_a_good_connection(fleet, tmp_path, form):
+    (fleet.base / "ssh/known_hosts-variant").write_text("\n".join(_known_hosts_form(form, fleet, tmp_path)) + "\n")
+    inventory = fleet.variant("known-hosts", nodes={n: {"known_hosts": "ssh/known_hosts-variant"} for n in NODES})
+
+    status = fleet.cli("status", "--inventory", str(inventory))
+    assert status.returncode == 0, status.stdout + status.stderr
+    for name in NODES:
+        assert re.search(rf"^{name}: release {fleet.current(name)};", status.stdout, re.M), status.stdout
+    check = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory))
+    assert check.returncode == 0, check.stdout + check.stderr
+    assert check.stdout.startswith("SERVING-CHECK OK - cyan"), check.stdout
+    # A release connects (a dry run: it reaches the node's side and plans, changing nothing).
+    before = fleet.current("cyan")
+    release = fleet.release("--node", "cyan", "--dry-run", inventory=inventory)
+    assert release.returncode in (0, 4), release.stdout + release.stderr
+    assert re.search(r"^\[cyan\] (plan for cyan|cyan: already on)", release.stdout, re.M), release.stdout
+    assert fleet.current("cyan") == before
+    _no_traceback(status.stdout, status.stderr, check.stdout, check.stderr, release.stdout, release.stderr)
+
+
+def test_a_revoked_target_key_is_refused_by_name(fleet):
+    good = _known_hosts_lines(fleet)
+    kind, blob = good["cyan"].split()[1:3]
+    (fleet.base / "ssh/known_hosts-revoked").write_text(
+        f"{good['cyan']}\n@revoked [{ADDRESSES['cyan']}]:2222 {kind} {blob}\n{good['peacock']}\n")
+    inventory = fleet.variant("revoked", nodes={n: {"known_hosts": "ssh/known_hosts-revoked"} for n in NODES})
+    before = fleet.current("cyan")
+
+    status = fleet.cli("status", "--node", "cyan", "--inventory", str(inventory))
+    assert status.returncode == 1 and re.search(r"^cyan: UNKNOWN: .*revoked", status.stdout, re.M), status.stdout
+    check = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory))
+    assert check.returncode == 3 and "revoked" in check.stdout, check.stdout
+    fleet.toggle_hold()
+    release = fleet.release("--node", "cyan", inventory=inventory)
+    assert release.returncode == 6, release.stdout + release.stderr
+    assert "revoked" in release.stdout and "refusing to connect" in release.stdout, release.stdout
+    assert fleet.current("cyan") == before
+    _no_traceback(status.stdout, status.stderr, check.stdout, check.stderr, release.stdout, release.stderr)
+    fleet.settled("cyan")
+
+
+# =====================================================================================================
+# 7. Fleet answers with one node unreachable
+# =====================================================================================================
+
+
+@contextmanager
+def _unreachable_peacock(fleet: Fleet, how: str):
+    if how == "closed port":
+        yield fleet.variant("closed", nodes={"peacock": {"port": 2299}})
+        return
+    listener = fleet.sandbox_state()["peacock"]["sshd_pid"]
+    inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
+    os.kill(listener, signal.SIGSTOP)
+    try:
+        yield inventory
+    finally:
+        os.kill(listener, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["closed port", "stopped sshd"])
+def test_fleet_commands_report_an_unreachable_node_by_name_and_the_other_in_full(fleet, how):
+    with _unreachable_peacock(fleet, how) as inventory:
+        check = fleet.cli("check", "--all", "--inventory", str(inventory), timeout=90)
+        status = fleet.cli("status", "--inventory", str(inventory), timeout=90)
+        history = fleet.cli("releases", "--inventory", str(inventory), timeout=90)
+    _no_traceback(check.stdout, check.stderr, status.stdout, status.stderr, history.stdout, history.stderr)
+
+    heads = [line for line in check.stdout.splitlines() if line.startswith("SERVING-CHECK ")]
+    assert [h.split(" - ")[1].split(":")[0] for h in heads] == ["cyan", "peacock"], check.stdout
+    assert heads[0].startswith("SERVING-CHECK OK - cyan"), check.stdout
+    assert heads[1].startswith("SERVING-CHECK UNKNOWN - peacock"), check.stdout
+    assert check.returncode == 3
+
+    lines = status.stdout.splitlines()
+    assert len([line for line in lines if re.match(r"^(cyan|peacock): ", line)]) == 2, status.stdout
+    assert _serving_status_line("cyan", fleet.current("cyan"), status.stdout), status.stdout
+    assert re.search(r"^peacock: UNKNOWN: peacock: ", status.stdout, re.M), status.stdout
+    assert status.returncode == 1
+
+    text = history.stdout
+    assert text.index("cyan:\n") < text.index("peacock:\n"), text
+    cyan_part, peacock_part = text.split("peacock:\n")
+    last = fleet.history("cyan")[-1]
+    assert f"{last['before']} -> {last['target']}: {last['result']}" in cyan_part, text
+    assert re.fullmatch(r"  UNKNOWN: peacock: .+\n", peacock_part), text
+    fleet.settled("peacock")
+
+
+# =====================================================================================================
+# 6. A hung and a frozen systemd manager
+# =====================================================================================================
+
+
+class HungManager:
+    """A unix socket where a manager's private socket would be: it accepts and never answers."""
+
+    def __init__(self) -> None:
+        self.runtime_dir = Path(tempfile.mkdtemp(prefix="fs-hung-", dir="/tmp"))
+        (self.runtime_dir / "systemd").mkdir()
+        self.sock = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        self.sock.bind(str(self.runtime_dir / "systemd/private"))
+        self.sock.listen(64)
+        self.sock.settimeout(0.2)
+        self.accepted: list[socket.socket] = []
+        self.done = threading.Event()
+        self.thread = threading.Thread(target=self._serve, daemon=True)
+        self.thread.start()
+
+    def _serve(self) -> None:
+        while not self.done.is_set():
+            try:
+                conn, _ = self.sock.accept()
+                self.accepted.append(conn)  # kept open, never read, never answered
+            except (TimeoutError, socket.timeout):
+                continue
+            except OSError:
+                return
+
+    def close(self) -> None:
+        self.done.set()
+        self.thread.join(5)
+        for conn in self.accepted:
+            conn.close()
+        self.sock.close()
+        import shutil
+
+        shutil.rmtree(self.runtime_dir, ignore_errors=True)
+
+
+@contextmanager
+def _unanswering_manager(fleet: Fleet, how: str):
+    """(the runtime dir serving-check is pointed at, an inventory whose cyan has that manager)."""
+    if how == "hung socket":
+        hung = HungManager()
+        try:
+            yield hung.runtime_dir, fleet.variant("hung", nodes={"cyan": {"runtime_dir": str(hung.runtime_dir)}})
+        finally:
+            hung.close()
+        return
+    manager = fleet.sandbox_state()["cyan"]["manager_pid"]
+    os.kill(manager, signal.SIGSTOP)
+    try:
+        yield fleet.node("cyan").manager.runtime_dir, fleet.inventory
+    finally:
+        os.kill(manager, signal.SIGCONT)
+
+
+@pytest.mark.parametrize("how", ["hung socket", "stopped manager"])
+def test_a_manager_that_never_answers_is_unknown_within_the_bounds(fleet, tmp_path, how):
+    textfile = tmp_path / "textfile"
+    textfile.mkdir()
+    with _unanswering_manager(fleet, how) as (runtime_dir, inventory):
+        direct = fleet.cli("--json", "--textfile", str(textfile), "--deadline", "10",
+                           "--state-dir", str(fleet.node("cyan").state_dir), "--runtime-dir", str(runtime_dir),
+                           "--node-name", "cyan", program="serving-check", timeout=60)
+        check_one = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory), timeout=90)
+        check_all = fleet.cli("check", "--all", "--inventory", str(inventory), timeout=90)
+        status = fleet.cli("status", "--inventory", str(inventory), timeout=90)
+    _no_traceback(*(r.stdout + r.stderr for r in (direct, check_one, check_all, status)))
+
+    assert direct.returncode == 3, direct.stdout + direct.stderr
+    report = json.loads(direct.stdout)
+    systemd_findings = [f for f in report["findings"] if f["check"] == "systemd"]
+    assert systemd_findings and systemd_findings[0]["status"] == "UNKNOWN", report
+    assert "within 5 s" in systemd_findings[0]["summary"], report
+    prom = (textfile / "serving_check.prom").read_text()
+    assert 'flatshare_serving_check_status{node="cyan",check="systemd"} 3' in prom, prom
+
+    assert check_one.returncode == 3, check_one.stdout
+    assert check_one.stdout.startswith("SERVING-CHECK UNKNOWN - cyan:") and "within 5 s" in check_one.stdout
+
+    heads = [line for line in check_all.stdout.splitlines() if line.startswith("SERVING-CHECK ")]
+    assert len(heads) == 2, check_all.stdout
+    assert heads[0].startswith("SERVING-CHECK UNKNOWN - cyan:"), check_all.stdout
+    assert heads[1].startswith("SERVING-CHECK OK - peacock:"), check_all.stdout
+
+    lines = [line for line in status.stdout.splitlines() if re.match(r"^(cyan|peacock): ", line)]
+    assert len(lines) == 2, status.stdout
+    assert re.match(rf"^cyan: release {fleet.current('cyan')}; units unknown \(.*within 5 s", lines[0]), status.stdout
+    assert _serving_status_line("peacock", fleet.current("peacock"), status.stdout), status.stdout
+    for name in NODES:
+        fleet.settled(name)
+
+
+# =====================================================================================================
+# 1. Concurrent releases and rollbacks on both nodes, watched every 10 ms
+# =====================================================================================================
+
+ROUNDS = 12
+#: Values of decode_hold_tokens the rounds go through: 48 and 0 alternate; the third one makes sure a node
+#: refused in one round still has something to release in the next.
+HOLDS = (0, 48, 16)
+KINDS = ("release", "local-release", "rollback")
+
+
+def _round_commands(rng: random.Random) -> list[tuple[str, str]]:
+    """Releases over SSH, local releases and rollbacks on both nodes (each node at least once)."""
+    commands = [(rng.choice(KINDS[:2]), "cyan"), (rng.choice(KINDS[:2]), "peacock")]
+    for _ in range(rng.randint(1, 3)):
+        commands.append((rng.choice(KINDS), rng.choice(NODES)))
+    rng.shuffle(commands)
+    return commands
+
+
+def _run_at_once(fleet: Fleet, commands: list[tuple[str, str]], rng: random.Random) -> list[dict]:
+    runs = [{"kind": kind, "node": node, "jitter": rng.uniform(0.0, 1.0)} for kind, node in commands]
+
+    def one(run: dict) -> None:
+        time.sleep(run["jitter"])
+        argv, env = fleet.argv(run["kind"], run["node"])
+        run["started"] = time.time()
+        try:
+            run["result"] = fleet.cli(*argv[1:], env=env, timeout=240)
+        except subprocess.TimeoutExpired as err:
+            run["result"] = err
+        run["ended"] = time.time()
+
+    threads = [threading.Thread(target=one, args=(run,)) for run in runs]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return runs
+
+
+def test_concurrent_releases_and_rollbacks_always_leave_a_node_taking_calls(fleet):
+    seed = int(os.environ.get("FLEET_SAFETY_SEED", "20261130"))
+    rng = random.Random(seed)
+    offsets = {n: fleet.log_size(n) for n in NODES}
+    history_lengths = {n: len(fleet.history(n)) for n in NODES}
+    monitor = CallsMonitor(fleet)
+    problems: list[str] = []
+    summary: list[str] = []
+    # A 2.5 s engine load: a switch's drain lasts seconds, so racing releases would overlap if let through.
+    with fleet.node_profile(NODES, load="2.5"):
+        monitor.start()
+        try:
+            for number in range(ROUNDS):
+                fleet.set_hold(HOLDS[number % len(HOLDS)])
+                began = time.time()
+                runs = _run_at_once(fleet, _round_commands(rng), rng)
+                for run in runs:
+                    result = run["result"]
+                    what = f"round {number} {run['kind']} {run['node']}"
+                    if isinstance(result, subprocess.TimeoutExpired):
+                        problems.append(f"{what}: still running after 240 s")
+                        continue
+                    summary.append(f"{what}: exit {result.returncode}")
+                    output = result.stdout + result.stderr
+                    if "Traceback" in output:
+                        problems.append(f"{what}: traceback:\n{output}")
+                    if result.returncode == 1:
+                        failed = [r for r in fleet.history(run["node"])
+                                  if r.get("result") == "failed" and r.get("finished_at", 0) >= began]
+                        if not failed or not failed[-1].get("reason"):
+                            problems.append(f"{what}: exit 1 without a recorded reason:\n{output}")
+                    elif result.returncode not in DOCUMENTED:
+                        problems.append(f"{what}: exit {result.returncode}:\n{output}")
+                assert not problems, "\n".join(problems)
+                for name in NODES:
+                    if fleet.journal(name).exists():  # an exit 1 with its reason: the next release finishes it
+                        finish = fleet.release("--node", name)
+                        assert finish.returncode == 0, finish.stdout + finish.stderr
+                    fleet.settled(name)
+        finally:
+            monitor.stop()
+
+    nobody = monitor.nobody_serving()
+    assert not nobody, (f"{len(nobody)} sample(s) with no node taking calls (seed {seed}):\n"
+                        + "\n".join(nobody[:50]) + "\n" + "\n".join(summary))
+    intervals = {}
+    for name in NODES:
+        intervals[name], log_problems = drain_intervals(fleet.log_since(name, offsets[name]))
+        assert not log_problems, f"{name}: {log_problems}"
+    both = overlaps(intervals["cyan"], intervals["peacock"])
+    assert not both, f"drains overlapped (release.log, UTC seconds): {both}"
+    # The drain files the monitor saw never overlapped either (to the 10 ms).
+    assert not overlaps(monitor.down_intervals("cyan"), monitor.down_intervals("peacock"))
+    switched = {n: [r for r in fleet.history(n)[history_lengths[n]:] if r.get("served")] for n in NODES}
+    assert all(switched.values()), f"a node never switched in {ROUNDS} rounds: {summary}"
+    assert any(": exit 3" in line for line in summary), f"no release was ever refused: the races never met {summary}"
+    print(f"\nstress: seed {seed}, {len(monitor.samples)} samples, largest gap {monitor.max_gap_s * 1000:.0f} ms, "
+          f"drains cyan {len(intervals['cyan'])} peacock {len(intervals['peacock'])}; " + "; ".join(summary))
