@@ -263,6 +263,17 @@ def sandbox_status(
     raise typer.Exit(0 if healthy else 1)
 
 
+@sandbox_app.command("reboot")
+def sandbox_reboot(
+    node: Annotated[str, typer.Option("--node", help="The sandbox node to reboot.")],
+    directory: SandboxDir = Path(".sandbox"),
+) -> None:
+    """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up."""
+    from .sandbox.fleet import reboot
+
+    reboot(directory, node, echo=typer.echo)
+
+
 @sandbox_app.command("down")
 def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
     """Stop every process the sandbox started (by process id)."""
@@ -275,6 +286,63 @@ def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
 InventoryOption = Annotated[Optional[Path], typer.Option(
     "--inventory", envvar="FLATSHARE_INVENTORY", help="The inventory (default profiles/fleet.toml).")]
 NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node to act on (repeatable).")]
+
+
+lock_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "
+                                                   "with a message; not a drain.")
+app.add_typer(lock_app, name="lock")
+
+
+def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str, dict]:
+    from .control import commands
+
+    return _fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
+
+
+@lock_app.command("acquire")
+def lock_acquire(
+    node: Annotated[str, typer.Option("--node", help="The node to hold.")],
+    message: Annotated[str, typer.Option("-m", "--message", help="Why (e.g. 'E2 benchmark').")],
+    inventory: InventoryOption = None,
+) -> None:
+    """Hold a node: its releases and rollbacks are refused with your message until 'flatshare lock release'."""
+    import getpass
+    import socket
+
+    answer = _hold([node], inventory, acquire=message, who=f"{getpass.getuser()}@{socket.gethostname()}")[node]
+    if "error" in answer or not answer.get("held"):
+        typer.echo(f"{node}: {answer.get('error') or answer}", err=True)
+        raise typer.Exit(3)
+    typer.echo(f"{node}: held by {answer['hold']['who']}: {answer['hold']['message']}")
+
+
+@lock_app.command("status")
+def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+    """Who holds each node, and why (default: every node)."""
+    from .common.clock import utc_stamp
+
+    for name, answer in _hold(node, inventory).items():
+        if "error" in answer:
+            typer.echo(f"{name}: UNKNOWN: {answer['error']}")
+        elif answer.get("held"):
+            hold = answer["hold"]
+            typer.echo(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: {hold.get('message')}")
+        else:
+            typer.echo(f"{name}: not held")
+
+
+@lock_app.command("release")
+def lock_release(node: Annotated[str, typer.Option("--node", help="The node to release.")],
+                 inventory: InventoryOption = None) -> None:
+    """Lift an operator's hold on a node (exit 4 when it was not held)."""
+    answer = _hold([node], inventory, release=True)[node]
+    if "error" in answer:
+        typer.echo(f"{node}: {answer['error']}", err=True)
+        raise typer.Exit(6)
+    if not answer.get("lifted"):
+        typer.echo(f"{node}: not held; nothing to do")
+        raise typer.Exit(4)
+    typer.echo(f"{node}: hold lifted ({answer['lifted'].get('message')})")
 
 
 def _on_signals() -> None:

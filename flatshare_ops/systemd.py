@@ -415,7 +415,8 @@ def enable(address: ManagerAddress, units: list[str], timeout_s: float = 30.0) -
     def work(bus):
         m = manager(bus)
         _carries, changes = m.Manager.EnableUnitFiles([u.encode() for u in units], False, True)
-        daemon_reload(bus)
+        if changes:
+            daemon_reload(bus)
         return [[_text(c) for c in change] for change in changes]
 
     return _in_child(address, work, timeout_s, f"enable {' '.join(units)}")

@@ -203,8 +203,15 @@ class Fleet:
         assert result.returncode == 0, result.stdout + result.stderr
         self.hold_value = value
 
-    def toggle_hold(self) -> None:
-        self.set_hold(0 if self.hold_value else 48)
+    def hold(self, name: str) -> int:
+        """decode_hold_tokens in the node's running engine's command line."""
+        argv = self.engine_argv(name)
+        return int(argv[argv.index(HOLD_FLAG) + 1])
+
+    def new_hold(self, *names: str) -> None:
+        """Change the checkout's profile so that each of these nodes has something to release."""
+        running = {self.hold(n) for n in names or NODES}
+        self.set_hold(next(v for v in (48, 0, 16) if v not in running))
 
     @contextmanager
     def node_profile(self, names, load: str | None = None, start_timeout: int | None = None):
@@ -290,7 +297,8 @@ class Fleet:
             if "switch" in argv and state_dir in argv and any(
                     a == "flatshare_ops.node" or a.endswith("/flatshare-node") for a in argv):
                 found.append(pid)
-        return found
+        # A switch forks a child (same command line) for each exchange with systemd: not a switch of its own.
+        return [pid for pid in found if _ppid(pid) not in found]
 
     def session_pid(self, name: str) -> int:
         """The node's sshd session process running its release: a child of the node's sshd listener, an ancestor
@@ -497,7 +505,7 @@ def test_a_revoked_target_key_is_refused_by_name(fleet):
     assert status.returncode == 1 and re.search(r"^cyan: UNKNOWN: .*revoked", status.stdout, re.M), status.stdout
     check = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory))
     assert check.returncode == 3 and "revoked" in check.stdout, check.stdout
-    fleet.toggle_hold()
+    fleet.new_hold("cyan")
     release = fleet.release("--node", "cyan", inventory=inventory)
     assert release.returncode == 6, release.stdout + release.stderr
     assert "revoked" in release.stdout and "refusing to connect" in release.stdout, release.stdout
@@ -511,38 +519,23 @@ def test_a_revoked_target_key_is_refused_by_name(fleet):
 # =====================================================================================================
 
 
-@contextmanager
-def _unreachable_peacock(fleet: Fleet, how: str):
-    if how == "closed port":
-        yield fleet.variant("closed", nodes={"peacock": {"port": 2299}})
-        return
-    listener = fleet.sandbox_state()["peacock"]["sshd_pid"]
-    inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
-    os.kill(listener, signal.SIGSTOP)
-    try:
-        yield inventory
-    finally:
-        os.kill(listener, signal.SIGCONT)
-
-
-@pytest.mark.parametrize("how", ["closed port", "stopped sshd"])
-def test_fleet_commands_report_an_unreachable_node_by_name_and_the_other_in_full(fleet, how):
-    with _unreachable_peacock(fleet, how) as inventory:
-        check = fleet.cli("check", "--all", "--inventory", str(inventory), timeout=90)
-        status = fleet.cli("status", "--inventory", str(inventory), timeout=90)
-        history = fleet.cli("releases", "--inventory", str(inventory), timeout=90)
+def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
+    """check --all, status and releases: a line (or block) per node, peacock UNKNOWN by name, cyan in full."""
+    check = fleet.cli("check", "--all", "--inventory", str(inventory), timeout=90)
+    status = fleet.cli("status", "--inventory", str(inventory), timeout=90)
+    history = fleet.cli("releases", "--inventory", str(inventory), timeout=90)
     _no_traceback(check.stdout, check.stderr, status.stdout, status.stderr, history.stdout, history.stderr)
 
     heads = [line for line in check.stdout.splitlines() if line.startswith("SERVING-CHECK ")]
     assert [h.split(" - ")[1].split(":")[0] for h in heads] == ["cyan", "peacock"], check.stdout
     assert heads[0].startswith("SERVING-CHECK OK - cyan"), check.stdout
-    assert heads[1].startswith("SERVING-CHECK UNKNOWN - peacock"), check.stdout
+    assert heads[1].startswith("SERVING-CHECK UNKNOWN - peacock") and reason in heads[1], check.stdout
     assert check.returncode == 3
 
     lines = status.stdout.splitlines()
     assert len([line for line in lines if re.match(r"^(cyan|peacock): ", line)]) == 2, status.stdout
     assert _serving_status_line("cyan", fleet.current("cyan"), status.stdout), status.stdout
-    assert re.search(r"^peacock: UNKNOWN: peacock: ", status.stdout, re.M), status.stdout
+    assert re.search(rf"^peacock: UNKNOWN: peacock: .*{re.escape(reason)}", status.stdout, re.M), status.stdout
     assert status.returncode == 1
 
     text = history.stdout
@@ -550,8 +543,52 @@ def test_fleet_commands_report_an_unreachable_node_by_name_and_the_other_in_full
     cyan_part, peacock_part = text.split("peacock:\n")
     last = fleet.history("cyan")[-1]
     assert f"{last['before']} -> {last['target']}: {last['result']}" in cyan_part, text
-    assert re.fullmatch(r"  UNKNOWN: peacock: .+\n", peacock_part), text
+    assert re.fullmatch(rf"  UNKNOWN: peacock: .*{re.escape(reason)}.*\n", peacock_part), text
+
+
+@contextmanager
+def _stopped(pid: int):
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    finally:
+        os.kill(pid, signal.SIGCONT)
+
+
+def test_fleet_commands_report_a_node_on_a_closed_port_by_name_and_the_other_in_full(fleet):
+    inventory = fleet.variant("closed", nodes={"peacock": {"port": 2299}})
+    _assert_fleet_answers(fleet, inventory, "cannot reach [127.61.0.3]:2299")
     fleet.settled("peacock")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: an sshd that accepts but never sends its banner: paramiko's start_client "
+                   "returns at its timeout without raising, get_remote_server_key's SSHException escapes "
+                   "SSHConnection._open (a traceback, the node reported as 'no answer'), and paramiko's own "
+                   "thread logs a traceback to stderr")
+def test_fleet_commands_report_a_node_whose_sshd_is_stopped_by_name_and_the_other_in_full(fleet):
+    inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
+    with _stopped(fleet.sandbox_state()["peacock"]["sshd_pid"]):
+        _assert_fleet_answers(fleet, inventory, "no SSH handshake with [127.61.0.3]:2222 within 3 s")
+    fleet.settled("peacock")
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: the admission probe of a node whose sshd never sends its banner raises "
+                   "paramiko's SSHException past Rollout.admission: the operator dies with a traceback and exit 1 "
+                   "('failed mid-switch') while the node refused the release")
+def test_a_release_whose_other_node_has_a_stopped_sshd_is_refused_and_told_so(fleet):
+    inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
+    fleet.new_hold("cyan")
+    before = fleet.current("cyan")
+    offset = fleet.log_size("cyan")
+    with _stopped(fleet.sandbox_state()["peacock"]["sshd_pid"]):
+        result = fleet.release("--node", "cyan", inventory=inventory, timeout=120)
+    fleet.wait_log("cyan", offset, r"release refused: cyan may not drain now")
+    assert fleet.current("cyan") == before
+    fleet.settled("cyan")
+    _no_traceback(result.stdout, result.stderr)
+    assert re.search(r"^peacock: UNKNOWN: peacock: no SSH handshake", result.stdout, re.M), result.stdout
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "cyan may not drain now" in result.stdout
 
 
 # =====================================================================================================
@@ -618,13 +655,23 @@ def test_a_manager_that_never_answers_is_unknown_within_the_bounds(fleet, tmp_pa
     textfile = tmp_path / "textfile"
     textfile.mkdir()
     with _unanswering_manager(fleet, how) as (runtime_dir, inventory):
-        direct = fleet.cli("--json", "--textfile", str(textfile), "--deadline", "10",
-                           "--state-dir", str(fleet.node("cyan").state_dir), "--runtime-dir", str(runtime_dir),
-                           "--node-name", "cyan", program="serving-check", timeout=60)
-        check_one = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory), timeout=90)
-        check_all = fleet.cli("check", "--all", "--inventory", str(inventory), timeout=90)
-        status = fleet.cli("status", "--inventory", str(inventory), timeout=90)
-    _no_traceback(*(r.stdout + r.stderr for r in (direct, check_one, check_all, status)))
+        # The three at once (each waits out the same 5 s bound).
+        commands = {
+            "direct": (["--json", "--textfile", str(textfile), "--deadline", "10",
+                        "--state-dir", str(fleet.node("cyan").state_dir), "--runtime-dir", str(runtime_dir),
+                        "--node-name", "cyan"], "serving-check"),
+            "check": (["check", "--node", "cyan", "--node", "peacock", "--inventory", str(inventory)], "flatshare"),
+            "status": (["status", "--inventory", str(inventory)], "flatshare"),
+        }
+        results: dict = {}
+        threads = [threading.Thread(target=lambda k=k, a=a, p=p: results.__setitem__(
+            k, fleet.cli(*a, program=p, timeout=90))) for k, (a, p) in commands.items()]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            thread.join()
+    direct, check_all, status = results["direct"], results["check"], results["status"]
+    _no_traceback(*(r.stdout + r.stderr for r in (direct, check_all, status)))
 
     assert direct.returncode == 3, direct.stdout + direct.stderr
     report = json.loads(direct.stdout)
@@ -634,12 +681,10 @@ def test_a_manager_that_never_answers_is_unknown_within_the_bounds(fleet, tmp_pa
     prom = (textfile / "serving_check.prom").read_text()
     assert 'flatshare_serving_check_status{node="cyan",check="systemd"} 3' in prom, prom
 
-    assert check_one.returncode == 3, check_one.stdout
-    assert check_one.stdout.startswith("SERVING-CHECK UNKNOWN - cyan:") and "within 5 s" in check_one.stdout
-
+    assert check_all.returncode == 3, check_all.stdout
     heads = [line for line in check_all.stdout.splitlines() if line.startswith("SERVING-CHECK ")]
     assert len(heads) == 2, check_all.stdout
-    assert heads[0].startswith("SERVING-CHECK UNKNOWN - cyan:"), check_all.stdout
+    assert heads[0].startswith("SERVING-CHECK UNKNOWN - cyan:") and "within 5 s" in heads[0], check_all.stdout
     assert heads[1].startswith("SERVING-CHECK OK - peacock:"), check_all.stdout
 
     lines = [line for line in status.stdout.splitlines() if re.match(r"^(cyan|peacock): ", line)]
@@ -749,3 +794,262 @@ def test_concurrent_releases_and_rollbacks_always_leave_a_node_taking_calls(flee
     assert any(": exit 3" in line for line in summary), f"no release was ever refused: the races never met {summary}"
     print(f"\nstress: seed {seed}, {len(monitor.samples)} samples, largest gap {monitor.max_gap_s * 1000:.0f} ms, "
           f"drains cyan {len(intervals['cyan'])} peacock {len(intervals['peacock'])}; " + "; ".join(summary))
+
+
+# =====================================================================================================
+# 2. A stalled SSH session: the silence bound, then the reconnect; a slow engine is not a stall
+# =====================================================================================================
+
+
+def _release_in_background(fleet: Fleet, name: str, inventory: Path | None = None, *extra: str,
+                           new_session: bool = False) -> subprocess.Popen:
+    argv, env = fleet.argv("release", name, inventory, *extra)
+    return fleet.popen(argv, env, new_session=new_session)
+
+
+def _finish(process: subprocess.Popen, timeout_s: float = 180) -> str:
+    """The operator's output once it ended by itself (the timeout is only a safety net: it kills and fails)."""
+    try:
+        out, _ = process.communicate(timeout=timeout_s)
+    except subprocess.TimeoutExpired:
+        process.kill()
+        out, _ = process.communicate()
+        pytest.fail(f"the operator did not end by itself within {timeout_s:g} s:\n{out}")
+    return out
+
+
+def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_node_did(fleet):
+    name = "cyan"
+    inventory = fleet.variant("stall", transport={"silence_s": 5, "reconnect_s": 20})
+    fleet.new_hold(name)
+    expected = fleet.expected_id(name)
+    offset = fleet.log_size(name)
+    operator = _release_in_background(fleet, name, inventory)
+    session = None
+    try:
+        fleet.wait_log(name, offset, STEP + "restart-engine")
+        session = fleet.session_pid(name)
+        os.kill(session, signal.SIGSTOP)  # the session stalls: no byte reaches the operator any more
+        out = _finish(operator, 120)
+    finally:
+        _signal(session, signal.SIGCONT)
+        if operator.poll() is None:
+            operator.kill()
+    _no_traceback(out)
+    assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
+    assert f"{name}: the node says: released {expected}" in out, out
+    assert operator.returncode == 0, out
+    last = fleet.history(name)[-1]
+    assert (last["target"], last["result"]) == (expected, "released")
+    assert fleet.current(name) == expected
+    fleet.settled(name)
+
+
+def test_a_sixty_second_engine_load_does_not_trip_a_25_second_silence_bound(fleet):
+    name = "cyan"
+    inventory = fleet.variant("slow-engine", transport={"silence_s": 25})
+    with fleet.node_profile(name, load="60", start_timeout=90):
+        expected = fleet.expected_id(name)
+        result = fleet.release("--node", name, inventory=inventory, timeout=240)
+    _no_traceback(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "silence bound" not in result.stdout
+    # The node said it was still waiting, every 10 s, all through the load.
+    assert len(re.findall(r"still waiting for http://\S+/health to answer 200", result.stdout)) >= 5, result.stdout
+    assert fleet.current(name) == expected and fleet.history(name)[-1]["result"] == "released"
+    fleet.settled(name)
+
+
+# =====================================================================================================
+# 3. A killed SSH session
+# =====================================================================================================
+
+
+def test_a_killed_ssh_session_is_followed_up_and_the_node_released_is_reported_released(fleet):
+    name = "peacock"
+    fleet.new_hold(name)
+    expected = fleet.expected_id(name)
+    offset = fleet.log_size(name)
+    operator = _release_in_background(fleet, name)
+    try:
+        fleet.wait_log(name, offset, STEP + "restart-engine")
+        os.kill(fleet.session_pid(name), signal.SIGKILL)
+        out = _finish(operator, 120)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    _no_traceback(out)
+    assert f"{name}: the node says: released {expected}" in out, out
+    assert operator.returncode == 0, out
+    assert not re.search(r"^(\[peacock\] )?peacock: .*\bfailed\b", out, re.M), out
+    last = fleet.history(name)[-1]
+    assert (last["target"], last["result"]) == (expected, "released")
+    fleet.settled(name)
+
+
+# =====================================================================================================
+# 4. Signals: Ctrl-C and SIGTERM to the operator; SIGTERM to the node's side in each wait
+# =====================================================================================================
+
+
+@pytest.mark.parametrize("sig, code, word", [(signal.SIGINT, 130, "Ctrl-C"), (signal.SIGTERM, 143, "SIGTERM")])
+def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_so(fleet, sig, code, word):
+    fleet.new_hold("cyan")
+    expected = fleet.expected_id("cyan")
+    peacock_before = fleet.current("peacock")
+    peacock_records = len(fleet.history("peacock"))
+    offset = fleet.log_size("cyan")
+    operator = fleet.popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
+                            "--root", str(fleet.checkout)], new_session=True)
+    try:
+        fleet.wait_log("cyan", offset, STEP + "restart-engine")
+        if sig == signal.SIGINT:
+            os.killpg(operator.pid, sig)  # Ctrl-C: the terminal's whole foreground group
+        else:
+            os.kill(operator.pid, sig)
+        out = _finish(operator, 60)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    _no_traceback(out)
+    assert operator.returncode == code, out
+    said = [line for line in out.splitlines() if line.startswith("interrupted:")]
+    assert len(said) == 1 and word in said[0] and "carries on" in said[0], out
+    assert re.search(r"^cyan: switching on the node when interrupted \(it carries on", out, re.M), out
+    assert re.search(r"^peacock: not started$", out, re.M), out
+    # cyan finishes its switch on its own; peacock was never touched.
+    assert _poll(lambda: (fleet.history("cyan")[-1]["target"], fleet.history("cyan")[-1]["result"])
+                 == (expected, "released"), 60), fleet.history("cyan")[-1]
+    assert fleet.current("peacock") == peacock_before and len(fleet.history("peacock")) == peacock_records
+    for name in NODES:
+        fleet.settled(name)
+
+
+def _hold_voice_call(name: str, seconds: int) -> None:
+    assert _http_status(f"http://{ADDRESSES[name]}:8090/calls/start?seconds={seconds}&turns=1", "POST") == 200
+
+
+def _hold_gateway_request(name: str, seconds: int) -> threading.Thread:
+    thread = threading.Thread(target=_http_status, args=(f"http://{ADDRESSES[name]}:8080/v1/chat?hold={seconds}",
+                                                        "POST", seconds + 10), daemon=True)
+    thread.start()
+    _poll(lambda: json.loads(urllib.request.urlopen(f"http://{ADDRESSES[name]}:8080/stats", timeout=2).read())
+          ["in_flight"] > 0, 5)
+    return thread
+
+
+WAITS = {
+    # wait -> (what the node prints when it begins that wait, the engine's load time)
+    "voice drain": (r"voice worker draining: 1 call\(s\) in progress", None),
+    "gateway stop job": (r"stop flatshare-gateway.service: waiting for systemd's job", None),
+    "engine /health": (r"waiting for http://\S+/health to answer 200", "8"),
+}
+
+
+@pytest.mark.parametrize("wait", list(WAITS))
+def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rule(fleet, wait):
+    name = "cyan"
+    marker, load = WAITS[wait]
+    fleet.new_hold(name)
+    offset = fleet.log_size(name)
+    held = None
+    with fleet.node_profile(name, load=load):
+        if wait == "voice drain":
+            _hold_voice_call(name, 10)  # the drain waits for it (up to the voice drain timeout, 20 s)
+        if wait == "gateway stop job":
+            held = _hold_gateway_request(name, 10)  # the gateway's drain waits for it (up to 5 s)
+        argv, env = fleet.argv("local-release", name)
+        operator = fleet.popen(argv, env)
+        try:
+            fleet.wait_log(name, offset, marker)
+            time.sleep(0.3)  # inside the wait
+            (switch,) = fleet.switch_pids(name)
+            os.kill(switch, signal.SIGTERM)
+            out = _finish(operator, 120)
+        finally:
+            if operator.poll() is None:
+                operator.kill()
+        _no_traceback(out, fleet.log_since(name, offset))
+        assert operator.returncode == 1, out
+        # The drain file is gone within a few seconds.
+        assert _poll(lambda: not fleet.drain_file(name).exists(), 5), "the drain file stayed"
+        log = fleet.log_since(name, offset)
+        if wait == "engine /health":
+            # The engine was still loading: the gateway is left stopped (it says so), the next release starts it.
+            assert "flatshare-gateway.service left stopped: the engine does not answer" in log, log
+        else:
+            assert fleet.engine_health(name) == 200
+            assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30), fleet.unit_state(name, GATEWAY)
+        last = fleet.history(name)[-1]
+        assert last["result"] == "failed" and last["reason"] == "interrupted by SIGTERM", last
+        assert "interrupted by SIGTERM" in out
+        assert fleet.lock_holder(name) is None
+        if held is not None:
+            held.join(20)
+        # The next release is not refused for the lock, and finishes the switch.
+        result = fleet.release("--node", name)
+    _no_traceback(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "being released by" not in result.stdout
+    assert fleet.history(name)[-1]["result"] == "released"
+    fleet.settled(name)
+
+
+# =====================================================================================================
+# 8. Rolling back the fleet's last rollout
+# =====================================================================================================
+
+
+def test_rollback_all_returns_each_node_of_a_failed_rollout_to_what_it_ran_before(fleet):
+    sync = fleet.release("--all")
+    assert sync.returncode in (0, 4), sync.stdout + sync.stderr
+    before = {n: fleet.current(n) for n in NODES}
+    hold_before = fleet.hold_value
+    fleet.new_hold(*NODES)
+    # peacock's engine takes longer to load than its start budget allows: its switch fails mid-way.
+    with fleet.node_profile("peacock", load="30", start_timeout=4):
+        rollout = fleet.release("--all", timeout=240)
+    _no_traceback(rollout.stdout, rollout.stderr)
+    assert rollout.returncode == 1, rollout.stdout
+    assert fleet.current("cyan") != before["cyan"] and fleet.history("cyan")[-1]["result"] == "released"
+    failed = fleet.history("peacock")[-1]
+    assert failed["result"] == "failed" and failed["step"] == "restart-engine", failed
+    rollout_id = failed["rollout"]
+    assert fleet.history("cyan")[-1]["rollout"] == rollout_id
+
+    result = fleet.rollback("--all")
+    _no_traceback(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "undo-rollout of peacock, cyan" in result.stdout, result.stdout
+    for name in NODES:
+        assert fleet.current(name) == before[name], name
+        last = fleet.history(name)[-1]
+        assert (last["result"], last["after"]) == ("rolled back", before[name]), last
+    # peacock (the failed node) first, then cyan.
+    assert fleet.history("peacock")[-1]["finished_at"] <= fleet.history("cyan")[-1]["started_at"]
+    for name in NODES:
+        fleet.settled(name)
+    fleet.set_hold(hold_before)  # the checkout back to what both nodes run
+
+
+def test_rollback_all_leaves_alone_a_node_that_never_switched_in_the_rollout(fleet):
+    sync = fleet.release("--all")
+    assert sync.returncode in (0, 4), sync.stdout + sync.stderr
+    before = {n: fleet.current(n) for n in NODES}
+    peacock_records = len(fleet.history("peacock"))
+    with fleet.node_profile("cyan", load="1.5"):  # only cyan's render changes
+        rollout = fleet.release("--all")
+        _no_traceback(rollout.stdout, rollout.stderr)
+        assert rollout.returncode == 0, rollout.stdout
+        assert "peacock: nothing to do" in rollout.stdout, rollout.stdout
+        assert fleet.current("cyan") != before["cyan"] and fleet.current("peacock") == before["peacock"]
+
+        result = fleet.rollback("--all")
+    _no_traceback(result.stdout, result.stderr)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert "peacock: its last switch is not part of rollout" in result.stdout, result.stdout
+    assert fleet.current("cyan") == before["cyan"]
+    assert fleet.history("cyan")[-1]["result"] == "rolled back"
+    assert fleet.current("peacock") == before["peacock"] and len(fleet.history("peacock")) == peacock_records
+    for name in NODES:
+        fleet.settled(name)

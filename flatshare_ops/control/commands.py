@@ -73,6 +73,16 @@ def probe(spec: NodeSpec) -> list[str]:
     return _node(spec, "probe")
 
 
+def hold(spec: NodeSpec, acquire: str | None = None, who: str | None = None, release: bool = False) -> list[str]:
+    """``flatshare-node hold``: an operator's hold on the node (status; ``--acquire MESSAGE``; ``--release``)."""
+    argv = _node(spec, "hold")
+    if acquire is not None:
+        argv += ["--acquire", acquire] + (["--who", who] if who else [])
+    elif release:
+        argv.append("--release")
+    return argv
+
+
 def module(spec: NodeSpec) -> list[str]:
     """``flatshare-node module``: the serve module the node built (path, sha256, when)."""
     return _node(spec, "module")

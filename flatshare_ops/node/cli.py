@@ -68,7 +68,8 @@ def _parser() -> argparse.ArgumentParser:
     for name, text in (("switch", "switch this node (bundle on stdin)"), ("status", "this node's state as JSON"),
                        ("history", "this node's release history as JSON"),
                        ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
-                       ("module", "the serve module this node built (path, sha256), as JSON")):
+                       ("module", "the serve module this node built (path, sha256), as JSON"),
+                       ("hold", "an operator's hold on this node (flatshare lock), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
         p.add_argument("--state-dir", required=True, type=Path, help="the node's state directory")
@@ -83,6 +84,10 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--rollout", default=None, help="the rollout this switch belongs to")
         if name == "status":
             p.add_argument("--switch", default=None, help="what became of this switch")
+        if name == "hold":
+            p.add_argument("--acquire", metavar="MESSAGE", default=None, help="hold the node, saying why")
+            p.add_argument("--who", default=None, help="who holds it (default user@host)")
+            p.add_argument("--release", action="store_true", help="lift the hold")
     return parser
 
 
@@ -184,6 +189,21 @@ def main(argv: list[str] | None = None) -> None:
             hist = read_history(_context(args))
             print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))
             code = 0
+        elif args.command == "hold":
+            from . import hold
+
+            ctx = _context(args)
+            code = 0
+            if args.acquire is not None:
+                answer = {"held": True, "hold": hold.acquire(ctx, args.acquire, args.who)}
+            elif args.release:
+                lifted = hold.release(ctx)
+                answer = {"held": False, "lifted": lifted}
+                code = 0 if lifted else int(Exit.NOTHING_TO_DO)
+            else:
+                current = hold.read_hold(ctx)
+                answer = {"held": current is not None, "hold": current}
+            print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
         elif args.command == "module":
             from .probe import built_module
 

@@ -168,6 +168,11 @@ def apply_units(sw: Switch) -> None:
     sw.job("start", TARGET_UNIT, UNIT_JOB_S)
     if CHECK_TIMER in sw.new.units and sw.plan.units.get(CHECK_TIMER) not in ("restart", "start"):
         sw.job("start", CHECK_TIMER, UNIT_JOB_S)
+    # Enabled, so that a reboot starts the node serving again (systemctl enable, over D-Bus).
+    enable = [u for u in (TARGET_UNIT, CHECK_TIMER) if u in sw.new.units]
+    changes = systemd.enable(sw.ctx.address, enable)
+    if changes:
+        sw.out.line(f"  enabled {', '.join(enable)} (starts at boot)")
 
 
 def switch_current(sw: Switch) -> None:
@@ -230,7 +235,7 @@ STEPS: tuple[Step, ...] = (
     Step("start-gateway", "start the gateway", (GATEWAY_UNIT,), start_gateway),
     Step("end-voice-drain", "end the voice drain and wait for the worker to take calls again",
          ("voice.drain",), end_voice_drain),
-    Step("apply-units", "restart or start the other changed units; start flatshare.target and the check timer",
+    Step("apply-units", "restart or start the other changed units; start and enable flatshare.target and the check timer",
          (TARGET_UNIT, CHECK_TIMER), apply_units),
     Step("switch-current", "point releases/current at the new release", ("releases/current",), switch_current),
     Step("serving-check", "run serving-check against the new release", (), serving_check),

@@ -42,7 +42,7 @@ from ..common.http import HTTP_TIMEOUT_S, http_get
 from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from ..errors import Exit
-from . import drain, history as histories, journal as journals, preflight
+from . import drain, history as histories, hold, journal as journals, preflight
 from .context import NodeContext
 from .lock import node_lock
 from .output import ReleaseOutput
@@ -480,10 +480,11 @@ def _decide(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admis
     bundle_serving = bundle_view(request.bundle).serving if request.bundle else None
     current = None
     try:
+        hold.refuse_if_held(ctx, _action(request))
         current = current_release(ctx.state_dir)
         pending = journals.read_journal(ctx.state_dir)
         hist = read_history(ctx)
-    except (NodeStateError, SystemdError):
+    except (NodeStateError, SystemdError, Refused):
         if not dry_run:
             give_calls_back(ctx, active_serving(ctx, current) or bundle_serving, out)
         raise

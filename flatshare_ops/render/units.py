@@ -83,6 +83,7 @@ def _context(profile: Profile) -> dict:
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
         "check_argv": check_argv(profile),
+        "run_dir_name": PurePosixPath(profile.layout.run_dir).name,
     }
 
 

@@ -94,8 +94,8 @@ class SandboxNode:
 
     @property
     def run_dir(self) -> Path:
-        """What production keeps in /run/flatshare."""
-        return self.root / "run/flatshare"
+        """What production keeps in /run/flatshare: the units' RuntimeDirectory, under the manager's runtime dir."""
+        return self.manager.runtime_dir / "flatshare"
 
     @property
     def ssh_dir(self) -> Path:
@@ -569,6 +569,36 @@ def status(base: Path) -> dict[str, dict]:
                 entry["engine_health"] = status_code or None
         report[name] = entry
     return report
+
+
+def reboot(base: Path, name: str, echo=print) -> int:
+    """Reboot a sandbox node's systemd: stop its manager and everything it runs, clear its runtime
+    directory (as a boot clears /run), start the manager again, and start nothing by hand: what
+    comes up is what is enabled. Returns the new manager's pid.
+
+    Raises:
+        SandboxError: no such node in this sandbox, or the manager did not come back.
+    """
+    import shutil
+
+    base = base.resolve()
+    with _sandbox_lock(base):
+        state = _read_state(base)
+        if name not in state.nodes:
+            raise SandboxError(f"{base}: no sandbox node {name!r}; nodes: {', '.join(state.nodes)}", exit_code=2)
+        node = SandboxNode(name, "", base)
+        record = state.nodes[name]
+        owned = _owns_manager(node, record.manager_pid)
+        stop_manager(node.manager.name, record.manager_pid if owned else None)
+        for entry in node.manager.runtime_dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        record.manager_pid = start_manager(node.manager)
+        _write_state(base, state)
+        echo(f"{name}: systemd user manager rebooted (pid {record.manager_pid}); nothing started by hand")
+        return record.manager_pid
 
 
 def down(base: Path, echo=print) -> None:

@@ -1,0 +1,71 @@
+"""From the sandbox to production: a node survives a reboot, an operator's hold, the release carries its own
+switcher, the system-scope path runs through its own bus, and the first-node runbook works on a fresh node."""
+
+from __future__ import annotations
+
+import json
+import time
+import urllib.request
+
+import pytest
+
+from conftest import loopback_pair, run_cli
+from flatshare_ops.common.http import wait_for_200
+from flatshare_ops.common.poll import poll_until
+from flatshare_ops.sandbox.fleet import reboot
+from flatshare_ops.systemd import connect, unit_property
+from release_fleet import ENGINE, GATEWAY, VOICE, sandbox_fleet
+
+ADDRESSES = loopback_pair(17)
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    with sandbox_fleet(tmp_path_factory, ADDRESSES) as f:
+        yield f
+
+
+def _active(fleet, name: str) -> dict[str, bytes]:
+    with connect(fleet.address(name)) as bus:
+        return {u: unit_property(bus, u, "Unit", "ActiveState") for u in (ENGINE, GATEWAY, VOICE, "serving-check.timer")}
+
+
+def test_a_released_node_serves_again_after_a_reboot_of_its_systemd(fleet):
+    name = "peacock"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    assert fleet.release("--node", name).returncode == 0
+    node = fleet.node(name)
+    reboot(fleet.base, name, echo=lambda _l: None)
+    assert not node.run_dir.exists() or not (node.run_dir / "voice.status").exists()  # /run was cleared
+    assert wait_for_200(f"http://{node.address}:8000/health", 60) == 200
+    assert poll_until(lambda: set(_active(fleet, name).values()) == {b"active"}, 30), _active(fleet, name)
+    assert poll_until(lambda: (node.run_dir / "voice.status").exists(), 10)  # the RuntimeDirectory came back
+    fleet.settled(name)
+
+
+def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not_a_drain(fleet):
+    inventory = ["--inventory", str(fleet.inventory)]
+    held = run_cli("lock", "acquire", "--node", "cyan", "-m", "E2 benchmark", *inventory)
+    assert held.returncode == 0, held.stdout + held.stderr
+    try:
+        again = run_cli("lock", "acquire", "--node", "cyan", "-m", "twice", *inventory)
+        assert again.returncode == 3 and "already held" in again.stderr + again.stdout
+        status = run_cli("lock", "status", *inventory)
+        assert "cyan: held by" in status.stdout and "E2 benchmark" in status.stdout and "peacock: not held" in status.stdout
+        fleet.set_hold(next(v for v in (0, 48, 7) if str(v) not in (fleet.hold("cyan"), fleet.hold("peacock"))))
+        before = fleet.current("cyan")
+        refused = fleet.release("--node", "cyan")
+        assert refused.returncode == 3 and "cyan is held by" in refused.stdout and "E2 benchmark" in refused.stdout
+        rollback = run_cli("rollback", "--node", "cyan", *inventory, "--root", str(fleet.checkout))
+        assert rollback.returncode == 3 and "E2 benchmark" in rollback.stdout
+        assert fleet.current("cyan") == before
+        # Not a drain: peacock's release is admitted while cyan is held (cyan takes calls).
+        other = fleet.release("--node", "peacock")
+        assert other.returncode == 0, other.stdout
+        assert "cyan: takes calls, no release holds it" in other.stdout
+    finally:
+        lifted = run_cli("lock", "release", "--node", "cyan", *inventory)
+    assert lifted.returncode == 0 and "hold lifted" in lifted.stdout
+    assert run_cli("lock", "release", "--node", "cyan", *inventory).returncode == 4
+    assert fleet.release("--node", "cyan").returncode == 0
+    fleet.settled("cyan")
