@@ -1,7 +1,9 @@
 #!/usr/bin/env bash
 # Install what flatshare-ops and its tests need on a fresh Debian machine, as root:
 # Debian packages (pystemd builds against libsystemd; the sandbox runs systemd and sshd)
-# and a venv in .venv with the project installed in editable mode.
+# and a venv in .venv: every dependency from requirements-dev.lock (exact versions, hashes
+# checked: the same pins a node installs from requirements.lock), then the project itself
+# in editable mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
@@ -21,7 +23,10 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.flatshare-installed
-if [ ! -f "$stamp" ] || [ pyproject.toml -nt "$stamp" ]; then
-  .venv/bin/pip install -q -e '.[test]' 2> >(grep -v 'Location .* is ignored' >&2)
-  touch "$stamp"
+want=$(cat pyproject.toml requirements.lock requirements-dev.lock | sha256sum | cut -d' ' -f1)
+if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
+  pip() { .venv/bin/pip install -q "$@" 2> >(grep -v 'Location .* is ignored' >&2); }
+  pip --require-hashes -r requirements-dev.lock
+  pip --no-deps -e .
+  echo "$want" > "$stamp"
 fi

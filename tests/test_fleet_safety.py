@@ -341,7 +341,7 @@ class CallsMonitor(threading.Thread):
         self.period_s = period_s
         self.samples: list[tuple[float, dict[str, tuple[bool, str]]]] = []
         self.max_gap_s = 0.0
-        self._stop = threading.Event()
+        self._halt = threading.Event()
 
     @staticmethod
     def takes_calls(address: str, drain_file: Path) -> tuple[bool, str]:
@@ -360,16 +360,16 @@ class CallsMonitor(threading.Thread):
 
     def run(self) -> None:
         last = None
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             t = time.time()
             self.samples.append((t, {n: self.takes_calls(a, d) for n, a, d in self.targets}))
             if last is not None:
                 self.max_gap_s = max(self.max_gap_s, t - last)
             last = t
-            self._stop.wait(max(0.0, self.period_s - (time.time() - t)))
+            self._halt.wait(max(0.0, self.period_s - (time.time() - t)))
 
     def stop(self) -> None:
-        self._stop.set()
+        self._halt.set()
         self.join(10)
 
     def nobody_serving(self) -> list[str]:
@@ -878,6 +878,7 @@ def test_a_killed_ssh_session_is_followed_up_and_the_node_released_is_reported_r
     finally:
         if operator.poll() is None:
             operator.kill()
+    print(out)
     _no_traceback(out)
     assert f"{name}: the node says: released {expected}" in out, out
     assert operator.returncode == 0, out
@@ -911,6 +912,7 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     finally:
         if operator.poll() is None:
             operator.kill()
+    print(out)
     _no_traceback(out)
     assert operator.returncode == code, out
     said = [line for line in out.splitlines() if line.startswith("interrupted:")]
@@ -969,6 +971,7 @@ def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rul
         finally:
             if operator.poll() is None:
                 operator.kill()
+        print(out)
         _no_traceback(out, fleet.log_since(name, offset))
         assert operator.returncode == 1, out
         # The drain file is gone within a few seconds.

@@ -4,8 +4,6 @@ switcher, the system-scope path runs through its own bus, and the first-node run
 from __future__ import annotations
 
 import json
-import time
-import urllib.request
 
 import pytest
 
@@ -69,3 +67,53 @@ def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not
     assert run_cli("lock", "release", "--node", "cyan", *inventory).returncode == 4
     assert fleet.release("--node", "cyan").returncode == 0
     fleet.settled("cyan")
+
+
+def test_the_release_carries_the_checkouts_own_switcher(fleet):
+    import shutil
+
+    from conftest import REPO
+
+    code = fleet.checkout / "flatshare_ops"
+    shutil.copytree(REPO / "flatshare_ops", code, ignore=shutil.ignore_patterns("__pycache__"))
+    cli = code / "node/cli.py"
+    anchor = "    ctx = _context(args)\n    stdin = _Stdin()\n"
+    assert anchor in cli.read_text()
+    cli.write_text(cli.read_text().replace(anchor, '    print("MARKER: this checkout\'s switcher", flush=True)\n' + anchor))
+    try:
+        fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+        result = fleet.release("--node", "cyan")  # over SSH: nothing is reinstalled on the node
+        assert result.returncode == 0, result.stdout
+        assert "[cyan] MARKER: this checkout's switcher" in result.stdout
+        releases = fleet.node("cyan").state_dir / "releases"
+        shipped = (releases / "current/switcher").read_text().strip()
+        assert (releases / ".switchers" / shipped / "flatshare_ops/node/cli.py").read_text().count("MARKER") == 1
+    finally:
+        shutil.rmtree(code)
+    fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+    again = fleet.release("--node", "cyan")
+    assert again.returncode == 0 and "MARKER" not in again.stdout
+    fleet.settled("cyan")
+
+
+@pytest.mark.parametrize("header, message", [
+    ({"protocol": 99}, "the release's switcher speaks protocol 99, this node's entry point runs protocol 1 at most"),
+    ({"lock_sha256": "0" * 64}, "needs the dependencies of a requirements.lock with sha256 " + "0" * 64),
+])
+def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet, header, message):
+    from flatshare_ops.control import commands
+    from flatshare_ops.control.bundle import bundle
+    from flatshare_ops.control.targets import targets
+
+    (target,) = targets(fleet.inventory, ["peacock"], False)
+    payload = {**bundle(fleet.checkout, target), **header}
+    before = fleet.current("peacock")
+    conn = target.connect()
+    try:
+        result = conn.run(commands.switch(target.spec, "refuse-me"), stdin=(json.dumps(payload) + "\n").encode())
+    finally:
+        conn.close()
+    assert result.status == 3, result.output
+    lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
+    assert len(lines) == 1 and message in lines[0], result.output
+    assert fleet.current("peacock") == before

@@ -15,7 +15,6 @@ import time
 import pytest
 
 from conftest import loopback_pair, run_cli
-from flatshare_ops.common.units import GATEWAY_UNIT
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.render.systemd_escape import exec_command

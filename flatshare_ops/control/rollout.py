@@ -170,7 +170,7 @@ class Rollout:
         echo = ReleaseOutput(None, self.out.stream, prefix=f"[{target.name}] ").line
         switch_id = uuid.uuid4().hex[:16]
         try:
-            payload = bundle(self.root, target) if self.mode == "release" else {}
+            payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
             conn = self.connection(target)
             session = conn.start(commands.switch(
                 target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,

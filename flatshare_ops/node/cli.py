@@ -82,6 +82,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--undo-rollout", default=None, help="go back to what ran before this rollout")
             p.add_argument("--switch-id", default="", help="this switch's id (the operator's)")
             p.add_argument("--rollout", default=None, help="the rollout this switch belongs to")
+            p.add_argument("--bundle-file", type=Path, default=None,
+                           help="the bundle, read from this file (the entry point's) instead of stdin's first line")
         if name == "status":
             p.add_argument("--switch", default=None, help="what became of this switch")
         if name == "hold":
@@ -120,7 +122,15 @@ def switch(args) -> int:
     ctx = _context(args)
     stdin = _Stdin()
     mode = "undo-rollout" if args.undo_rollout else "rollback" if args.rollback else "release"
-    first = stdin.line(30.0)
+    if args.bundle_file is not None:
+        try:
+            first = args.bundle_file.read_text()
+            if not str(args.bundle_file).startswith("/dev/fd/"):
+                args.bundle_file.unlink()
+        except OSError as err:
+            raise FlatshareError(f"node switch: cannot read the bundle {args.bundle_file} ({err})") from None
+    else:
+        first = stdin.line(30.0)
     if mode == "release" and not first:
         raise FlatshareError("node switch: a release needs its bundle as the first line of stdin")
     try:

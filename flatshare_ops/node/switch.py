@@ -427,7 +427,29 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
         if rid not in keep_ids:
             remove_release(ctx.state_dir, rid)
             removed.append(rid)
+    _prune_switchers(ctx)
     return removed
+
+
+def _prune_switchers(ctx: NodeContext) -> None:
+    """Remove unpacked switchers no stored release names (and bundles an interrupted entry left behind)."""
+    import shutil
+
+    wanted = {os.environ.get("FLATSHARE_SWITCHER")}
+    for rid in stored_releases(ctx.state_dir):
+        try:
+            wanted.add((ctx.releases / rid / "switcher").read_text().strip())
+        except OSError:
+            continue
+    for directory in (ctx.releases / ".switchers").glob("*"):
+        if directory.name not in wanted:
+            shutil.rmtree(directory, ignore_errors=True)
+    for leftover in (ctx.releases / ".incoming").glob("bundle.*.json"):
+        try:
+            if time.time() - leftover.stat().st_mtime > 3600:
+                leftover.unlink()
+        except OSError:
+            continue
 
 
 # --- the command ---------------------------------------------------------------------------------
@@ -651,7 +673,9 @@ def _carry_out(ctx, request: Request, out, work: list[_Work], pending, hist) -> 
         if item.abandon is not None:
             abandon(ctx, item.abandon, out)
         if request.bundle and item.new.id == request.bundle["id"]:
-            store_release(ctx.state_dir, item.new.id, request.bundle["files"])
+            running = os.environ.get("FLATSHARE_SWITCHER")  # the shipped switcher running this (node/entry.py)
+            files = {**request.bundle["files"], **({"switcher": running + "\n"} if running else {})}
+            store_release(ctx.state_dir, item.new.id, files)
         p = item.plan
         out.line(f"{ctx.node}: switching {p.from_id or '(no release)'} -> {p.to_id}{title(p)}")
         switch_id = request.switch if item is work[-1] else uuid.uuid4().hex[:16]
