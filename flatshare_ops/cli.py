@@ -225,12 +225,17 @@ def sandbox_up(
     addresses: Annotated[Optional[str], typer.Option(
         "--addresses", envvar="FLATSHARE_SANDBOX_ADDRESSES",
         help="Node loopback addresses, e.g. cyan=127.0.0.2,peacock=127.0.0.3 (the default).")] = None,
+    system_scope: Annotated[Optional[list[str]], typer.Option(
+        "--system-scope", help="A node reached on the system-scope path, through a bus of its own (repeatable).")] = None,
+    bare: Annotated[Optional[list[str]], typer.Option(
+        "--bare", help="A fresh node: sshd, its manager and an engine venv only; bootstrap it (repeatable).")] = None,
 ) -> None:
     """Bring the sandbox up (idempotent): managers, sshd, layout, stand-ins; install and start the units."""
     from .render.checkout import DEFAULT_PROFILE
     from .sandbox.fleet import parse_addresses, up
 
-    inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo)
+    inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo,
+                   system_scope=tuple(system_scope or ()), bare=tuple(bare or ()))
     typer.echo(f"sandbox up: inventory {inventory}")
 
 

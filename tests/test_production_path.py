@@ -117,3 +117,50 @@ def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet,
     lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
     assert len(lines) == 1 and message in lines[0], result.output
     assert fleet.current("peacock") == before
+
+
+def _bus_owner(socket) -> int:
+    """The pid owning org.freedesktop.systemd1 on the bus at ``socket`` (asked of the bus itself)."""
+    from flatshare_ops.systemd import dbuslib
+
+    lib = dbuslib()
+    bus = lib.DBusAddress(f"unix:path={socket}".encode())
+    bus.open()
+    try:
+        return int(bus.call_method(b"org.freedesktop.DBus", b"/org/freedesktop/DBus", b"org.freedesktop.DBus",
+                                   b"GetConnectionUnixProcessID",
+                                   lib.apply_signature(b"s", [b"org.freedesktop.systemd1"])).body)
+    finally:
+        bus.close()
+
+
+def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
+    """Production's scope: the tool reaches systemd on the system bus (DBUS_SYSTEM_BUS_ADDRESS), here a
+    sandbox node's own bus where its manager owns org.freedesktop.systemd1."""
+    from pathlib import Path
+
+    from conftest import REPO, copy_checkout
+    from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+
+    addresses = loopback_pair(19)
+    root = tmp_path_factory.mktemp("system-scope")
+    checkout = copy_checkout(REPO, root / "checkout")
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, system_scope=("peacock",))
+    try:
+        node = SandboxNode("peacock", addresses["peacock"], base, "system")
+        state = json.loads((base / "state.json").read_text())
+        assert _bus_owner(node.bus) == state["nodes"]["peacock"]["manager_pid"]
+        assert not Path("/run/dbus/system_bus_socket").exists()  # no other system bus to reach by mistake
+        assert 'scope = "system"' in (base / "fleet.toml").read_text()
+        set_ = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "7", "--root", str(checkout))
+        assert set_.returncode == 0, set_.stderr
+        inventory = ["--inventory", str(base / "fleet.toml"), "--root", str(checkout)]
+        released = run_cli("release", "--node", "peacock", *inventory)
+        assert released.returncode == 0, released.stdout + released.stderr
+        checked = run_cli("check", "--node", "peacock", "--inventory", str(base / "fleet.toml"))
+        assert checked.returncode == 0, checked.stdout
+        argv = json.loads((node.state_dir / "releases/current/serving.json").read_text())["engine"]["argv"]
+        assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "7"
+    finally:
+        down(base, echo=lambda _l: None)

@@ -60,11 +60,31 @@ SSHD = "/usr/sbin/sshd"
 
 @dataclass(frozen=True)
 class SandboxNode:
-    """One sandbox node's name, loopback address and directories."""
+    """One sandbox node's name, loopback address and directories.
+
+    Attributes:
+        scope: ``user`` (the tool reaches the manager on its private socket) or ``system`` (the node
+            gets a bus of its own, where its manager owns org.freedesktop.systemd1, and the tool uses
+            the system-scope path through ``DBUS_SYSTEM_BUS_ADDRESS``).
+        bare: a fresh node: only sshd, its manager and an engine venv; flatshare-ops is not installed
+            (``flatshare node bootstrap`` does it), no release, and its host key is not in known_hosts.
+    """
 
     name: str
     address: str
     base: Path
+    scope: str = "user"
+    bare: bool = False
+
+    @property
+    def bus(self) -> Path:
+        """A system-scope node's bus socket (its manager's ``$XDG_RUNTIME_DIR/bus``)."""
+        return self.manager.runtime_dir / "bus"
+
+    @property
+    def ops_dir(self) -> Path:
+        """Where the node's flatshare-ops is installed: this checkout's venv, or (bare) the node's own."""
+        return self.root / "opt/flatshare-ops" if self.bare else Path(sys.executable).parent.parent.parent
 
     @property
     def root(self) -> Path:
@@ -135,9 +155,11 @@ def parse_addresses(text: str | None) -> dict[str, str] | None:
     return result
 
 
-def nodes(base: Path, addresses: dict[str, str] | None = None) -> list[SandboxNode]:
-    """The sandbox's nodes, in inventory order."""
-    return [SandboxNode(name, address, base) for name, address in (addresses or DEFAULT_ADDRESSES).items()]
+def nodes(base: Path, addresses: dict[str, str] | None = None, system_scope: tuple[str, ...] = (),
+          bare: tuple[str, ...] = ()) -> list[SandboxNode]:
+    """The sandbox's nodes, in inventory order (``system_scope`` and ``bare`` name nodes set up so)."""
+    return [SandboxNode(name, address, base, "system" if name in system_scope else "user", name in bare)
+            for name, address in (addresses or DEFAULT_ADDRESSES).items()]
 
 
 # --- files -----------------------------------------------------------------
@@ -194,14 +216,18 @@ command = {_toml_array([python, "-m", "flatshare_ops.sandbox.voice", "--listen",
 drain_timeout_s = 20
 
 [check]
-command = {_toml_array([str(Path(python).parent / "serving-check"), "--quiet"])}
+command = {_toml_array([str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"])}
 
 [layout]
-scope = "user"
+scope = {_toml_string(node.scope)}
 unit_dir = {_toml_string(str(node.manager.unit_dir))}
 state_dir = {_toml_string(str(node.state_dir))}
 run_dir = {_toml_string(str(node.run_dir))}
 """
+    if node.scope == "system":
+        # A user manager runs the services (it cannot switch to another user): User=root, its own.
+        text += 'service_user = "root"\n'
+
     _write_if_changed(path or node.profile, text.encode())
     load_profile(path or node.profile)  # refuse to go on with a profile that does not validate
 
@@ -270,12 +296,19 @@ def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
     client_key = base / "ssh/id_ed25519"
     _keygen(client_key, "flatshare-sandbox-operator")
     _write_if_changed(base / "ssh/authorized_keys", client_key.with_suffix(".pub").read_bytes(), 0o600)
-    known = []
+    bare_labels = {f"[{n.address}]:{SSH_PORT}" for n in sandbox_nodes if n.bare}
+    try:  # a bare node's key is added by 'flatshare node bootstrap --accept-host-key': keep it
+        kept = [l + "\n" for l in (base / "ssh/known_hosts").read_text().splitlines() if l.split(" ")[0] in bare_labels]
+    except FileNotFoundError:
+        kept = []
+    known = list(kept)
     for node in sandbox_nodes:
         host_key = node.ssh_dir / "ssh_host_ed25519_key"
         _keygen(host_key, f"{node.name}-host")
         kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
-        known.append(f"[{node.address}]:{SSH_PORT} {kind} {blob}\n")
+        if not node.bare:
+            known.append(f"[{node.address}]:{SSH_PORT} {kind} {blob}\n")
+        system_bus = f" DBUS_SYSTEM_BUS_ADDRESS=unix:path={node.bus}" if node.scope == "system" else ""
         config = f"""# sshd for sandbox node {node.name} (written by flatshare sandbox up)
 ListenAddress {node.address}:{SSH_PORT}
 HostKey {host_key}
@@ -287,7 +320,7 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
-SetEnv FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}
+SetEnv FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}{system_bus}
 Subsystem sftp internal-sftp
 """
         _write_if_changed(node.ssh_dir / "sshd_config", config.encode())
@@ -306,8 +339,9 @@ def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
             f"profile = {_toml_string(str(node.profile.relative_to(base)))}",
             'known_hosts = "ssh/known_hosts"',
             'identity = "ssh/id_ed25519"',
-            'scope = "user"',
-            f"runtime_dir = {_toml_string(str(node.manager.runtime_dir.relative_to(base)))}",
+            f"scope = {_toml_string(node.scope)}",
+            *([f"runtime_dir = {_toml_string(str(node.manager.runtime_dir.relative_to(base)))}"]
+              if node.scope == "user" else []),
             "",
         ]
     path = base / "fleet.toml"
@@ -324,6 +358,8 @@ class NodeRecord(BaseModel):
     model_config = ConfigDict(extra="forbid", strict=True)
     manager_pid: int | None = Field(default=None, gt=1)
     sshd_pid: int | None = Field(default=None, gt=1)
+    scope: Literal["user", "system"] = "user"
+    bare: bool = False
 
 
 class SandboxState(BaseModel):
@@ -432,6 +468,44 @@ def _sandbox_lock(base: Path) -> FileLock:
     return lock
 
 
+def _manager_env(node: SandboxNode) -> dict[str, str]:
+    """What a node's manager passes on to its services (a system-scope node's bus, for serving-check)."""
+    return {"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={node.bus}"} if node.scope == "system" else {}
+
+
+def write_system_bus(node: SandboxNode) -> None:
+    """Give a system-scope node a bus of its own: a dbus-daemon its manager starts by socket activation
+    (``dbus.socket`` at ``$XDG_RUNTIME_DIR/bus``), on which the manager then owns org.freedesktop.systemd1,
+    as the system manager does on the system bus. The tool reaches it through ``DBUS_SYSTEM_BUS_ADDRESS``.
+    (A user manager connects its API to a bus only while its own dbus.socket and dbus.service run.)"""
+    config = node.root / "dbus/system-bus.conf"
+    _write_if_changed(config, b"""<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- The sandbox node's own bus (flatshare sandbox up): root only, everything allowed. -->
+<busconfig>
+  <listen>systemd:</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+""")
+    unit_dir = node.manager.unit_dir
+    _write_if_changed(unit_dir / "dbus.socket", b"[Unit]\nDescription=The sandbox node's system bus socket\n\n"
+                      b"[Socket]\nListenStream=%t/bus\n")
+    _write_if_changed(unit_dir / "dbus.service", (
+        "[Unit]\nDescription=The sandbox node's system bus\nRequires=dbus.socket\n\n[Service]\n"
+        f"ExecStart=/usr/bin/dbus-daemon --config-file={config} --address=systemd: --nofork --nopidfile "
+        "--systemd-activation\n").encode())
+    wants = unit_dir / "sockets.target.wants/dbus.socket"
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    if not wants.is_symlink():
+        wants.symlink_to(unit_dir / "dbus.socket")
+
+
 def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
     """Write the node's units (atomically, only those that changed); returns the names written."""
     written = []
@@ -441,7 +515,8 @@ def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
     return written
 
 
-def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print) -> Path:
+def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print,
+       system_scope: tuple[str, ...] = (), bare: tuple[str, ...] = ()) -> Path:
     """Bring the sandbox fleet up (idempotent) and start the rendered units on each node.
 
     A node with no active release gets the checkout's render as its first
@@ -452,6 +527,8 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         production: the production profile every node's profile extends.
         addresses: node name -> loopback address (default cyan 127.0.0.2, peacock 127.0.0.3).
         echo: where progress lines go.
+        system_scope: nodes that get a bus of their own and are reached on the system-scope path.
+        bare: fresh nodes (sshd, manager, engine venv only) for ``flatshare node bootstrap``.
 
     Returns:
         The sandbox inventory's path.
@@ -465,7 +542,10 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
     base.mkdir(parents=True, exist_ok=True)
     with _sandbox_lock(base):
-        return _up(base, production, nodes(base, addresses), release, echo)
+        recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with
+        system_scope = tuple(system_scope) or tuple(n for n, r in recorded.items() if r.scope == "system")
+        bare = tuple(bare) or tuple(n for n, r in recorded.items() if r.bare)
+        return _up(base, production, nodes(base, addresses, system_scope, bare), release, echo)
 
 
 def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
@@ -490,12 +570,15 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
     state = _read_state(base)
     for node in sandbox_nodes:
         record = state.nodes.setdefault(node.name, NodeRecord())
+        record.scope, record.bare = node.scope, node.bare
         manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
         sshd_ok = _owns_sshd(node, record.sshd_pid)
         if not manager_ok and not sshd_ok:
             _refuse_taken_ports(node)
         if not manager_ok:
-            record.manager_pid = start_manager(node.manager)
+            if node.scope == "system":
+                write_system_bus(node)
+            record.manager_pid = start_manager(node.manager, _manager_env(node))
             _write_state(base, state)  # recorded at once, so 'down' can stop it whatever happens next
             echo(f"{node.name}: systemd user manager started (pid {record.manager_pid})")
         if not sshd_ok:
@@ -506,6 +589,9 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record.sshd_pid})")
 
     for node in sandbox_nodes:
+        if node.bare:
+            echo(f"{node.name}: bare: sshd, its manager and an engine venv; bootstrap it ('flatshare node bootstrap')")
+            continue
         loaded = load_profile(node.profile)
         address = ManagerAddress("user", node.manager.runtime_dir)
         if current_release(node.state_dir) is None:
@@ -586,8 +672,8 @@ def reboot(base: Path, name: str, echo=print) -> int:
         state = _read_state(base)
         if name not in state.nodes:
             raise SandboxError(f"{base}: no sandbox node {name!r}; nodes: {', '.join(state.nodes)}", exit_code=2)
-        node = SandboxNode(name, "", base)
         record = state.nodes[name]
+        node = SandboxNode(name, "", base, record.scope, record.bare)
         owned = _owns_manager(node, record.manager_pid)
         stop_manager(node.manager.name, record.manager_pid if owned else None)
         for entry in node.manager.runtime_dir.iterdir():
@@ -595,7 +681,7 @@ def reboot(base: Path, name: str, echo=print) -> int:
                 shutil.rmtree(entry, ignore_errors=True)
             else:
                 entry.unlink(missing_ok=True)
-        record.manager_pid = start_manager(node.manager)
+        record.manager_pid = start_manager(node.manager, _manager_env(node))
         _write_state(base, state)
         echo(f"{name}: systemd user manager rebooted (pid {record.manager_pid}); nothing started by hand")
         return record.manager_pid

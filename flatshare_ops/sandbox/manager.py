@@ -81,11 +81,12 @@ def _enter_cgroups(name: str) -> None:
         (directory / "cgroup.procs").write_text(str(os.getpid()))
 
 
-def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
+def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, timeout_s: float = 30.0) -> int:
     """Start the node's user manager and wait until its private socket answers.
 
     Args:
         dirs: the node's directories (created if missing).
+        extra_env: variables the manager passes on to its services (a node's own bus address).
         timeout_s: how long to wait for the socket, in seconds.
 
     Returns:
@@ -107,6 +108,7 @@ def start_manager(dirs: ManagerDirs, timeout_s: float = 30.0) -> int:
         "USER": "root",
         "XDG_RUNTIME_DIR": str(dirs.runtime_dir),
         "XDG_CONFIG_HOME": str(dirs.config_dir),
+        **(extra_env or {}),
     }
     log = open(dirs.log, "ab")
     process = subprocess.Popen(

@@ -1,0 +1,1316 @@
+"""Node state that survives damage and a full disk; rollback only to what served.
+
+On a sandbox fleet of its own (cyan 127.51.0.2, peacock 127.51.0.3, module-scoped), from a scratch
+checkout whose hold value is flipped for every release, so that each release is a real change:
+
+1. every file a node keeps, damaged in every form that applies, is read defensively by
+   ``flatshare release``, ``rollback --dry-run``, ``status``, ``releases`` and ``serving-check``;
+2. appends a crash cannot corrupt (a torn history line; a failure between the history record and
+   the journal's removal);
+3. the one early-end rule whatever durable write fails (tests/faults/ ``fail=PRIMITIVE, nth=N``);
+4. a real full disk (tmpfs) and a real read-only filesystem mid-switch;
+5. rollback only to a release that served (after a failed start, after SIGINT; a refused rollback
+   keeps the interrupted switch);
+6. the engine's stop time does not eat its start budget;
+7. every command a message suggests exists.
+
+Truth is read independently of the tool's own words where it can be: files on disk, systemd's
+ActiveState and InvocationID over D-Bus, the stand-ins' HTTP answers, ``/proc/locks``. Every test
+leaves cyan settled (no journal, no drain file, serving-check OK). Product bugs are kept as
+``xfail(strict=True)`` tests whose reason starts with ``BUG``.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import time
+from collections import Counter
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+
+import pytest
+
+from conftest import BIN, REPO, copy_checkout, faults, run_cli
+from flatshare_ops.check.run import run_checks
+from flatshare_ops.common.http import wait_for_200
+from flatshare_ops.common.locks import held_by
+from flatshare_ops.control.targets import targets
+from flatshare_ops.node.store import release_id
+from flatshare_ops.render import render_profile
+from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
+from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+
+ADDRESSES = {"cyan": "127.51.0.2", "peacock": "127.51.0.3"}
+ENGINE, GATEWAY, VOICE = "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"
+HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+#: The call recorder (tests/test_node_state_calls/sitecustomize.py): which durable write is the Nth.
+CALLS = Path(__file__).resolve().parent / "test_node_state_calls"
+CYAN = "cyan"
+
+
+# --- the fleet ---------------------------------------------------------------------------------------
+
+
+class Fleet:
+    """This module's checkout and sandbox, and what the tests read from them."""
+
+    def __init__(self, checkout: Path, base: Path, scratch: Path) -> None:
+        self.checkout, self.base, self.scratch = checkout, base, scratch
+        self.inventory = base / "fleet.toml"
+        self._fresh = 1000
+
+    def node(self, name: str = CYAN) -> SandboxNode:
+        return SandboxNode(name, ADDRESSES[name], self.base)
+
+    def address(self, name: str = CYAN) -> ManagerAddress:
+        return ManagerAddress("user", self.node(name).manager.runtime_dir)
+
+    def releases(self, name: str = CYAN) -> Path:
+        return self.node(name).state_dir / "releases"
+
+    def journal(self, name: str = CYAN) -> Path:
+        return self.releases(name) / "switching.json"
+
+    def drain_file(self, name: str = CYAN) -> Path:
+        return self.node(name).run_dir / "voice.drain"
+
+    # commands
+
+    def cli(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        return run_cli(*args, env={"FLATSHARE_INVENTORY": str(self.inventory), **(env or {})})
+
+    def release(self, name: str = CYAN, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """``flatshare release`` run on the node itself (FLATSHARE_NODE: a local child process)."""
+        return self.cli("release", "--root", str(self.checkout), *args, env={"FLATSHARE_NODE": name, **(env or {})})
+
+    def rollback(self, name: str = CYAN, *args: str) -> subprocess.CompletedProcess:
+        """``flatshare rollback --node NAME`` (over SSH)."""
+        return self.cli("rollback", "--node", name, "--root", str(self.checkout), *args)
+
+    def popen_release(self, name: str = CYAN, env: dict | None = None) -> subprocess.Popen:
+        return subprocess.Popen(
+            [str(BIN / "flatshare"), "release", "--inventory", str(self.inventory), "--root", str(self.checkout)],
+            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+            env={**os.environ, "FLATSHARE_NODE": name, **(env or {})})
+
+    def serving_check(self, name: str = CYAN) -> subprocess.CompletedProcess:
+        node = self.node(name)
+        return run_cli("--state-dir", str(node.state_dir), "--runtime-dir", str(node.manager.runtime_dir),
+                       "--node-name", name, program="serving-check")
+
+    def read_everything(self, name: str = CYAN) -> dict[str, subprocess.CompletedProcess]:
+        """rollback --dry-run, status, releases and serving-check, at once (none of them takes the lock)."""
+        node = self.node(name)
+        base = [str(BIN / "flatshare")]
+        inv = ["--inventory", str(self.inventory)]
+        commands = {
+            "rollback --dry-run": (base + ["rollback", "--dry-run", *inv, "--root", str(self.checkout)],
+                                   {"FLATSHARE_NODE": name}),
+            "status": (base + ["status", "--node", name, *inv], {}),
+            "releases": (base + ["releases", "--node", name, *inv], {}),
+            "serving-check": ([str(BIN / "serving-check"), "--state-dir", str(node.state_dir), "--runtime-dir",
+                               str(node.manager.runtime_dir), "--node-name", name], {}),
+        }
+        return run_at_once(commands)
+
+    # what the node runs
+
+    def current(self, name: str = CYAN) -> str | None:
+        try:
+            return os.readlink(self.releases(name) / "current")
+        except OSError:
+            return None
+
+    def engine(self, name: str = CYAN) -> tuple[list[str], bytes]:
+        """(the engine's argv from /proc, its InvocationID), as systemd and the kernel say."""
+        with connect(self.address(name)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+            invocation = unit_property(bus, ENGINE, "Unit", "InvocationID")
+        try:
+            argv = [a.decode() for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]] if pid else []
+        except OSError:
+            argv = []
+        return argv, invocation
+
+    def hold(self, name: str = CYAN) -> str | None:
+        argv = self.engine(name)[0]
+        return argv[argv.index(HOLD_FLAG) + 1] if HOLD_FLAG in argv else None
+
+    def active(self, unit: str, name: str = CYAN) -> str:
+        with connect(self.address(name)) as bus:
+            state = unit_property(bus, unit, "Unit", "ActiveState")
+        return state.decode() if isinstance(state, bytes) else str(state)
+
+    def expected_id(self, name: str = CYAN) -> str:
+        """The release id the checkout renders for the node (the digest of its files)."""
+        (target,) = targets(self.inventory, [name], False)
+        return release_id(render_profile(target.loaded).release_files())
+
+    def set_hold(self, value: str) -> None:
+        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", value, "--root", str(self.checkout))
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    def change(self, name: str = CYAN) -> str:
+        """Make the checkout render a release that differs from what the engine runs; returns its id."""
+        self.set_hold("0" if self.hold(name) == "48" else "48")
+        return self.expected_id(name)
+
+    def fresh(self, name: str = CYAN) -> str:
+        """Make the checkout render a release never stored on the node; returns its id."""
+        self._fresh += 1
+        self.set_hold(str(self._fresh))
+        return self.expected_id(name)
+
+    def history(self, name: str = CYAN) -> list[dict]:
+        """The node's history records (lines that are not records skipped)."""
+        path = self.releases(name) / "history.jsonl"
+        records = []
+        for line in path.read_bytes().decode(errors="replace").splitlines() if path.is_file() else []:
+            try:
+                record = json.loads(line)
+            except ValueError:
+                continue
+            if isinstance(record, dict):
+                records.append(record)
+        return records
+
+    @contextmanager
+    def profile_edit(self, name: str, replacements: dict[str, str]):
+        """Edit the node's own profile (sandbox-only values) for the block; restored after."""
+        path = self.node(name).profile
+        original = path.read_text()
+        text = original
+        for old, new in replacements.items():
+            assert old in text, f"{path} has no {old!r}"
+            text = text.replace(old, new)
+        path.write_text(text)
+        try:
+            yield
+        finally:
+            path.write_text(original)
+
+    # the node's health
+
+    def calls_problems(self, name: str = CYAN, wait_s: float = 15.0) -> list[str]:
+        """Why the node does not take calls (empty when it does): the gateway and the engine answer
+        /health 200 (waited for, bounded) and no voice drain file is there."""
+        node = self.node(name)
+        problems = []
+        for what, port in (("gateway", GATEWAY_PORT), ("engine", ENGINE_PORT)):
+            status = wait_for_200(f"http://{node.address}:{port}/health", wait_s)
+            if status != 200:
+                problems.append(f"{what} /health answered {status or 'nothing'}")
+        if self.drain_file(name).exists() or self.drain_file(name).is_symlink():
+            problems.append(f"{self.drain_file(name)} is present")
+        return problems
+
+    def settled(self, name: str = CYAN) -> None:
+        """The node as every test must leave it: no journal, no drain file, taking calls, serving-check OK."""
+        assert not self.journal(name).exists(), f"{self.journal(name)} left behind"
+        assert not self.calls_problems(name), self.calls_problems(name)
+        report = run_checks(self.node(name).state_dir, name, self.node(name).manager.runtime_dir)
+        assert report.status == "OK", [(f.check, f.status, f.summary, f.details) for f in report.findings]
+
+    def restart(self, unit: str, name: str = CYAN) -> None:
+        with connect(self.address(name)) as bus:
+            run_job(bus, "restart", unit, 60)
+
+    def reload(self, name: str = CYAN) -> None:
+        with connect(self.address(name)) as bus:
+            daemon_reload(bus)
+
+    def finish(self, name: str = CYAN) -> None:
+        """Bring the node back to a settled state after a test left a switch unfinished."""
+        if self.journal(name).exists() or self.calls_problems(name, wait_s=2):
+            result = self.release(name)
+            assert result.returncode in (0, 4), result.stdout + result.stderr
+        self.settled(name)
+
+
+def run_at_once(commands: dict[str, tuple[list[str], dict]]) -> dict[str, subprocess.CompletedProcess]:
+    """Run several commands in parallel; name -> CompletedProcess (text)."""
+    running = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                                      env={**os.environ, **env})
+               for name, (argv, env) in commands.items()}
+    done = {}
+    for name, process in running.items():
+        try:
+            out, err = process.communicate(timeout=120)
+        except subprocess.TimeoutExpired:
+            process.kill()
+            out, err = process.communicate()
+        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
+    return done
+
+
+def text_of(result: subprocess.CompletedProcess) -> str:
+    return (result.stdout or "") + (result.stderr or "")
+
+
+def wait_for_step(journal: Path, step: str, timeout_s: float = 60.0) -> None:
+    """Wait until the journal on disk says ``step`` is running (the switch is inside it)."""
+    deadline = time.monotonic() + timeout_s
+    while time.monotonic() < deadline:
+        try:
+            steps = {s["name"]: s["state"] for s in json.loads(journal.read_text())["steps"]}
+            if steps.get(step) == "running":
+                return
+        except (OSError, ValueError, KeyError, TypeError):
+            pass
+        time.sleep(0.02)
+    raise AssertionError(f"{journal} never said {step} is running")
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    scratch = tmp_path_factory.mktemp("node_state")
+    checkout = copy_checkout(REPO, scratch / "checkout")
+    base = scratch / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    try:
+        f = Fleet(checkout, base, scratch)
+        # Sandbox-only speed: the stand-in engine loads in 0.2 s, and a voice worker that cannot
+        # confirm a drain is given up on after 3 s (the stand-in drains at once when it has no calls).
+        profile = f.node(CYAN).profile
+        text = profile.read_text()
+        assert 'FLATSHARE_STANDIN_LOAD_S = "1"' in text and "drain_timeout_s = 20" in text
+        profile.write_text(text.replace('FLATSHARE_STANDIN_LOAD_S = "1"', 'FLATSHARE_STANDIN_LOAD_S = "0.2"')
+                           .replace("drain_timeout_s = 20", "drain_timeout_s = 3"))
+        # Both ends of a hold change stored on cyan, and both have served.
+        for _ in range(2):
+            f.change()
+            result = f.release()
+            assert result.returncode == 0, result.stdout + result.stderr
+        f.settled()
+        yield f
+    finally:
+        down(base, echo=lambda _l: None)
+
+
+# --- 1. every node file read defensively ---------------------------------------------------------------
+
+
+#: Record-shaped JSON with the wrong types, per file.
+WRONG_TYPES = {
+    "serving.json": {"schema": 1, "engine": 5, "vllm_release": [], "module": "x", "units": 3, "services": "all",
+                     "layout": None, "voice": 1},
+    "switching.json": {"schema": 2, "from": 5, "to": ["x"], "node": None, "host": 1, "pid": "me", "user": 2,
+                       "started_at": "now", "steps": {}},
+    "history.jsonl": {"schema": 2, "switch": ["s"], "served": "yes", "result": 7, "after": 5, "before": [],
+                      "target": {}, "started_at": "soon", "rollout": ["r"], "duration_s": "x"},
+    "voice.status": {"schema": 1, "state": 5, "drain_id": [], "written_at": "soon", "calls_in_progress": "many"},
+}
+#: A release id that no node stores.
+NOT_STORED = "0123456789abcdef"
+
+#: How a line says what the damage is, per form.
+DAMAGE = {
+    "missing": r"missing|not found|no such|does not exist|not stored",
+    "empty": r"empty|not JSON|corrupt|truncated|EOF",
+    "torn": r"not JSON|torn|truncated|corrupt|EOF",
+    "not-json": r"not JSON|corrupt|invalid",
+    "wrong-shape": r"wrong shape|not a record|not an object|should be an object|corrupt|not a release",
+    "wrong-types": r"wrong type|should be a valid|not a valid|corrupt|invalid|not a release",
+    "not-utf8": r"UTF-8|utf-8|codec|not JSON|not text",
+    "directory": r"directory|EISDIR|not a regular file",
+    "symlink": r"symlink|link|not a regular file",
+    "absolute-link": r"symlink|link|points at",
+    "dangling": r"symlink|link|not stored|not found|no such|not a regular file",
+    "regular-file": r"regular file|not a link|not a symlink",
+    "left-behind": r"present|left behind|drained",
+}
+UNREADABLE = r"|unreadable|damaged"
+
+#: How a line names the file.
+NAMES = {
+    "serving.json": r"serving\.json",
+    "units": r"flatshare-engine\.service|releases/[0-9a-f]{16}\b",
+    "current": rf"releases/current\b|{NOT_STORED}",
+    "switching.json": r"switching\.json",
+    "lock.json": r"lock\.json",
+    "history.jsonl": r"history\.jsonl",
+    "release.log": r"release\.log",
+    "voice.drain": r"voice\.drain",
+    "voice.status": r"voice\.status",
+}
+
+
+@dataclass(frozen=True)
+class Case:
+    """One file in one form of damage, and what each command must do about it.
+
+    Attributes:
+        file: which file (a key of NAMES).
+        form: which damage (a key of DAMAGE).
+        release: the exit codes ``flatshare release`` may give (errors.Exit).
+        dry: the exit codes ``flatshare rollback --dry-run`` may give.
+        named: which commands must print one line naming the file and the damage: R release,
+            D rollback --dry-run, S status, H releases (the history listing), C serving-check.
+            A command that does not read the file is not asked to name it, and must answer as on a
+            healthy node (status 0, serving-check 0).
+        serving: the node must take calls right after the commands.
+    """
+
+    file: str
+    form: str
+    release: tuple[int, ...] = (0,)
+    dry: tuple[int, ...] = (0,)
+    named: str = ""
+    serving: bool = True
+    marks: tuple = field(default=(), compare=False)
+
+    @property
+    def id(self) -> str:
+        return f"{self.file}-{self.form}"
+
+
+def case(file, form, release=(0,), dry=(0,), named="", serving=True, bug=None):
+    marks = (pytest.mark.xfail(strict=True, reason=f"BUG: {bug}"),) if bug else ()
+    return pytest.param(Case(file, form, release, dry, named, serving), marks=marks, id=f"{file}-{form}")
+
+
+BUG_TYPES_CRASH = ("a serving.json of the wrong types in the active release crashes 'flatshare release' and "
+                   "'rollback --dry-run' on the node (AttributeError in ReleaseView.argv): a traceback and exit 6 "
+                   "'unreachable' instead of one line naming the file")
+BUG_UNITS = ("a stored release's unit files are never checked against serving.json's units sha256: an empty, "
+             "truncated or missing unit is taken as it is, with no line naming it")
+BUG_CURRENT = ("'flatshare status' shows a releases/current that names no stored release (dangling, or missing "
+               "on a node whose history says a release served) as the active release with exit 0 and no "
+               "damaged line")
+BUG_HISTORY_TYPES = ("a history record of the wrong types (switch a list, result a number...) is used as it is: "
+                     "no line names it; 'flatshare releases' prints '? [] -> {}: 7'")
+BUG_LOG_LINK = ("releases/release.log as a symlink is followed silently: the release appends its log to the "
+                "link's target (a dangling link makes it create that file), with no line naming the link")
+BUG_STATUS_DIR = ("a voice.status that is a directory is read as 'no status': the release waits out the drain "
+                  "timeout and says '(last status: None)', never naming voice.status or the damage")
+
+# Exit codes (flatshare_ops/errors.py): 0 released/done, 1 failed mid-switch (journal kept), 3 refused,
+# 5 damaged node state. A damaged *old* release (the active one's files) is not a reason to refuse: the
+# release plans a whole switch and names the damage in a note (exit 0). A damaged journal, history file or
+# current link is refused before any change with exit 5 (the node's own record cannot be trusted).
+CASES = [
+    # The active release's serving.json: the release replaces that release (whole switch, a note), the dry
+    # run plans around it, serving-check (which reads it) is UNKNOWN naming it.
+    case("serving.json", "missing", named="RDC"),
+    case("serving.json", "empty", named="RDC"),
+    case("serving.json", "torn", named="RDC"),
+    case("serving.json", "wrong-shape", named="RDC"),
+    case("serving.json", "wrong-types", named="RDC", bug=BUG_TYPES_CRASH),
+    case("serving.json", "directory", named="RDC"),
+    # serving-check reads serving.json through links on purpose (current is one): a link to intact content
+    # is no damage to it (exit 0); the release, which must trust the file, names it.
+    case("serving.json", "symlink", named="RD"),
+    case("serving.json", "dangling", named="RDC"),
+    # The active release's engine unit (serving-check compares the *installed* units, not these).
+    case("units", "missing", named="RD", bug=BUG_UNITS),
+    case("units", "empty", named="RD", bug=BUG_UNITS),
+    case("units", "torn", named="RD", bug=BUG_UNITS),
+    case("units", "not-utf8", named="RD"),
+    case("units", "directory", named="RD"),
+    case("units", "dangling", named="RD"),
+    # releases/current: not a link to a release id -> exit 5 and 'move it aside' (release, rollback);
+    # a link to an absolute path still leads serving-check to the release (exit 0 there).
+    case("current", "regular-file", release=(5,), dry=(5,), named="RDSC"),
+    case("current", "directory", release=(5,), dry=(5,), named="RDSC"),
+    case("current", "absolute-link", release=(5,), dry=(5,), named="RDS"),
+    case("current", "dangling", named="RDSC", bug=BUG_CURRENT),
+    case("current", "missing", named="SC", bug=BUG_CURRENT),
+    # The journal: never trusted when damaged, never overwritten: exit 5; serving-check WARNING.
+    case("switching.json", "empty", release=(5,), dry=(5,), named="RDSC"),
+    case("switching.json", "torn", release=(5,), dry=(5,), named="RDSC"),
+    case("switching.json", "wrong-shape", release=(5,), dry=(5,), named="RDSC"),
+    case("switching.json", "wrong-types", release=(5,), dry=(5,), named="RDSC"),
+    case("switching.json", "directory", release=(5,), dry=(5,), named="RDSC"),
+    case("switching.json", "dangling", release=(5,), dry=(5,), named="RDSC"),
+    # lock.json with no release holding the lock: a dead holder's note, only ever overwritten (the kernel's
+    # lock is what holds); nothing reads it then. (Held: test_a_damaged_lock_record_is_named_...)
+    case("lock.json", "not-json"),
+    case("lock.json", "directory"),
+    case("lock.json", "dangling"),
+    # The history: a damaged line is skipped and named; the file itself unusable -> exit 5. With no history
+    # (missing, empty) a rollback has nothing that served to return to: refused, exit 3.
+    case("history.jsonl", "missing", dry=(3,)),
+    case("history.jsonl", "empty", dry=(3,)),
+    case("history.jsonl", "torn", named="RDSH"),
+    case("history.jsonl", "not-json", named="RDSH"),
+    case("history.jsonl", "not-utf8", named="RDSH"),
+    case("history.jsonl", "wrong-types", named="RDSH", bug=BUG_HISTORY_TYPES),
+    case("history.jsonl", "directory", release=(5,), dry=(5,), named="RDSH"),
+    case("history.jsonl", "dangling", release=(5,), dry=(5,), named="RDSH"),
+    # release.log: written, never read; output never ends a switch (a note says the log is not kept).
+    case("release.log", "missing"),
+    case("release.log", "directory", named="R"),
+    case("release.log", "symlink", named="R", bug=BUG_LOG_LINK),
+    case("release.log", "dangling", named="R", bug=BUG_LOG_LINK),
+    # voice.drain left behind: calls are given back by the release, which names it (so do the dry run and
+    # serving-check); a directory cannot be removed: the drain step fails (exit 1), named. A dangling link
+    # drains nobody (the worker reads no file), so it is no damage.
+    case("voice.drain", "left-behind", named="RDC"),
+    case("voice.drain", "empty", named="RDC"),
+    case("voice.drain", "symlink", named="RDC"),
+    case("voice.drain", "directory", release=(1,), named="RDC", serving=False),
+    case("voice.drain", "dangling"),
+    # voice.status: the worker's file, rewritten by the worker as the drain begins.
+    case("voice.status", "torn"),
+    case("voice.status", "wrong-types"),
+    case("voice.status", "dangling"),
+    case("voice.status", "directory", release=(1,), named="R", bug=BUG_STATUS_DIR),
+]
+
+
+class Kept:
+    """What was at a path before a test damaged it, to put back."""
+
+    def __init__(self, path: Path) -> None:
+        self.path = path
+        self.kind = "link" if path.is_symlink() else "file" if path.is_file() else None
+        assert not (path.is_dir() and not path.is_symlink()), f"{path} is a directory"
+        self.data = os.readlink(path) if self.kind == "link" else path.read_bytes() if self.kind == "file" else None
+
+    def restore(self) -> None:
+        clear(self.path)
+        if self.kind == "link":
+            os.symlink(self.data, self.path)
+        elif self.kind == "file":
+            self.path.write_bytes(self.data)
+
+
+def clear(path: Path) -> None:
+    if path.is_symlink() or path.is_file():
+        path.unlink()
+    elif path.is_dir():
+        shutil.rmtree(path)
+
+
+def locate(fleet: Fleet, file: str) -> Path:
+    releases = fleet.releases()
+    active = releases / (fleet.current() or "")
+    return {
+        "serving.json": active / "serving.json",
+        "units": active / "units" / ENGINE,
+        "current": releases / "current",
+        "switching.json": releases / "switching.json",
+        "lock.json": releases / "lock.json",
+        "history.jsonl": releases / "history.jsonl",
+        "release.log": releases / "release.log",
+        "voice.drain": fleet.drain_file(),
+        "voice.status": fleet.node().run_dir / "voice.status",
+    }[file]
+
+
+def damage(fleet: Fleet, c: Case, path: Path, original: bytes) -> None:
+    """Put ``c.form`` of damage at ``path`` (whose bytes were ``original``)."""
+    spare = fleet.scratch / "elsewhere"
+    spare.mkdir(exist_ok=True)
+    form = c.form
+    if c.file == "history.jsonl" and form in ("torn", "not-json", "not-utf8", "wrong-types"):
+        tail = {"torn": b'{"schema": 2, "switch": "torn-by-a-crash", "result": "rel',  # no newline
+                "not-json": b"this is not JSON\n",
+                "not-utf8": b"\xff\xfe\xfd not text\n",
+                "wrong-types": json.dumps(WRONG_TYPES["history.jsonl"]).encode() + b"\n"}[form]
+        path.write_bytes(original + tail)
+        return
+    clear(path)
+    if form == "missing":
+        return
+    if form == "directory":
+        path.mkdir()
+        (path / "left-here").write_text("x\n")
+    elif form in ("symlink", "left-behind") and c.file == "voice.drain":
+        if form == "symlink":
+            (spare / "a-drain-id").write_text("stale-drain\n")
+            path.symlink_to(spare / "a-drain-id")
+        else:
+            path.write_text("stale-drain\n")
+    elif form == "symlink":
+        (spare / f"copy-of-{path.name}").write_bytes(original)
+        path.symlink_to(spare / f"copy-of-{path.name}")
+    elif form == "dangling":
+        path.symlink_to(NOT_STORED if c.file == "current" else spare / f"gone-{path.name}")
+    elif form == "absolute-link":
+        path.symlink_to(fleet.releases() / original.decode())
+    elif form == "regular-file":
+        path.write_bytes(original + b"\n")
+    else:
+        path.write_bytes({
+            "empty": b"",
+            "torn": original[: len(original) * 2 // 3],
+            "not-json": b"this is not JSON {\n",
+            "wrong-shape": b"[1, 2, 3]\n",
+            "not-utf8": b"\xff\xfe\xfd not text\n",
+            "wrong-types": json.dumps(WRONG_TYPES.get(c.file, {})).encode() + b"\n",
+        }[form])
+
+
+def repair(fleet: Fleet, c: Case, path: Path, kept: Kept) -> None:
+    """Undo the damage, keeping what the commands rightly did meanwhile (a new history record, a switched
+    current link), then bring the node back to settled."""
+    if c.file == "history.jsonl":
+        known = {r.get("switch") for r in json_lines(kept.data or b"")}
+        new = [r for r in (json_lines(path.read_bytes()) if path.is_file() and not path.is_symlink() else [])
+               if isinstance(r.get("switch"), str) and r.get("switch") not in known and r.get("schema") == 2]
+        kept.restore()
+        if new:
+            with open(path, "ab") as f:
+                if kept.data and not kept.data.endswith(b"\n"):
+                    f.write(b"\n")
+                f.write(b"".join(json.dumps(r, sort_keys=True).encode() + b"\n" for r in new))
+    elif c.file == "current" and path.is_symlink() and (fleet.releases() / os.readlink(path)).is_dir() \
+            and re.fullmatch(r"[0-9a-f]{16}", os.readlink(path)):
+        pass  # the release pointed it at a stored release: that is the repair
+    else:
+        kept.restore()
+    if c.file in ("voice.drain", "voice.status"):
+        fleet.restart(VOICE)  # the stand-in worker's watcher stops on a directory where its file belongs
+    fleet.finish()
+
+
+def json_lines(raw: bytes) -> list[dict]:
+    records = []
+    for line in raw.decode(errors="replace").splitlines():
+        try:
+            record = json.loads(line)
+        except ValueError:
+            continue
+        if isinstance(record, dict):
+            records.append(record)
+    return records
+
+
+COMMANDS = {"R": "release", "D": "rollback --dry-run", "S": "status", "H": "releases", "C": "serving-check"}
+
+
+def judge(c: Case, results: dict[str, subprocess.CompletedProcess]) -> list[str]:
+    """What the commands did wrong for this case (empty: nothing)."""
+    failures = []
+    named = {COMMANDS[letter] for letter in c.named}
+    allowed = {
+        "release": c.release,
+        "rollback --dry-run": c.dry,
+        # status: exit 1 when a node has a damaged file (README/cli.py docstring); serving-check: Nagios codes,
+        # WARNING/CRITICAL/UNKNOWN for what it reads. The history listing's exit code is
+        # test_flatshare_releases_exits_non_zero_when_a_history_cannot_be_read's subject.
+        "status": (1,) if "status" in named else (0,),
+        "serving-check": (1, 2, 3) if "serving-check" in named else (0,),
+        "releases": None if "releases" in named else (0,),
+    }
+    name_re = re.compile(NAMES[c.file])
+    damage_re = re.compile(DAMAGE[c.form] + UNREADABLE)
+    for command, result in results.items():
+        text = text_of(result)
+        if "Traceback" in text:
+            failures.append(f"{command}: a traceback:\n{text[-3000:]}")
+        if allowed[command] is not None and result.returncode not in allowed[command]:
+            failures.append(f"{command}: exit {result.returncode}, expected one of {allowed[command]}:\n{text[-1500:]}")
+        if command in named and not any(name_re.search(line) and damage_re.search(line) for line in text.splitlines()):
+            failures.append(f"{command}: no line names {c.file} and its damage ({c.form}):\n{text[-1500:]}")
+    return failures
+
+
+@pytest.mark.parametrize("c", CASES)
+def test_every_node_file_is_read_defensively(fleet, c):
+    expected = fleet.change()  # the release below is a real change
+    path = locate(fleet, c.file)
+    kept = Kept(path)
+    original = os.readlink(path).encode() if kept.kind == "link" else (kept.data or b"")
+    try:
+        damage(fleet, c, path, original)
+        if c.file.startswith("voice."):
+            time.sleep(0.3)  # the worker polls its drain file every 50 ms
+        results = fleet.read_everything()
+        results["release"] = fleet.release()
+        failures = judge(c, results)
+        if results["release"].returncode == 0 and fleet.current() != expected:
+            failures.append(f"release: exit 0 but releases/current is {fleet.current()}, not {expected}")
+        if c.serving:
+            failures += [f"after the commands the node does not take calls: {p}" for p in fleet.calls_problems()]
+    finally:
+        repair(fleet, c, path, kept)
+    assert not failures, "\n\n".join(failures)
+
+
+def test_a_history_line_42_does_not_stop_releases_rollback_or_a_release_that_switches_and_prunes(fleet):
+    history = fleet.releases() / "history.jsonl"
+    original = history.read_bytes()
+    # A release directory no history names (never served): the next release's prune removes it.
+    unserved = fleet.releases() / "00000000000000aa"
+    shutil.copytree(fleet.releases() / fleet.current(), unserved)
+    expected = fleet.change()
+    try:
+        history.write_bytes(original + b"42\n")
+        line = len(original.decode(errors="replace").splitlines()) + 1
+        note = f"history.jsonl:{line}: not a record"
+        listing = fleet.cli("releases", "--node", CYAN)
+        assert listing.returncode == 0 and note in listing.stdout, text_of(listing)
+        assert fleet.history()[-1]["result"] in ("released", "rolled back")
+        dry = fleet.cli("rollback", "--dry-run", "--root", str(fleet.checkout), env={"FLATSHARE_NODE": CYAN})
+        assert dry.returncode == 0 and note in dry.stdout, text_of(dry)
+        result = fleet.release()
+        assert result.returncode == 0, text_of(result)
+        assert "Traceback" not in text_of(result)
+        assert fleet.current() == expected
+        assert f"removed old release {unserved.name}" in result.stdout and not unserved.exists()
+        last = fleet.history()[-1]
+        assert (last["result"], last["after"], last["served"]) == ("released", expected, True)
+        assert b"\n42\n" in history.read_bytes()  # the damaged line is kept, never rewritten
+    finally:
+        shutil.rmtree(unserved, ignore_errors=True)
+        history.write_bytes(b"".join(line + b"\n" for line in history.read_bytes().splitlines() if line != b"42"))
+    fleet.settled()
+
+
+def test_a_current_link_replaced_by_a_regular_file_is_refused_in_one_line_saying_to_move_it_aside(fleet):
+    link = fleet.releases() / "current"
+    active = os.readlink(link)
+    before = fleet.engine()[1]
+    fleet.change()
+    link.unlink()
+    link.write_text(active + "\n")
+    try:
+        result = fleet.release()
+        assert result.returncode == 5, text_of(result)  # damaged node state
+        lines = [line for line in text_of(result).splitlines() if "releases/current" in line]
+        assert len(lines) == 1, lines
+        assert "regular file" in lines[0] and "move it aside" in lines[0] and f"mv {link} " in lines[0]
+        assert "Traceback" not in text_of(result)
+        assert link.is_file() and not link.is_symlink() and fleet.engine()[1] == before  # nothing changed
+        assert not fleet.calls_problems()
+    finally:
+        link.unlink()
+        link.symlink_to(active)
+    fleet.settled()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a damaged lock.json is never named: while a release holds the lock, "
+                   "the refusal prints its garbage as the holder ('[]@5 ... release {}') or '?@?', and neither "
+                   "the refusal nor serving-check says lock.json is damaged")
+def test_a_damaged_lock_record_is_named_while_a_release_holds_the_lock(fleet):
+    from filelock import FileLock
+
+    record = fleet.releases() / "lock.json"
+    lock = FileLock(str(fleet.releases() / ".lock"))
+    lock.acquire(timeout=0)  # a release holding the node, as the kernel's lock table shows it
+    failures = []
+    try:
+        for content in (b"not JSON {\n", json.dumps({"host": 5, "pid": "me", "user": [], "release": {},
+                                                      "started_at": "yesterday"}).encode()):
+            record.write_bytes(content)
+            fleet.change()
+            refused = fleet.release()
+            check = fleet.serving_check()
+            assert refused.returncode == 3 and f"pid {os.getpid()}" in refused.stdout, text_of(refused)  # the kernel's
+            assert "Traceback" not in text_of(refused) + text_of(check)
+            for name, result in (("release", refused), ("serving-check", check)):
+                if not any("lock.json" in line and re.search(r"damaged|not JSON|wrong", line)
+                           for line in text_of(result).splitlines()):
+                    failures.append(f"{name} does not name the damaged lock.json:\n{text_of(result)[-800:]}")
+    finally:
+        lock.release()
+        record.unlink(missing_ok=True)
+    fleet.settled()
+    assert not failures, "\n".join(failures)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: serving-check with a serving.json of the wrong types says "
+                   "'serving-check failed: TypeError: ...' instead of naming the file and its damage")
+def test_serving_check_names_a_serving_json_of_the_wrong_types(fleet):
+    path = fleet.releases() / fleet.current() / "serving.json"
+    original = path.read_bytes()
+    path.write_text(json.dumps(WRONG_TYPES["serving.json"]))
+    try:
+        check = fleet.serving_check()
+    finally:
+        path.write_bytes(original)
+    fleet.settled()
+    assert check.returncode == 3 and "Traceback" not in text_of(check)
+    assert any("serving.json" in line and re.search(DAMAGE["wrong-types"], line)
+               for line in check.stdout.splitlines()), check.stdout
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: 'flatshare releases' exits 0 when a node's history cannot be read "
+                   "(it prints 'UNKNOWN: exit 5: ...'); status exits 1 and check 3 in the same case")
+def test_flatshare_releases_exits_non_zero_when_a_history_cannot_be_read(fleet):
+    history = fleet.releases() / "history.jsonl"
+    original = history.read_bytes()
+    history.unlink()
+    history.mkdir()
+    try:
+        listing = fleet.cli("releases", "--node", CYAN)
+    finally:
+        history.rmdir()
+        history.write_bytes(original)
+    assert "history.jsonl: is a directory" in listing.stdout, text_of(listing)
+    assert listing.returncode in (1, 5), text_of(listing)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a history record whose switch is a list (served true) crashes the node "
+                   "side as soon as a journal exists ('unhashable type: list' in switch._work): a traceback and "
+                   "exit 6 'unreachable' for release and rollback, and calls are not given back")
+def test_a_history_record_of_the_wrong_types_does_not_crash_finishing_an_interrupted_switch(fleet):
+    history = fleet.releases() / "history.jsonl"
+    original = history.read_bytes()
+    fleet.change()
+    killed = fleet.release(env=faults(kill_after_step="stop-gateway"))
+    assert fleet.journal().exists(), text_of(killed)
+    history.write_bytes(original + json.dumps(WRONG_TYPES["history.jsonl"] | {"served": True}).encode() + b"\n")
+    try:
+        dry = fleet.cli("rollback", "--dry-run", "--root", str(fleet.checkout), env={"FLATSHARE_NODE": CYAN})
+        result = fleet.release()
+        serving = fleet.calls_problems(wait_s=5)
+    finally:
+        history.write_bytes(b"".join(line + b"\n" for line in history.read_bytes().splitlines()
+                                     if b'"switch": ["s"]' not in line))
+        fleet.finish()
+    for command in (dry, result):
+        assert "Traceback" not in text_of(command), text_of(command)
+        assert command.returncode in (0, 1, 3, 5), text_of(command)
+    assert not serving
+
+
+# --- 2. appends a crash cannot corrupt ----------------------------------------------------------------
+
+
+def test_a_torn_last_history_line_does_not_swallow_the_next_record(fleet):
+    history = fleet.releases() / "history.jsonl"
+    original = history.read_bytes()
+    torn = b'{"schema": 2, "switch": "torn-by-a-crash", "result": "rel'
+    history.write_bytes(original + torn)  # a crash mid-append: no newline
+    expected = fleet.change()
+    try:
+        result = fleet.release()
+        assert result.returncode == 0, text_of(result)
+        lines = history.read_bytes().splitlines()
+        assert lines[-2] == torn  # the torn fragment stays on a line of its own
+        record = json.loads(lines[-1])  # and the new record is whole, on its own line
+        assert (record["result"], record["after"], record["served"]) == ("released", expected, True)
+        listing = fleet.cli("releases", "--node", CYAN)
+        assert "not JSON (a torn or damaged line); skipped" in listing.stdout, text_of(listing)
+        assert f"-> {expected}: released" in listing.stdout
+    finally:
+        history.write_bytes(b"".join(line + b"\n" for line in history.read_bytes().splitlines() if line != torn))
+    fleet.settled()
+
+
+@pytest.fixture(scope="module")
+def write_calls(fleet) -> list[tuple[str, str]]:
+    """Every durable write (primitive, path) of one release between two stored releases, in call order,
+    as the call recorder saw them: the Nth of them is what ``faults(fail=..., nth=N)`` fails."""
+    record = fleet.scratch / "calls.tsv"
+    fleet.change()
+    result = fleet.release(env={"PYTHONPATH": str(CALLS), "FLATSHARE_TEST_CALLS": str(record)})
+    assert result.returncode == 0, text_of(result)
+    calls = [tuple(line.split("\t", 1)) for line in record.read_text().splitlines()]
+    assert calls and not any("/releases/." in path for _, path in calls), calls  # both ends already stored
+    fleet.settled()
+    return calls
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: when removing the journal fails after the history record (record-history), "
+                   "the early end appends a 'failed' record for the same switch: two records (released and "
+                   "failed) of one switch id, and the release says 'failed mid-switch' though it switched")
+def test_a_crash_between_the_history_record_and_the_journal_removal_never_records_a_switch_twice(fleet, write_calls):
+    removes = [path for primitive, path in write_calls if primitive == "remove"]
+    k = removes.index(str(fleet.journal())) + 1  # the journal's removal, right after the history append
+    expected = fleet.change()
+    crashed = fleet.release(env=faults(fail="remove", nth=k, errno="ENOSPC"))
+    assert "Traceback" not in text_of(crashed)
+    assert fleet.journal().exists(), text_of(crashed)  # the fault fell between the two
+    switch = json.loads(fleet.journal().read_text())["switch"]
+    assert any(r.get("switch") == switch and r.get("result") == "released" for r in fleet.history())
+    after = fleet.release()
+    assert after.returncode in (0, 4), text_of(after)
+    assert fleet.current() == expected
+    fleet.settled()
+    twice = {s: n for s, n in Counter(r.get("switch") for r in fleet.history()).items() if n > 1}
+    assert not twice, [r for r in fleet.history() if r.get("switch") in twice]
+
+
+# --- 3. the one early-end rule, whatever write fails --------------------------------------------------
+
+
+def fail_each_write(fleet: Fleet, primitive: str, ns: list[int], calls: list[tuple[str, str]]) -> list[str]:
+    """Release with the Nth ``primitive`` call failing (ENOSPC), for each N; after each failure check the
+    early-end rule and that the next release finishes. Returns what went wrong."""
+    mine = [c for c in calls if primitive == "any" or c[0] == primitive]
+    failures = []
+    for n in ns:
+        expected = fleet.change()
+        before = (fleet.current(), len(fleet.history()))
+        result = fleet.release(env=faults(fail=primitive, nth=n, errno="ENOSPC"))
+        text = text_of(result)
+        where = mine[n - 1] if n <= len(mine) else None
+        label = f"fail={primitive} nth={n} ({where[0]} {where[1]})" if where else f"fail={primitive} nth={n}"
+        if "Traceback" in text:
+            failures.append(f"{label}: a traceback:\n{text[-2000:]}")
+        if where is None:  # past the last write: the fault cannot fire, the release passes, the loop ends
+            if result.returncode != 0 or fleet.current() != expected:
+                failures.append(f"{label}: no fault to fire, yet exit {result.returncode}:\n{text[-1500:]}")
+            break
+        if where[1].endswith("/lock.json"):
+            # lock.json only tells people who holds the lock (the kernel's lock is what holds): a failed
+            # write or removal of it is ignored and the release goes on.
+            if result.returncode != 0 or fleet.current() != expected:
+                failures.append(f"{label}: exit {result.returncode}, expected 0:\n{text[-1500:]}")
+            continue
+        if result.returncode not in (1, 3, 5):
+            failures.append(f"{label}: exit {result.returncode}, expected 1 (or 3/5 before the switch began):\n"
+                            f"{text[-1500:]}")
+        if result.returncode in (3, 5) and (fleet.journal().exists() or (fleet.current(), len(fleet.history())) != before):
+            failures.append(f"{label}: exit {result.returncode} but the journal/history say something changed")
+        if fleet.drain_file().exists():
+            failures.append(f"{label}: {fleet.drain_file()} left behind")
+        gateway = fleet.active(GATEWAY)
+        if gateway != "active":
+            failures.append(f"{label}: the gateway is {gateway} after the early end")
+        failures += [f"{label}: {p}" for p in fleet.calls_problems(wait_s=10)]
+        finished = fleet.release()
+        check = fleet.serving_check()
+        if finished.returncode not in (0, 4) or fleet.current() != expected or check.returncode != 0 \
+                or fleet.journal().exists():
+            # 4: the failed write came after the switch was complete and recorded (nothing left to do)
+            failures.append(f"{label}: the next release did not finish it (exit {finished.returncode}, current "
+                            f"{fleet.current()}, serving-check {check.returncode}):\n{text_of(finished)[-1500:]}\n"
+                            f"{check.stdout[-800:]}")
+            fleet.finish()
+    return failures
+
+
+def _first(calls, primitive, suffix) -> int:
+    mine = [p for name, p in calls if name == primitive]
+    return next(i for i, p in enumerate(mine, 1) if p.endswith(suffix))
+
+
+@pytest.mark.parametrize("primitive", ["any", "write_atomic", "append_line", "replace_symlink", "remove"])
+def test_a_failed_write_anywhere_in_a_switch_ends_it_early_and_the_next_release_finishes(fleet, write_calls, primitive):
+    count = sum(1 for name, _ in write_calls if primitive == "any" or name == primitive)
+    if primitive == "write_atomic":
+        # A few: the lock note, the journal's first write and first step mark, the drain file, a unit, the
+        # journal's last write, and one past the end (the fault cannot fire: the release passes).
+        ns = sorted({1, 2, 3, _first(write_calls, primitive, "/voice.drain"), _first(write_calls, primitive, ENGINE),
+                     count, count + 1})
+    else:
+        ns = list(range(1, count + 2))  # every write, then one past the end
+    failures = fail_each_write(fleet, primitive, ns, write_calls)
+    fleet.settled()
+    assert not failures, "\n\n".join(failures)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a failed write while storing the release (store_release, before the "
+                   "switch: its write_atomic of each file, its rename) is not handled: the node side dies with an "
+                   "OSError traceback and the operator reports exit 6 'unreachable'")
+@pytest.mark.parametrize("primitive, nth", [("rename", 1), ("write_atomic", 2)])
+def test_a_failed_write_while_storing_the_release_is_one_line_not_a_traceback(fleet, primitive, nth):
+    expected = fleet.fresh()  # a release the node has not stored: it is written first
+    before = fleet.current()
+    result = fleet.release(env=faults(fail=primitive, nth=nth, errno="ENOSPC"))
+    problems = fleet.calls_problems(wait_s=5)
+    stored = (fleet.releases() / expected).exists()
+    fleet.finish()
+    assert "Traceback" not in text_of(result), text_of(result)
+    assert result.returncode in (1, 3, 5), text_of(result)
+    assert not problems and before != expected and not stored
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: when the journal's first write fails, the message says 'The journal "
+                   "(.../switching.json) is kept: the next flatshare release finishes the switch', but no journal "
+                   "was ever written (and nothing changed)")
+def test_a_failed_first_journal_write_does_not_claim_a_journal_is_kept(fleet, write_calls):
+    n = next(i for i, (name, path) in enumerate([c for c in write_calls if c[0] == "write_atomic"], 1)
+             if path == str(fleet.journal()))
+    fleet.change()
+    result = fleet.release(env=faults(fail="write_atomic", nth=n, errno="ENOSPC"))
+    assert result.returncode in (1, 3, 5) and not fleet.journal().exists(), text_of(result)
+    fleet.finish()
+    assert "is kept" not in result.stdout, result.stdout
+
+
+# --- 4. a real full disk and a real read-only filesystem ------------------------------------------------
+
+
+def _du(path: Path) -> int:
+    return sum(p.lstat().st_size for p in path.rglob("*"))
+
+
+@contextmanager
+def tmpfs_over_releases(fleet: Fleet):
+    """The node's releases directory on a small tmpfs of its own (its content copied in, and back out at the
+    end); yields the directory. Always unmounted."""
+    releases = fleet.releases()
+    before = fleet.scratch / "releases-before-tmpfs"
+    after = fleet.scratch / "releases-on-tmpfs"
+    for d in (before, after):
+        shutil.rmtree(d, ignore_errors=True)
+    shutil.copytree(releases, before, symlinks=True)
+    size = (_du(before) // (1 << 20) + 2) << 20  # what it holds, plus about a MiB of room
+    subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(releases)], check=True)
+    copied = False
+    try:
+        shutil.copytree(before, releases, symlinks=True, dirs_exist_ok=True)
+        yield releases
+        (releases / ".filler").unlink(missing_ok=True)
+        shutil.copytree(releases, after, symlinks=True)
+        copied = True
+    finally:
+        if subprocess.run(["umount", str(releases)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(releases)], check=True)
+        source = after if copied else before
+        for entry in releases.iterdir():
+            clear(entry)
+        shutil.copytree(source, releases, symlinks=True, dirs_exist_ok=True)
+        shutil.rmtree(before, ignore_errors=True)
+        shutil.rmtree(after, ignore_errors=True)
+
+
+def fill(directory: Path) -> None:
+    """Fill the filesystem of ``directory`` until it says ENOSPC."""
+    fd = os.open(directory / ".filler", os.O_WRONLY | os.O_CREAT | os.O_APPEND, 0o600)
+    try:
+        while True:
+            os.write(fd, b"\0" * (1 << 16))
+    except OSError as err:
+        assert err.errno == 28, err
+    finally:
+        os.close(fd)
+    fd = os.open(directory / ".filler", os.O_WRONLY | os.O_APPEND)  # and the last partial page
+    try:
+        while True:
+            os.write(fd, b"\0" * 512)
+    except OSError:
+        pass
+    finally:
+        os.close(fd)
+
+
+def _early_end_then_finish(fleet: Fleet, process: subprocess.Popen, expected: str, errno_name: str,
+                           free) -> None:
+    out, _ = process.communicate(timeout=180)
+    assert process.returncode == 1, out
+    assert "Traceback" not in out, out
+    assert errno_name in out, out
+    # The early-end rule: calls given back, the gateway started again, the engine serving.
+    assert not fleet.drain_file().exists()
+    assert fleet.active(GATEWAY) == "active"
+    assert not fleet.calls_problems(), fleet.calls_problems()
+    free()
+    finished = fleet.release()
+    assert finished.returncode == 0, text_of(finished)
+    assert fleet.current() == expected
+    assert fleet.serving_check().returncode == 0
+
+
+def test_a_disk_that_fills_mid_switch_ends_it_early_and_the_next_release_finishes(fleet):
+    expected = fleet.change()
+    with tmpfs_over_releases(fleet) as releases:
+        process = fleet.popen_release(env=faults(sleep_in_step="restart-engine", seconds=3))
+        try:
+            wait_for_step(fleet.journal(), "restart-engine")
+            fill(releases)
+        finally:
+            if process.poll() is None and not fleet.journal().exists():
+                process.kill()
+        _early_end_then_finish(fleet, process, expected, "ENOSPC", lambda: (releases / ".filler").unlink())
+    fleet.settled()
+
+
+def test_a_state_directory_that_turns_read_only_mid_switch_ends_it_early_and_the_next_release_finishes(fleet):
+    releases = fleet.releases()
+    expected = fleet.change()
+    subprocess.run(["mount", "--bind", str(releases), str(releases)], check=True)
+    try:
+        process = fleet.popen_release(env=faults(sleep_in_step="restart-engine", seconds=3))
+        wait_for_step(fleet.journal(), "restart-engine")
+        subprocess.run(["mount", "-o", "remount,bind,ro", str(releases)], check=True)
+        _early_end_then_finish(fleet, process, expected, "EROFS", lambda: subprocess.run(
+            ["mount", "-o", "remount,bind,rw", str(releases)], check=True))
+    finally:
+        subprocess.run(["mount", "-o", "remount,bind,rw", str(releases)])
+        if subprocess.run(["umount", str(releases)]).returncode != 0:
+            subprocess.run(["umount", "-l", str(releases)], check=True)
+    fleet.settled()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a disk already full when a release begins: storing the release "
+                   "(store_release) raises ENOSPC unhandled: traceback on the node, exit 6 'unreachable'")
+def test_a_disk_full_before_a_release_gives_one_line_and_changes_nothing(fleet):
+    expected = fleet.fresh()
+    before = fleet.current()
+    with tmpfs_over_releases(fleet) as releases:
+        fill(releases)
+        result = fleet.release()
+        problems = fleet.calls_problems(wait_s=5)
+        still = fleet.current()
+        (releases / ".filler").unlink()
+    fleet.finish()
+    assert fleet.current() == expected
+    assert "Traceback" not in text_of(result), text_of(result)
+    assert result.returncode in (1, 3, 5) and "ENOSPC" in result.stdout, text_of(result)
+    assert still == before and not problems
+
+
+# --- 5. rollback only to what served --------------------------------------------------------------------
+
+
+def _served(fleet: Fleet) -> list[str]:
+    """Releases that served, newest first (from the history file itself)."""
+    seen = []
+    for r in reversed(fleet.history()):
+        if r.get("result") in ("released", "rolled back") and r.get("served") and r.get("after") not in seen:
+            seen.append(r.get("after"))
+    return seen
+
+
+def _rollbacks_skip_the_release_that_never_served(fleet: Fleet, left: str, failed: str, start: int,
+                                                  reason: str) -> None:
+    """After ``failed`` ended early (its journal kept): the first rollback goes back to ``left``, the second
+    never to ``failed``; the history says failed / abandoned / rolled back with before and after."""
+    assert fleet.journal().exists()
+    assert failed not in _served(fleet)
+    first = fleet.rollback()
+    assert first.returncode == 0, text_of(first)
+    assert fleet.current() == left and not fleet.journal().exists()
+    assert fleet.serving_check().returncode == 0
+    records = fleet.history()[start:]
+    by_result = {r["result"]: r for r in records}
+    assert set(by_result) == {"failed", "abandoned", "rolled back"}, records
+    assert (by_result["failed"]["before"], by_result["failed"]["target"], by_result["failed"]["served"]) == \
+        (left, failed, False)
+    assert reason in by_result["failed"]["reason"], by_result["failed"]
+    assert by_result["abandoned"]["target"] == failed and by_result["abandoned"]["switch"] == by_result["failed"]["switch"]
+    rolled = by_result["rolled back"]
+    assert (rolled["kind"], rolled["after"], rolled["served"]) == ("rollback", left, True)
+    assert rolled["before"] in (failed, left)
+    earlier = [r for r in _served(fleet) if r not in (left, failed)]
+    second = fleet.rollback()
+    assert fleet.current() != failed
+    if second.returncode == 0:
+        assert fleet.current() == earlier[0], (fleet.current(), earlier)
+        assert fleet.history()[-1]["result"] == "rolled back" and fleet.history()[-1]["before"] == left
+    else:
+        assert second.returncode == 3 and fleet.current() == left, text_of(second)
+    assert not fleet.calls_problems()
+    assert fleet.serving_check().returncode == 0
+
+
+def test_a_rollback_after_a_failed_start_returns_to_what_served_never_to_the_failed_release(fleet):
+    left = fleet.current()
+    start = len(fleet.history())
+    # The engine loads for longer than its start budget: the release fails at restart-engine.
+    with fleet.profile_edit(CYAN, {"start_timeout_s = 60": "start_timeout_s = 5",
+                                   'FLATSHARE_STANDIN_LOAD_S = "0.2"': 'FLATSHARE_STANDIN_LOAD_S = "8"'}):
+        failed = fleet.change()
+        result = fleet.release()
+    try:
+        assert result.returncode == 1, text_of(result)
+        assert re.search(r"step \d+/\d+ restart-engine failed", result.stdout), result.stdout
+        _rollbacks_skip_the_release_that_never_served(fleet, left, failed, start, "start budget")
+    finally:
+        fleet.finish()
+
+
+def test_a_rollback_after_a_switch_interrupted_by_sigint_returns_to_what_served(fleet):
+    left = fleet.current()
+    start = len(fleet.history())
+    failed = fleet.change()
+    process = fleet.popen_release(env=faults(sleep_in_step="restart-engine", seconds=10))
+    try:
+        wait_for_step(fleet.journal(), "restart-engine")
+        switcher = held_by(fleet.releases() / ".lock")  # the node-side switch, from the kernel's lock table
+        assert switcher, "no process holds the release lock"
+        os.kill(switcher, signal.SIGINT)
+        out, _ = process.communicate(timeout=60)
+    finally:
+        if process.poll() is None:
+            process.kill()
+    try:
+        assert process.returncode == 1, out
+        assert "interrupted by SIGINT" in out and "Traceback" not in out, out
+        assert not fleet.calls_problems()  # the early end gave calls back
+        _rollbacks_skip_the_release_that_never_served(fleet, left, failed, start, "SIGINT")
+    finally:
+        fleet.finish()
+
+
+def test_a_refused_rollback_keeps_the_interrupted_switch_and_gives_calls_back(fleet):
+    failed = fleet.change()
+    killed = fleet.release(env=faults(kill_after_step="stop-gateway"))
+    assert "ended without its outcome" in killed.stdout, text_of(killed)
+    journal = json.loads(fleet.journal().read_text())
+    assert journal["to"] == failed
+    assert fleet.active(GATEWAY) != "active" and fleet.drain_file().exists()  # killed mid-drain
+    node = fleet.node()
+    target = node.root / "bench/e2/point-3.conf"
+    target.parent.mkdir(parents=True, exist_ok=True)
+    target.write_text('[Service]\nEnvironment="E2_POINT=3"\n')
+    link = node.manager.unit_dir / f"{ENGINE}.d/e2.conf"
+    link.parent.mkdir(exist_ok=True)
+    link.symlink_to(target)
+    fleet.reload()
+    try:
+        refused = fleet.rollback()
+        out = text_of(refused)
+        assert refused.returncode == 3, out
+        assert f"{ENGINE}.d/e2.conf -> {target}" in out and "Traceback" not in out
+        assert "'flatshare-bench e2 reset' (not part of flatshare-ops)" in out and "by hand" in out
+        # The interrupted switch is kept, not abandoned...
+        assert json.loads(fleet.journal().read_text())["switch"] == journal["switch"]
+        assert not any(r.get("result") == "abandoned" and r.get("switch") == journal["switch"] for r in fleet.history())
+        # ...and calls were given back.
+        assert not fleet.drain_file().exists()
+        assert fleet.active(GATEWAY) == "active"
+        assert not fleet.calls_problems()
+        status = fleet.cli("status", "--node", CYAN)
+        assert status.returncode == 1 and f"UNFINISHED switch" in status.stdout and failed in status.stdout, \
+            text_of(status)
+    finally:
+        link.unlink()
+        fleet.reload()
+    finished = fleet.release()
+    assert finished.returncode == 0, text_of(finished)
+    assert fleet.current() == failed
+    fleet.settled()
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a stored release whose serving.json is damaged is switched to as it "
+                   "is when the checkout renders that id again (store_release keeps an existing directory, "
+                   "unchecked): the node is drained and restarted, then the switch fails at serving-check "
+                   "(exit 1) with releases/current on the damaged release")
+def test_a_damaged_stored_release_is_rewritten_or_refused_before_any_drain(fleet):
+    left = fleet.current()
+    back = fleet.change()  # the other stored release
+    path = fleet.releases() / back / "serving.json"
+    original = path.read_bytes()
+    assert back != left and path.exists()
+    path.write_bytes(original[: len(original) // 2])  # torn
+    before = fleet.engine()[1]
+    try:
+        result = fleet.release()
+        restarted = fleet.engine()[1] != before
+        now_valid = json_lines(path.read_bytes().replace(b"\n", b" ") + b"\n") != []
+    finally:
+        path.write_bytes(original)
+        fleet.finish()
+    assert "Traceback" not in text_of(result)
+    assert (result.returncode == 0 and now_valid) or (result.returncode == 5 and not restarted), text_of(result)
+
+
+@pytest.mark.xfail(strict=True, reason="BUG: a rollback installs a truncated unit file from the stored release it "
+                   "returns to (units are not checked against serving.json's sha256): the engine unit is "
+                   "'bad-setting', the gateway is left stopped and the node takes no calls")
+def test_a_rollback_never_installs_a_truncated_unit_from_a_stored_release(fleet):
+    left = fleet.current()
+    target = next(r for r in _served(fleet) if r != left and (fleet.releases() / r).is_dir())
+    unit = fleet.releases() / target / "units" / ENGINE
+    original = unit.read_bytes()
+    unit.write_bytes(original[: len(original) * 2 // 3])
+    try:
+        result = fleet.rollback()
+        problems = fleet.calls_problems(wait_s=5)
+    finally:
+        unit.write_bytes(original)
+        fleet.finish()
+    assert "Traceback" not in text_of(result)
+    assert result.returncode == 5 and any(ENGINE in line for line in result.stdout.splitlines()), text_of(result)
+    assert not problems, problems
+
+
+# --- 6. the engine's stop time does not eat its start budget -------------------------------------------
+
+
+def test_the_engine_start_budget_counts_from_the_start_job_not_from_the_stop(fleet):
+    drop_in = fleet.node().manager.unit_dir / f"{ENGINE}.d" / "50-slow-stop.conf"
+    drop_in.parent.mkdir(exist_ok=True)
+    # Stopping takes 10 s (a regular drop-in, not an E2 link: the release goes ahead with it); loading takes
+    # 5 s of an 8 s start budget. Counted from the stop, the budget would be spent before /health answers.
+    drop_in.write_text("[Service]\nExecStopPost=/bin/sleep 10\n")
+    fleet.reload()
+    log = fleet.releases() / "release.log"
+    mark = log.stat().st_size
+    try:
+        with fleet.profile_edit(CYAN, {"start_timeout_s = 60": "start_timeout_s = 8",
+                                       'FLATSHARE_STANDIN_LOAD_S = "0.2"': 'FLATSHARE_STANDIN_LOAD_S = "5"'}):
+            expected = fleet.change()
+            before = fleet.engine()[1]
+            result = fleet.release()
+    finally:
+        drop_in.unlink()
+        fleet.reload()
+    assert result.returncode == 0, text_of(result)
+    assert fleet.current() == expected and fleet.engine()[1] != before
+    assert "engine ready in" in result.stdout
+    # The precondition held: stopping the engine took its 10 s (release.log's own timestamps).
+    text = log.read_bytes()[mark:].decode(errors="replace")
+    stamps = {what: re.search(rf"^(\S+)   {what} {ENGINE}", text, re.M) for what in ("stop", "start")}
+    assert all(stamps.values()), text
+    took = [time.mktime(time.strptime(stamps[w].group(1), "%Y-%m-%dT%H:%M:%SZ")) for w in ("stop", "start")]
+    assert took[1] - took[0] >= 8, text
+    fleet.settled()
+
+
+# --- 7. every suggested command exists ------------------------------------------------------------------
+
+SUGGESTED = re.compile(r"'((?:flatshare-node|flatshare|make) [^'\n]*)'")
+
+
+def _suggestions() -> dict[tuple[str, ...], set[str]]:
+    """Every command the package's messages suggest in single quotes: (program, subcommand...) -> the
+    options it names, placeholders ({...}, NAME, HEX) and values left out."""
+    found: dict[tuple[str, ...], set[str]] = {}
+    for source in sorted((REPO / "flatshare_ops").rglob("*.py")):
+        for text in SUGGESTED.findall(source.read_text()):
+            program, *words = text.split()
+            command, options = [], set()
+            for word in words:
+                if word.startswith("--"):
+                    options.add(word.split("=")[0])
+                elif options or "{" in word or "=" in word or not re.fullmatch(r"[a-z][a-z0-9/-]*", word):
+                    continue  # placeholders, values, VAR=value
+                else:
+                    command.append(word)
+            # 'flatshare sandbox up/down' suggests both
+            alternatives = [[]]
+            for word in command:
+                alternatives = [a + [w] for a in alternatives for w in word.split("/")]
+            for alternative in alternatives:
+                found.setdefault((program, *alternative), set()).update(options)
+    return found
+
+
+def test_every_command_a_message_suggests_exists():
+    suggestions = _suggestions()
+    assert ("flatshare", "release") in suggestions and ("make", "profiles") in suggestions, suggestions
+    commands = {}
+    for key in suggestions:
+        program, *words = key
+        if program == "make":
+            commands[key] = (["make", "-n", "-C", str(REPO), *words], {})
+        else:
+            commands[key] = ([str(BIN / program), *words, "--help"], {})
+    results = run_at_once(commands)
+    failures = []
+    for key, result in results.items():
+        shown = " ".join(key)
+        if result.returncode != 0:
+            failures.append(f"'{shown}': exit {result.returncode}: {text_of(result)[-400:]}")
+        elif key[0] != "make":
+            failures += [f"'{shown}' has no {option}" for option in sorted(suggestions[key])
+                         if option not in result.stdout]
+    assert not failures, "\n".join(failures)
+
+
+def test_messages_naming_flatshare_bench_say_it_is_not_part_of_flatshare_ops_and_the_manual_way():
+    windows = []
+    for source in sorted((REPO / "flatshare_ops").rglob("*.py")):
+        lines = source.read_text().splitlines()
+        for i, line in enumerate(lines):
+            if "flatshare-bench" in line:
+                windows.append((f"{source.relative_to(REPO)}:{i + 1}", " ".join(lines[max(0, i - 3): i + 4])))
+    assert windows
+    for where, window in windows:
+        assert "not part of flatshare-ops" in window, where
+        assert "by hand" in window and "daemon-reload" in window, where
