@@ -130,7 +130,7 @@ def _module_on_node(name: str, inventory: Path | None) -> tuple[str, Path]:
     from .control.targets import targets
 
     (target,) = targets(inventory_path(inventory), [name], False)
-    answer = ask([target], lambda t: commands.module(t.spec))[name]
+    answer = ask([target], lambda t: commands.module(t.spec, t.loaded.profile.module.path))[name]
     if "error" in answer or not isinstance(answer.get("sha256"), str):
         raise FlatshareError(f"profiles pin-module: {name} did not report its module: "
                              f"{answer.get('error') or _json.dumps(answer)}")
@@ -291,6 +291,42 @@ def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
 InventoryOption = Annotated[Optional[Path], typer.Option(
     "--inventory", envvar="FLATSHARE_INVENTORY", help="The inventory (default profiles/fleet.toml).")]
 NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node to act on (repeatable).")]
+
+
+node_app = typer.Typer(no_args_is_help=True, help="Prepare a node for releases (its node side runs as flatshare-node).")
+app.add_typer(node_app, name="node")
+
+
+@node_app.command("bootstrap")
+def node_bootstrap(
+    node: Annotated[str, typer.Option("--node", help="The node to bootstrap.")],
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and say what would be done; change nothing.")] = False,
+    accept_host_key: Annotated[Optional[str], typer.Option(
+        "--accept-host-key", metavar="SHA256:...",
+        help="The node's host key fingerprint, checked on the node: added to the fleet's known_hosts.")] = None,
+    inventory: InventoryOption = None,
+    root: RootOption = Path("."),
+) -> None:
+    """Bring a node from sshd and an engine venv to ready for its first release (idempotent): host key,
+    platform, layout, service user, flatshare-ops' node side, engine venv, model, module build.
+
+    Exit 0 when every item is ok or done; 3 when something must be fixed first (each FAIL line says how)."""
+    from .config.inventory import inventory_path
+    from .control.bootstrap import Bootstrap
+    from .control.targets import targets
+
+    (target,) = targets(inventory_path(inventory), [node], False)
+    raise typer.Exit(Bootstrap(target, root, typer.echo, dry_run, accept_host_key).run())
+
+
+@app.command("doctor")
+def doctor(inventory: InventoryOption = None, root: RootOption = Path(".")) -> None:
+    """Check the operator's side (inventory, checkout, keys, known_hosts) and each node's reachability, one
+    line per item (exit 1 if anything FAILs)."""
+    from .config.inventory import inventory_path
+    from .control.doctor import doctor as run
+
+    raise typer.Exit(run(root, inventory_path(inventory), typer.echo))
 
 
 lock_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "

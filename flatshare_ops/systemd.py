@@ -220,7 +220,7 @@ def run_job(bus: SystemdBus, verb: str, name: str, timeout_s: float, mode: str =
 
     Returns:
         ``"done"``. That means started, not ready: readiness is the service's
-        own health endpoint.
+        own health endpoint. Stopping a unit systemd does not know is done at once.
 
     Raises:
         JobFailed: the result was ``failed``, ``timeout``, ``canceled``,
@@ -229,6 +229,8 @@ def run_job(bus: SystemdBus, verb: str, name: str, timeout_s: float, mode: str =
     Source: org.freedesktop.systemd1(5), ``JobRemoved(u id, o job, s unit, s result)``;
     a client must call ``Subscribe()`` to get the manager's signals.
     """
+    if verb == "stop" and unit_property(bus, name, "Unit", "LoadState") == b"not-found":
+        return "done"  # no such unit (a node's first release): nothing to stop
     bus.watch_jobs()
     m = manager(bus)
     method = {"start": m.Manager.StartUnit, "stop": m.Manager.StopUnit, "restart": m.Manager.RestartUnit,

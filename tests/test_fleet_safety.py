@@ -282,9 +282,20 @@ class Fleet:
         assert not self.drain_file(name).exists()
         self.check_ok(name)
 
-    def wait_log(self, name: str, offset: int, pattern: str, timeout_s: float = 60) -> str:
-        found = _poll(lambda: re.search(pattern, self.log_since(name, offset), re.M), timeout_s, 0.02)
-        assert found, f"{name}: release.log never showed {pattern!r}:\n{self.log_since(name, offset)}"
+    def wait_log(self, name: str, offset: int, pattern: str, operator: subprocess.Popen | None = None,
+                 timeout_s: float = 90) -> str:
+        """Wait until the node's release.log (past ``offset``) shows ``pattern``; fail with the operator's output
+        if it ends first."""
+        found = _poll(lambda: re.search(pattern, self.log_since(name, offset), re.M)
+                      or (operator is not None and operator.poll() is not None), timeout_s, 0.02)
+        if not isinstance(found, re.Match):
+            said = ""
+            if operator is not None:
+                if operator.poll() is None:
+                    operator.kill()
+                said = operator.communicate()[0]
+            pytest.fail(f"{name}: release.log never showed {pattern!r}:\n{self.log_since(name, offset)}\n"
+                        f"the operator said:\n{said}")
         return found.group(0)
 
     # -- processes on the node
@@ -295,7 +306,8 @@ class Fleet:
         for pid in _pids():
             argv = _cmdline(pid)
             if "switch" in argv and state_dir in argv and any(
-                    a == "flatshare_ops.node" or a.endswith("/flatshare-node") for a in argv):
+                    a == "flatshare_ops.node" or a.endswith("/flatshare-node") or "flatshare_ops.node.cli" in a
+                    for a in argv):
                 found.append(pid)
         # A switch forks a child (same command line) for each exchange with systemd: not a switch of its own.
         return [pid for pid in found if _ppid(pid) not in found]
@@ -304,7 +316,10 @@ class Fleet:
         """The node's sshd session process running its release: a child of the node's sshd listener, an ancestor
         of the node-side switch."""
         listener = self.sandbox_state()[name]["sshd_pid"]
-        (switch,) = self.switch_pids(name)
+        switches = self.switch_pids(name)
+        assert len(switches) == 1, (switches, [(p, _ppid(p), _cmdline(p)) for p in _pids()
+                                               if any("flatshare" in a for a in _cmdline(p))])
+        (switch,) = switches
         pid = switch
         while pid and _ppid(pid) not in (listener, None, 0, 1):
             pid = _ppid(pid)
@@ -818,30 +833,40 @@ def _finish(process: subprocess.Popen, timeout_s: float = 180) -> str:
     return out
 
 
-def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_node_did(fleet):
+@pytest.mark.parametrize("load", [None, "40"], ids=["node done in time", "node still switching"])
+def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_node_did(fleet, load):
     name = "cyan"
     inventory = fleet.variant("stall", transport={"silence_s": 5, "reconnect_s": 20})
     fleet.new_hold(name)
-    expected = fleet.expected_id(name)
     offset = fleet.log_size(name)
-    operator = _release_in_background(fleet, name, inventory)
-    session = None
-    try:
-        fleet.wait_log(name, offset, STEP + "restart-engine")
-        session = fleet.session_pid(name)
-        os.kill(session, signal.SIGSTOP)  # the session stalls: no byte reaches the operator any more
-        out = _finish(operator, 120)
-    finally:
-        _signal(session, signal.SIGCONT)
-        if operator.poll() is None:
-            operator.kill()
-    _no_traceback(out)
-    assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
-    assert f"{name}: the node says: released {expected}" in out, out
-    assert operator.returncode == 0, out
-    last = fleet.history(name)[-1]
-    assert (last["target"], last["result"]) == (expected, "released")
-    assert fleet.current(name) == expected
+    with fleet.node_profile(name, load=load):
+        expected = fleet.expected_id(name)
+        operator = _release_in_background(fleet, name, inventory)
+        session = None
+        try:
+            fleet.wait_log(name, offset, STEP + "restart-engine", operator)
+            session = fleet.session_pid(name)
+            os.kill(session, signal.SIGSTOP)  # the session stalls: no byte reaches the operator any more
+            out = _finish(operator, 120)
+        finally:
+            _signal(session, signal.SIGCONT)
+            if operator.poll() is None:
+                operator.kill()
+        _no_traceback(out)
+        assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
+        if load is None:
+            assert f"{name}: the node says: released {expected}" in out, out
+            assert operator.returncode == 0, out
+        else:  # the engine loads for 40 s: the node is still switching when the reconnect bound ends
+            assert re.search(rf"^{name}: the node is still switching after 20 s \(the reconnect bound\): "
+                             rf"switch \S+ -> {expected} ", out, re.M), out
+            assert operator.returncode == 7, out
+            assert fleet.lock_holder(name) is not None  # true: the node's side still holds its lock
+        # What the node did, from its own history.
+        assert _poll(lambda: fleet.history(name)[-1]["target"] == expected, 90)
+        last = fleet.history(name)[-1]
+        assert (last["target"], last["result"]) == (expected, "released")
+        assert fleet.current(name) == expected
     fleet.settled(name)
 
 
@@ -872,13 +897,12 @@ def test_a_killed_ssh_session_is_followed_up_and_the_node_released_is_reported_r
     offset = fleet.log_size(name)
     operator = _release_in_background(fleet, name)
     try:
-        fleet.wait_log(name, offset, STEP + "restart-engine")
+        fleet.wait_log(name, offset, STEP + "restart-engine", operator)
         os.kill(fleet.session_pid(name), signal.SIGKILL)
         out = _finish(operator, 120)
     finally:
         if operator.poll() is None:
             operator.kill()
-    print(out)
     _no_traceback(out)
     assert f"{name}: the node says: released {expected}" in out, out
     assert operator.returncode == 0, out
@@ -903,7 +927,7 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     operator = fleet.popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
                             "--root", str(fleet.checkout)], new_session=True)
     try:
-        fleet.wait_log("cyan", offset, STEP + "restart-engine")
+        fleet.wait_log("cyan", offset, STEP + "restart-engine", operator)
         if sig == signal.SIGINT:
             os.killpg(operator.pid, sig)  # Ctrl-C: the terminal's whole foreground group
         else:
@@ -912,7 +936,6 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     finally:
         if operator.poll() is None:
             operator.kill()
-    print(out)
     _no_traceback(out)
     assert operator.returncode == code, out
     said = [line for line in out.splitlines() if line.startswith("interrupted:")]
@@ -963,7 +986,7 @@ def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rul
         argv, env = fleet.argv("local-release", name)
         operator = fleet.popen(argv, env)
         try:
-            fleet.wait_log(name, offset, marker)
+            fleet.wait_log(name, offset, marker, operator)
             time.sleep(0.3)  # inside the wait
             (switch,) = fleet.switch_pids(name)
             os.kill(switch, signal.SIGTERM)
@@ -971,7 +994,6 @@ def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rul
         finally:
             if operator.poll() is None:
                 operator.kill()
-        print(out)
         _no_traceback(out, fleet.log_since(name, offset))
         assert operator.returncode == 1, out
         # The drain file is gone within a few seconds.

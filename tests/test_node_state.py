@@ -31,12 +31,12 @@ import subprocess
 import time
 from collections import Counter
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, REPO, copy_checkout, faults, run_cli
+
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.common.locks import held_by
@@ -44,7 +44,13 @@ from flatshare_ops.control.targets import targets
 from flatshare_ops.node.store import release_id
 from flatshare_ops.render import render_profile
 from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
-from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+from flatshare_ops.systemd import (
+    ManagerAddress,
+    connect,
+    daemon_reload,
+    run_job,
+    unit_property,
+)
 
 ADDRESSES = {"cyan": "127.51.0.2", "peacock": "127.51.0.3"}
 ENGINE, GATEWAY, VOICE = "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"
@@ -153,8 +159,13 @@ class Fleet:
         return release_id(render_profile(target.loaded).release_files())
 
     def set_hold(self, value: str) -> None:
-        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", value, "--root", str(self.checkout))
-        assert result.returncode == 0, result.stdout + result.stderr
+        """What ``flatshare profiles set engine.make_room.decode_hold_tokens VALUE --root CHECKOUT`` does
+        (edit, validate, render the checkout's files), in this process: it runs before every release."""
+        from flatshare_ops.config.edit import set_value
+        from flatshare_ops.render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
+
+        set_value(self.checkout / DEFAULT_PROFILE, "engine.make_room.decode_hold_tokens", value,
+                  then=lambda: write_outputs(self.checkout, expected_outputs(self.checkout)), echo=lambda _w: None)
 
     def change(self, name: str = CYAN) -> str:
         """Make the checkout render a release that differs from what the engine runs; returns its id."""
@@ -363,7 +374,6 @@ class Case:
     dry: tuple[int, ...] = (0,)
     named: str = ""
     serving: bool = True
-    marks: tuple = field(default=(), compare=False)
 
     @property
     def id(self) -> str:
@@ -601,14 +611,18 @@ def judge(c: Case, results: dict[str, subprocess.CompletedProcess]) -> list[str]
         "releases": None if "releases" in named else (0,),
     }
     name_re = re.compile(NAMES[c.file])
-    damage_re = re.compile(DAMAGE[c.form] + UNREADABLE)
+    # A voice drain file's damage is that it is there (the worker takes no calls); serving-check, a plugin
+    # reading one path, names the path and why it cannot use it.
+    damage_re = re.compile(DAMAGE[c.form] + UNREADABLE + ("|present" if c.file == "voice.drain" else ""))
+    check_re = re.compile(damage_re.pattern + "|not found|no active release")
     for command, result in results.items():
         text = text_of(result)
+        said = check_re if command == "serving-check" else damage_re
         if "Traceback" in text:
             failures.append(f"{command}: a traceback:\n{text[-3000:]}")
         if allowed[command] is not None and result.returncode not in allowed[command]:
             failures.append(f"{command}: exit {result.returncode}, expected one of {allowed[command]}:\n{text[-1500:]}")
-        if command in named and not any(name_re.search(line) and damage_re.search(line) for line in text.splitlines()):
+        if command in named and not any(name_re.search(line) and said.search(line) for line in text.splitlines()):
             failures.append(f"{command}: no line names {c.file} and its damage ({c.form}):\n{text[-1500:]}")
     return failures
 
@@ -816,7 +830,8 @@ def write_calls(fleet) -> list[tuple[str, str]]:
                    "failed) of one switch id, and the release says 'failed mid-switch' though it switched")
 def test_a_crash_between_the_history_record_and_the_journal_removal_never_records_a_switch_twice(fleet, write_calls):
     removes = [path for primitive, path in write_calls if primitive == "remove"]
-    k = removes.index(str(fleet.journal())) + 1  # the journal's removal, right after the history append
+    k = next(i for i, path in enumerate(removes, 1) if path.endswith("/releases/switching.json"))
+    # (the journal's removal: right after the history append, in record-history)
     expected = fleet.change()
     crashed = fleet.release(env=faults(fail="remove", nth=k, errno="ENOSPC"))
     assert "Traceback" not in text_of(crashed)
@@ -910,11 +925,11 @@ def test_a_failed_write_while_storing_the_release_is_one_line_not_a_traceback(fl
     before = fleet.current()
     result = fleet.release(env=faults(fail=primitive, nth=nth, errno="ENOSPC"))
     problems = fleet.calls_problems(wait_s=5)
-    stored = (fleet.releases() / expected).exists()
+    still, stored = fleet.current(), (fleet.releases() / expected).exists()
     fleet.finish()
     assert "Traceback" not in text_of(result), text_of(result)
     assert result.returncode in (1, 3, 5), text_of(result)
-    assert not problems and before != expected and not stored
+    assert not problems and still == before and not stored
 
 
 @pytest.mark.xfail(strict=True, reason="BUG: when the journal's first write fails, the message says 'The journal "
@@ -922,7 +937,7 @@ def test_a_failed_write_while_storing_the_release_is_one_line_not_a_traceback(fl
                    "was ever written (and nothing changed)")
 def test_a_failed_first_journal_write_does_not_claim_a_journal_is_kept(fleet, write_calls):
     n = next(i for i, (name, path) in enumerate([c for c in write_calls if c[0] == "write_atomic"], 1)
-             if path == str(fleet.journal()))
+             if path.endswith("/releases/switching.json"))
     fleet.change()
     result = fleet.release(env=faults(fail="write_atomic", nth=n, errno="ENOSPC"))
     assert result.returncode in (1, 3, 5) and not fleet.journal().exists(), text_of(result)
@@ -939,32 +954,33 @@ def _du(path: Path) -> int:
 
 @contextmanager
 def tmpfs_over_releases(fleet: Fleet):
-    """The node's releases directory on a small tmpfs of its own (its content copied in, and back out at the
-    end); yields the directory. Always unmounted."""
+    """The node's releases directory on a small tmpfs of its own, its content copied in (and what the node
+    left there copied back out at the end); yields the directory. Always unmounted."""
     releases = fleet.releases()
     before = fleet.scratch / "releases-before-tmpfs"
     after = fleet.scratch / "releases-on-tmpfs"
     for d in (before, after):
         shutil.rmtree(d, ignore_errors=True)
     shutil.copytree(releases, before, symlinks=True)
-    size = (_du(before) // (1 << 20) + 2) << 20  # what it holds, plus about a MiB of room
+    size = (_du(before) // (1 << 20) + 2) << 20  # what it holds, plus a MiB or two of room
     subprocess.run(["mount", "-t", "tmpfs", "-o", f"size={size}", "tmpfs", str(releases)], check=True)
-    copied = False
     try:
         shutil.copytree(before, releases, symlinks=True, dirs_exist_ok=True)
         yield releases
-        (releases / ".filler").unlink(missing_ok=True)
-        shutil.copytree(releases, after, symlinks=True)
-        copied = True
     finally:
-        if subprocess.run(["umount", str(releases)]).returncode != 0:
-            subprocess.run(["umount", "-l", str(releases)], check=True)
-        source = after if copied else before
-        for entry in releases.iterdir():
-            clear(entry)
-        shutil.copytree(source, releases, symlinks=True, dirs_exist_ok=True)
-        shutil.rmtree(before, ignore_errors=True)
-        shutil.rmtree(after, ignore_errors=True)
+        source = before
+        try:
+            (releases / ".filler").unlink(missing_ok=True)
+            shutil.copytree(releases, after, symlinks=True)
+            source = after
+        finally:
+            if subprocess.run(["umount", str(releases)], check=False).returncode != 0:
+                subprocess.run(["umount", "-l", str(releases)], check=True)
+            for entry in releases.iterdir():
+                clear(entry)
+            shutil.copytree(source, releases, symlinks=True, dirs_exist_ok=True)
+            shutil.rmtree(before, ignore_errors=True)
+            shutil.rmtree(after, ignore_errors=True)
 
 
 def fill(directory: Path) -> None:
@@ -1011,9 +1027,10 @@ def test_a_disk_that_fills_mid_switch_ends_it_early_and_the_next_release_finishe
         try:
             wait_for_step(fleet.journal(), "restart-engine")
             fill(releases)
-        finally:
-            if process.poll() is None and not fleet.journal().exists():
-                process.kill()
+        except BaseException:
+            process.kill()
+            process.communicate()
+            raise
         _early_end_then_finish(fleet, process, expected, "ENOSPC", lambda: (releases / ".filler").unlink())
     fleet.settled()
 
@@ -1024,13 +1041,18 @@ def test_a_state_directory_that_turns_read_only_mid_switch_ends_it_early_and_the
     subprocess.run(["mount", "--bind", str(releases), str(releases)], check=True)
     try:
         process = fleet.popen_release(env=faults(sleep_in_step="restart-engine", seconds=3))
-        wait_for_step(fleet.journal(), "restart-engine")
-        subprocess.run(["mount", "-o", "remount,bind,ro", str(releases)], check=True)
+        try:
+            wait_for_step(fleet.journal(), "restart-engine")
+            subprocess.run(["mount", "-o", "remount,bind,ro", str(releases)], check=True)
+        except BaseException:
+            process.kill()
+            process.communicate()
+            raise
         _early_end_then_finish(fleet, process, expected, "EROFS", lambda: subprocess.run(
             ["mount", "-o", "remount,bind,rw", str(releases)], check=True))
     finally:
-        subprocess.run(["mount", "-o", "remount,bind,rw", str(releases)])
-        if subprocess.run(["umount", str(releases)]).returncode != 0:
+        subprocess.run(["mount", "-o", "remount,bind,rw", str(releases)], check=False)
+        if subprocess.run(["umount", str(releases)], check=False).returncode != 0:
             subprocess.run(["umount", "-l", str(releases)], check=True)
     fleet.settled()
 
@@ -1165,7 +1187,7 @@ def test_a_refused_rollback_keeps_the_interrupted_switch_and_gives_calls_back(fl
         assert fleet.active(GATEWAY) == "active"
         assert not fleet.calls_problems()
         status = fleet.cli("status", "--node", CYAN)
-        assert status.returncode == 1 and f"UNFINISHED switch" in status.stdout and failed in status.stdout, \
+        assert status.returncode == 1 and "UNFINISHED switch" in status.stdout and failed in status.stdout, \
             text_of(status)
     finally:
         link.unlink()
@@ -1191,7 +1213,10 @@ def test_a_damaged_stored_release_is_rewritten_or_refused_before_any_drain(fleet
     try:
         result = fleet.release()
         restarted = fleet.engine()[1] != before
-        now_valid = json_lines(path.read_bytes().replace(b"\n", b" ") + b"\n") != []
+        try:
+            now_valid = isinstance(json.loads(path.read_bytes()), dict)
+        except ValueError:
+            now_valid = False
     finally:
         path.write_bytes(original)
         fleet.finish()
@@ -1245,7 +1270,7 @@ def test_the_engine_start_budget_counts_from_the_start_job_not_from_the_stop(fle
     assert "engine ready in" in result.stdout
     # The precondition held: stopping the engine took its 10 s (release.log's own timestamps).
     text = log.read_bytes()[mark:].decode(errors="replace")
-    stamps = {what: re.search(rf"^(\S+)   {what} {ENGINE}", text, re.M) for what in ("stop", "start")}
+    stamps = {what: re.search(rf"^(\S+)   {what} {ENGINE}", text, re.MULTILINE) for what in ("stop", "start")}
     assert all(stamps.values()), text
     took = [time.mktime(time.strptime(stamps[w].group(1), "%Y-%m-%dT%H:%M:%SZ")) for w in ("stop", "start")]
     assert took[1] - took[0] >= 8, text

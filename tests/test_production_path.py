@@ -164,3 +164,57 @@ def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
         assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "7"
     finally:
         down(base, echo=lambda _l: None)
+
+
+def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory):
+    """PRODUCTION.md, "The first node: a runbook", step by step on a node with only sshd, its manager and
+    an engine venv."""
+    import subprocess
+
+    from conftest import REPO, copy_checkout
+    from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+
+    addresses = loopback_pair(21)
+    root = tmp_path_factory.mktemp("runbook")
+    checkout = copy_checkout(REPO, root / "checkout")
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, bare=("cyan",))
+    env = {"FLATSHARE_INVENTORY": str(base / "fleet.toml")}
+
+    def flatshare(*args: str):
+        return run_cli(*args, "--root", str(checkout), env=env) if args[0] not in ("check", "lock") \
+            else run_cli(*args, env=env)
+
+    node = SandboxNode("cyan", addresses["cyan"], base, bare=True)
+    try:
+        doctor = run_cli("doctor", "--root", str(checkout), env=env)
+        assert doctor.returncode == 1 and "FAIL  cyan known_hosts" in doctor.stdout, doctor.stdout
+        dry = flatshare("node", "bootstrap", "--node", "cyan", "--dry-run")
+        assert dry.returncode == 3, dry.stdout
+        # The fingerprint shown is the node's own, as ssh-keygen computes it from the node's host key.
+        keygen = subprocess.run(["ssh-keygen", "-lf", str(node.ssh_dir / "ssh_host_ed25519_key.pub")],
+                                capture_output=True, text=True, check=True).stdout.split()[1]
+        assert f"--accept-host-key {keygen}" in dry.stdout
+        assert not (node.ops_dir / ".venv").exists()  # the dry run changed nothing
+        boot = flatshare("node", "bootstrap", "--node", "cyan", "--accept-host-key", keygen)
+        assert boot.returncode == 0, boot.stdout + boot.stderr
+        assert "FAIL" not in boot.stdout and (node.ops_dir / ".venv/bin/flatshare-node").exists()
+        again = flatshare("node", "bootstrap", "--node", "cyan")  # idempotent
+        assert again.returncode == 0 and "done  host key" not in again.stdout, again.stdout
+        pin = flatshare("profiles", "pin-module", "--from-node", "cyan")
+        assert pin.returncode == 0, pin.stdout + pin.stderr
+        first = flatshare("release", "--node", "cyan")
+        assert first.returncode == 0, first.stdout + first.stderr
+        assert flatshare("check", "--node", "cyan").returncode == 0
+        reboot(base, "cyan", echo=lambda _l: None)
+        assert wait_for_200(f"http://{node.address}:8000/health", 60) == 200
+        assert poll_until(lambda: flatshare("check", "--node", "cyan").returncode == 0, 30)
+        before = json.loads((node.state_dir / "releases/current/serving.json").read_text())["profile"]["sha256"]
+        assert run_cli("profiles", "set", "engine.make_room.retain_s", "29", "--root", str(checkout)).returncode == 0
+        assert flatshare("release", "--node", "cyan").returncode == 0
+        back = flatshare("rollback", "--node", "cyan")
+        assert back.returncode == 0, back.stdout
+        now = json.loads((node.state_dir / "releases/current/serving.json").read_text())["profile"]["sha256"]
+        assert now == before and flatshare("check", "--node", "cyan").returncode == 0
+    finally:
+        down(base, echo=lambda _l: None)

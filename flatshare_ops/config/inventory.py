@@ -53,15 +53,27 @@ class Inventory(StrictModel):
     """The whole inventory file.
 
     Attributes:
+        known_hosts: the fleet's known_hosts file (relative to the inventory), for nodes that name none;
+            ``flatshare node bootstrap --accept-host-key`` adds a new node's key there.
         min_serving: how many nodes must take calls at any moment while releases run (default 1);
             at most ``len(nodes) - min_serving`` nodes that take calls are drained at once.
         transport: the SSH bounds.
     """
 
     schema_: int = Field(alias="schema", ge=1, le=1)
+    known_hosts: str | None = None
     min_serving: int = Field(default=1, ge=0)
     transport: Transport = Field(default_factory=Transport)
     nodes: dict[NodeName, Node] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _nodes_share_the_fleets_known_hosts(self) -> "Inventory":
+        # The fleet's committed known_hosts (relative to the inventory) for every node that names none.
+        if self.known_hosts:
+            for name, node in list(self.nodes.items()):
+                if node.known_hosts is None:
+                    self.nodes[name] = node.model_copy(update={"known_hosts": self.known_hosts})
+        return self
 
     @model_validator(mode="after")
     def _a_node_can_be_released(self) -> "Inventory":

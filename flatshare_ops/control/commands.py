@@ -83,9 +83,10 @@ def hold(spec: NodeSpec, acquire: str | None = None, who: str | None = None, rel
     return argv
 
 
-def module(spec: NodeSpec) -> list[str]:
-    """``flatshare-node module``: the serve module the node built (path, sha256, when)."""
-    return _node(spec, "module")
+def module(spec: NodeSpec, path: str | None = None) -> list[str]:
+    """``flatshare-node module``: the serve module the node built (path, sha256, when); ``path`` names
+    the module file (default: the active release's)."""
+    return _node(spec, "module") + (["--path", path] if path else [])
 
 
 def serving_check(spec: NodeSpec) -> list[str]:

@@ -86,6 +86,8 @@ def _parser() -> argparse.ArgumentParser:
                            help="the bundle, read from this file (the entry point's) instead of stdin's first line")
         if name == "status":
             p.add_argument("--switch", default=None, help="what became of this switch")
+        if name == "module":
+            p.add_argument("--path", default=None, help="the module file (default: the active release's)")
         if name == "hold":
             p.add_argument("--acquire", metavar="MESSAGE", default=None, help="hold the node, saying why")
             p.add_argument("--who", default=None, help="who holds it (default user@host)")
@@ -217,7 +219,7 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "module":
             from .probe import built_module
 
-            print(json.dumps(built_module(_context(args)), sort_keys=True))
+            print(json.dumps(built_module(_context(args), args.path), sort_keys=True))
             code = 0
         else:
             from .probe import probe

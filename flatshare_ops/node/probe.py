@@ -16,8 +16,9 @@ from .context import NodeContext
 from .lock import describe_holder, held_by, holder_record
 
 
-def built_module(ctx: NodeContext) -> dict:
-    """The serve module this node's engine built (the active release's ``module.path``).
+def built_module(ctx: NodeContext, path: str | None = None) -> dict:
+    """The serve module this node built: ``path`` (the profile's ``module.path``, as bootstrap built it),
+    else the active release's.
 
     Returns:
         ``{"node", "path", "sha256", "modified_at"}``, or ``{"node", "error"}`` naming what is missing.
@@ -26,13 +27,14 @@ def built_module(ctx: NodeContext) -> dict:
     from .store import current_release
     from .switch import active_serving
 
-    try:
-        serving = active_serving(ctx, current_release(ctx.state_dir))
-    except NodeStateError as err:
-        return {"node": ctx.node, "error": str(err)}
-    if serving is None:
-        return {"node": ctx.node, "error": "no active release: bootstrap and release the node first"}
-    path = (serving.get("module") or {}).get("path")
+    if path is None:
+        try:
+            serving = active_serving(ctx, current_release(ctx.state_dir))
+        except NodeStateError as err:
+            return {"node": ctx.node, "error": str(err)}
+        if serving is None:
+            return {"node": ctx.node, "error": "no active release and no module path given: bootstrap the node"}
+        path = (serving.get("module") or {}).get("path")
     try:
         return {"node": ctx.node, "path": path, "sha256": sha256_file(path), "modified_at": os.stat(path).st_mtime}
     except (OSError, TypeError) as err:

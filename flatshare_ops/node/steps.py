@@ -77,6 +77,12 @@ class Switch:
 def drain_voice(sw: Switch) -> None:
     voice = sw.serving["voice"]
     sw.drain = drain.begin(Path(voice["drain_file"]), Path(voice["status_file"]))
+    state = systemd.properties(sw.ctx.address, [(VOICE_UNIT, "Unit", "ActiveState")])[f"{VOICE_UNIT}/ActiveState"]
+    if state not in ("active", "reloading", "activating"):
+        # Not running (a first release, a repair): no calls to wait for; it starts drained, and the
+        # drain ends once it runs again.
+        sw.out.line(f"  {VOICE_UNIT} is {state}: no calls to drain")
+        return
     timeout_s = float(voice["drain_timeout_s"])
     sw.out.line(f"  drain {sw.drain.drain_id}: waiting for the voice worker (up to {timeout_s:g} s)")
     status = drain.wait_drained(sw.drain, timeout_s, progress=lambda line: sw.out.line(f"  {line}"))

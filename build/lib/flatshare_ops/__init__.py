@@ -1,0 +1,1 @@
+"""flatshare-ops: render, release and check Flatshare's GPU serving fleet."""

@@ -1,0 +1,150 @@
+"""What serving-check reads from the node: systemd's view of the units, the engine venv, /metrics, the release lock.
+
+Sources: systemd's D-Bus API, org.freedesktop.systemd1(5) (``MainPID``,
+``ExecMainStartTimestamp`` in microseconds since the epoch, ``DropInPaths``,
+``NeedDaemonReload``; docs/reference/systemd.md); the vLLM engine venv's
+dist-info metadata and the Prometheus text format of ``GET /metrics``
+(docs/reference/vllm.md, docs/reference/monitoring.md).
+"""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+
+from ..common.files import Damaged, read_json_object
+from ..common.node_files import LOCK_HOLDER
+
+
+class EngineFacts:
+    """What systemd says about the engine unit (gathered once per run).
+
+    Attributes:
+        load_state, active_state: the unit's ``LoadState`` and ``ActiveState``.
+        main_pid: ``MainPID`` (0 when not running).
+        started_at: ``ExecMainStartTimestamp``, in seconds since the epoch.
+    """
+
+    __slots__ = ("load_state", "active_state", "main_pid", "started_at")
+
+    def __init__(self, load_state: str, active_state: str, main_pid: int, started_at: float) -> None:
+        self.load_state, self.active_state, self.main_pid, self.started_at = (
+            load_state, active_state, main_pid, started_at)
+
+
+def installed_vllm(venv: Path) -> str | None:
+    """The vLLM release installed in a venv: the ``Version:`` field of its
+    ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
+    without importing vLLM or importlib.metadata (which pulls in the email package).
+    """
+    for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
+        try:
+            with open(metadata, encoding="utf-8", errors="replace") as f:
+                for line in f:
+                    if line.startswith("Version:"):
+                        return line.split(":", 1)[1].strip()
+                    if not line.strip():
+                        break  # the headers end at the first blank line
+        except OSError:
+            continue
+    return None
+
+
+def _split_sample(line: str) -> tuple[str, str] | None:
+    """(metric name, value) of one Prometheus sample line ``name{labels} value [timestamp]``."""
+    brace = line.find("{")
+    space = line.find(" ")
+    if brace != -1 and (space == -1 or brace < space):
+        name, i, quoted = line[:brace], brace + 1, False
+        while i < len(line):  # the closing brace, skipping quoted label values (which may hold } and spaces)
+            c = line[i]
+            if quoted and c == "\\":
+                i += 2
+                continue
+            if c == '"':
+                quoted = not quoted
+            elif c == "}" and not quoted:
+                break
+            i += 1
+        rest = line[i + 1 :]
+    else:
+        name, _, rest = line.partition(" ")
+    fields = rest.split()
+    return (name, fields[0]) if name and fields else None
+
+
+def parse_metrics(text: str) -> dict[str, float]:
+    """Sum Prometheus samples by metric name (labels dropped; an optional timestamp ignored).
+
+    The text exposition format (docs/reference/monitoring.md): ``name{labels} value [timestamp]``,
+    comments start with ``#``; a line that is not a sample is skipped.
+    """
+    values: dict[str, float] = {}
+    for line in text.splitlines():
+        line = line.strip()
+        if not line or line.startswith("#"):
+            continue
+        sample = _split_sample(line)
+        if sample is None:
+            continue
+        try:
+            values[sample[0]] = values.get(sample[0], 0.0) + float(sample[1])
+        except ValueError:
+            continue
+    return values
+
+
+def lock_holder_record(releases: Path) -> dict:
+    """``lock.json``'s holder details (who, which release, since when), or {} when missing or damaged."""
+    try:
+        return read_json_object(releases / LOCK_HOLDER) or {}
+    except Damaged:
+        return {}
+
+
+class SystemdFacts:
+    """What systemd says about the release's units, gathered in one bounded exchange.
+
+    Attributes:
+        engine: the engine unit's :class:`EngineFacts`.
+        states: service -> ``ActiveState``.
+        drop_ins: unit -> every drop-in path systemd applies (``DropInPaths``) or will read at the
+            next daemon-reload (found on disk where systemd looks, common.drop_ins).
+        need_reload: unit -> ``NeedDaemonReload``.
+    """
+
+    __slots__ = ("engine", "states", "drop_ins", "need_reload")
+
+    def __init__(self, engine: EngineFacts, states: dict, drop_ins: dict, need_reload: dict) -> None:
+        self.engine, self.states, self.drop_ins, self.need_reload = engine, states, drop_ins, need_reload
+
+
+def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> SystemdFacts:
+    """Ask the node's manager about the release's units (one forked, bounded exchange).
+
+    Raises:
+        SystemdError: the manager could not be reached or did not answer within ``timeout_s``
+            (the message names the bound).
+    """
+    from .. import systemd
+    from ..common.drop_ins import on_disk
+
+    scope = serving["layout"]["scope"]
+    if scope == "user" and runtime_dir is None:
+        runtime_dir = Path(os.environ.get("XDG_RUNTIME_DIR", f"/run/user/{os.getuid()}"))
+    engine = serving["engine"]["unit"]
+    units = sorted(serving.get("units") or serving["services"])
+    queries = [(u, "Unit", p) for u in units for p in ("DropInPaths", "NeedDaemonReload")]
+    queries += [(u, "Unit", "ActiveState") for u in serving["services"]]
+    queries += [(engine, "Unit", "LoadState"), (engine, "Unit", "ActiveState"), (engine, "Service", "MainPID"),
+                (engine, "Service", "ExecMainStartTimestamp"), ("", "Manager", "UnitPath")]
+    found = systemd.properties(systemd.ManagerAddress(scope, runtime_dir), queries, timeout_s)
+    search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
+    drop_ins = {u: sorted(set(found[f"{u}/DropInPaths"]) | {str(p) for p in on_disk(u, search)}) for u in units}
+    return SystemdFacts(
+        EngineFacts(found[f"{engine}/LoadState"], found[f"{engine}/ActiveState"], int(found[f"{engine}/MainPID"]),
+                    int(found[f"{engine}/ExecMainStartTimestamp"]) / 1e6),
+        {u: found[f"{u}/ActiveState"] for u in serving["services"]},
+        {u: paths for u, paths in drop_ins.items() if paths},
+        {u: bool(found[f"{u}/NeedDaemonReload"]) for u in units},
+    )

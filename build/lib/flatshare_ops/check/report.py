@@ -1,0 +1,150 @@
+"""serving-check's findings, their worst status, and the two forms other programs read.
+
+Sources (docs/reference/monitoring.md): the Nagios plugin guidelines (exit
+0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN; first line ``SERVICE STATUS - text |
+perfdata``, perfdata ``label=value[UOM]`` with ``s`` for seconds and no unit
+for counts) and node_exporter's textfile collector (Prometheus text format,
+label values escaped, no timestamps; the file written beside and renamed).
+
+Plain classes, not dataclasses: importing dataclasses pulls in inspect
+(about 5 ms), and this module runs every minute on every node.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+
+OK, WARNING, CRITICAL, UNKNOWN = "OK", "WARNING", "CRITICAL", "UNKNOWN"
+#: The Nagios exit code of each status.
+EXIT_CODES = {OK: 0, WARNING: 1, CRITICAL: 2, UNKNOWN: 3}
+#: Which status wins a summary: CRITICAL outranks UNKNOWN (the engine is known bad).
+SEVERITY = {OK: 0, WARNING: 1, UNKNOWN: 2, CRITICAL: 3}
+#: Units of the perfdata values (Nagios UOM): seconds get ``s``, counts none.
+PERF_UNITS = {"check_seconds": "s"}
+
+
+def worst(statuses) -> str:
+    """The most severe of ``statuses`` (OK when there are none)."""
+    return max(statuses, key=SEVERITY.__getitem__, default=OK)
+
+
+class Finding:
+    """One check's result.
+
+    Attributes:
+        check: the check's name (``engine_unit``, ``flags``, ``vllm_release``...).
+        status: ``OK``, ``WARNING``, ``CRITICAL`` or ``UNKNOWN``.
+        summary: one line for people.
+        details: one line per difference (``--flag: running X, profile Y``).
+    """
+
+    __slots__ = ("check", "status", "summary", "details")
+
+    def __init__(self, check: str, status: str, summary: str, details: list[str] | None = None) -> None:
+        self.check, self.status, self.summary, self.details = check, status, summary, list(details or [])
+
+    def to_json(self) -> dict:
+        """The finding as a JSON-ready dict."""
+        return {"check": self.check, "status": self.status, "summary": self.summary, "details": self.details}
+
+    @classmethod
+    def from_json(cls, document: dict) -> "Finding":
+        """A finding from :meth:`to_json`'s dict.
+
+        Raises:
+            KeyError, TypeError: not a finding.
+        """
+        status = document["status"]
+        if status not in EXIT_CODES:
+            raise TypeError(f"unknown status {status!r}")
+        return cls(str(document["check"]), status, str(document["summary"]), [str(d) for d in document["details"]])
+
+    def __repr__(self) -> str:
+        return f"Finding({self.check!r}, {self.status!r}, {self.summary!r}, {self.details!r})"
+
+
+class Report:
+    """All findings of one run, and the values reported as perfdata (name -> number)."""
+
+    __slots__ = ("node", "findings", "perfdata")
+
+    def __init__(self, node: str, findings: list[Finding], perfdata: dict[str, float] | None = None) -> None:
+        self.node, self.findings, self.perfdata = node, findings, dict(perfdata or {})
+
+    @property
+    def status(self) -> str:
+        """The worst status among the findings."""
+        return worst(f.status for f in self.findings)
+
+    @property
+    def exit_code(self) -> int:
+        """The Nagios exit code of :attr:`status`."""
+        return EXIT_CODES[self.status]
+
+    def to_json(self) -> dict:
+        """The report as a JSON-ready dict (``schema`` 1, described in PRODUCTION.md)."""
+        return {"schema": 1, "node": self.node, "status": self.status, "exit_code": self.exit_code,
+                "findings": [f.to_json() for f in self.findings], "perfdata": self.perfdata}
+
+    @classmethod
+    def from_json(cls, document: dict) -> "Report":
+        """A report from :meth:`to_json`'s dict (as another node printed it).
+
+        Raises:
+            KeyError, TypeError, ValueError: not a report.
+        """
+        findings = [Finding.from_json(f) for f in document["findings"]]
+        perf = {str(k): float(v) for k, v in dict(document.get("perfdata") or {}).items()}
+        return cls(str(document["node"]), findings, perf)
+
+
+def nagios_text(report: Report) -> str:
+    """Nagios plugin output: ``SERVING-CHECK STATUS - node: summary | perfdata`` then one line per finding."""
+    bad = [f for f in report.findings if f.status != OK]
+    summary = "; ".join(f.summary for f in bad) if bad else "; ".join(f.summary for f in report.findings[:2])
+    perf = " ".join(f"{k}={v:g}{PERF_UNITS.get(k, '')}" for k, v in report.perfdata.items())
+    lines = [f"SERVING-CHECK {report.status} - {report.node}: {summary}" + (f" | {perf}" if perf else "")]
+    for finding in report.findings:
+        lines.append(f"{finding.status} {finding.check}: {finding.summary}")
+        lines.extend(f"    {detail}" for detail in finding.details)
+    return "\n".join(lines) + "\n"
+
+
+def label_value(value: str) -> str:
+    """A Prometheus label value, quoted: backslash, double quote and newline escaped
+    (the text exposition format; docs/reference/monitoring.md)."""
+    return '"' + value.replace("\\", "\\\\").replace('"', '\\"').replace("\n", "\\n") + '"'
+
+
+def textfile(report: Report, now: float) -> str:
+    """node_exporter textfile-collector text: one gauge per check, plus the run's time (no timestamps on samples)."""
+    node = label_value(report.node)
+    lines = [
+        "# HELP flatshare_serving_check_status serving-check result per check (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).",
+        "# TYPE flatshare_serving_check_status gauge",
+    ]
+    by_check: dict[str, str] = {}
+    for finding in report.findings:
+        by_check[finding.check] = worst((by_check.get(finding.check, OK), finding.status))
+    for check, status in sorted(by_check.items()):
+        lines.append(f"flatshare_serving_check_status{{node={node},check={label_value(check)}}} {EXIT_CODES[status]}")
+    lines += [
+        "# HELP flatshare_serving_check_last_run_timestamp_seconds When serving-check last ran (Unix seconds).",
+        "# TYPE flatshare_serving_check_last_run_timestamp_seconds gauge",
+        f"flatshare_serving_check_last_run_timestamp_seconds{{node={node}}} {now:.3f}",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def write_textfile(directory: Path, report: Report) -> Path:
+    """Write ``DIRECTORY/serving_check.prom`` atomically (a temporary file beside it, renamed).
+
+    Raises:
+        OSError: the directory is missing or not writable.
+    """
+    from ..common import durable
+
+    path = Path(directory) / "serving_check.prom"
+    durable.write_atomic(path, textfile(report, time.time()).encode())
+    return path

@@ -1,0 +1,209 @@
+"""One serving-check run: gather the node's facts, run every check, return the report, within a deadline.
+
+The local path imports only the standard library and pystemd (for systemd's
+view of the units): it runs every minute on every node, so no SSH,
+templates, pydantic or CLI framework is loaded here (adr/0006-serving-check-cost.md).
+
+Every part is bounded: systemd answers within 5 s (in a child the run kills),
+each HTTP probe within 2 s, and the whole run within its deadline (10 s by
+default). When the deadline fires, the findings made so far are kept and an
+UNKNOWN finding names the bound and what was being checked, so ``--json``
+still prints JSON and ``--textfile`` still writes the file.
+"""
+
+from __future__ import annotations
+
+import signal
+import threading
+import time
+from pathlib import Path
+
+from ..common.files import Damaged, read_json_object
+from ..common.http import http_get
+from ..common.locks import held_by
+from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
+from ..common.proc import read_cmdline
+from . import checks
+from .facts import installed_vllm, lock_holder_record, parse_metrics, systemd_facts
+from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, Report
+
+#: The serving.json keys a check reads (releases/README.md).
+SERVING_KEYS = ("engine", "vllm_release", "module", "units", "services", "layout", "voice")
+#: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
+SERVING_SCHEMAS = (1,)
+#: A release holding the lock longer than this (seconds) no longer explains what it drains.
+STALE_LOCK_S = 3600.0
+#: serving-check's own deadline (seconds), and the bound of its systemd exchange.
+DEADLINE_S = 10.0
+SYSTEMD_S = 5.0
+
+
+class _Deadline(BaseException):
+    """The run's deadline fired."""
+
+
+def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
+    """(a release in progress, an unfinished switch): each a finding, or None.
+
+    Whether a release holds the node is read from the kernel's lock table
+    (common.locks), never from the pid in ``lock.json``; ``lock.json`` only names
+    who holds it.
+    """
+    in_progress = None
+    pid = held_by(releases / LOCK)
+    if pid is not None:
+        holder = lock_holder_record(releases)
+        started = holder.get("started_at")
+        age = time.time() - started if isinstance(started, (int, float)) else 0.0
+        who = f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}"
+        in_progress = Finding("release", WARNING, f"release in progress ({who}, {age:.0f} s): the node may be "
+                              "drained until it ends")
+    unfinished = None
+    journal = releases / JOURNAL
+    if pid is None and (journal.exists() or journal.is_symlink()):
+        try:
+            record = read_json_object(journal) or {}
+            if not isinstance(record.get("to"), str):
+                raise Damaged(journal, "no target release")
+            what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
+        except Damaged:
+            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+                                 f"('flatshare status'), then move {journal} aside (releases/README.md)")
+            return in_progress, unfinished
+        unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
+                             "it, or 'flatshare rollback' to abandon it")
+    return in_progress, unfinished
+
+
+def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
+    try:
+        serving = read_json_object(path, allow_symlink=True)
+    except Damaged as err:
+        return None, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")
+    if serving is None:
+        return None, Finding("release", UNKNOWN, f"{path} not found: no active release on {node}")
+    schema = serving.get("schema")
+    if isinstance(schema, int) and schema > max(SERVING_SCHEMAS):
+        return None, Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
+                             f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
+    missing = [k for k in SERVING_KEYS if k not in serving]
+    if missing:
+        return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json (no {', '.join(missing)}); "
+                             "reinstall the release (flatshare release)")
+    return serving, None
+
+
+def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, inside_release: bool = False,
+               deadline_s: float | None = None) -> Report:
+    """Check this node's running engine against its active release.
+
+    Args:
+        state_dir: the node's state directory (``/var/lib/flatshare``).
+        node: the node's name, for messages.
+        runtime_dir: a user-scope manager's ``XDG_RUNTIME_DIR`` (default: the environment's).
+        inside_release: run by the release holding the lock (its serving-check step).
+        deadline_s: the whole run's bound in seconds (only in the main thread; None: no overall bound).
+
+    Returns:
+        A :class:`Report`. UNKNOWN findings are the check's own trouble (no serving.json, no
+        answer from systemd, the deadline); a drifted engine is CRITICAL; while a release holds
+        the lock, what it explains (a drained node) is a WARNING, never OK.
+    """
+    started = time.monotonic()
+    findings: list[Finding] = []
+    perf: dict[str, float] = {}
+    stage = ["reading the release state"]
+    timer = deadline_s is not None and threading.current_thread() is threading.main_thread()
+    if timer:
+        def fire(_signum, _frame):
+            raise _Deadline()
+
+        previous = signal.signal(signal.SIGALRM, fire)
+        signal.setitimer(signal.ITIMER_REAL, deadline_s)
+    try:
+        _run(Path(state_dir), node, runtime_dir, inside_release, findings, perf, stage)
+    except _Deadline:
+        findings.append(Finding("deadline", UNKNOWN, f"serving-check did not finish within its deadline of "
+                                f"{deadline_s:g} s (while {stage[0]}); the findings above are what it checked"))
+    finally:
+        if timer:
+            signal.setitimer(signal.ITIMER_REAL, 0)
+            signal.signal(signal.SIGALRM, previous)
+    perf["check_seconds"] = round(time.monotonic() - started, 4)
+    return Report(node, findings, perf)
+
+
+def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings: list, perf: dict, stage: list) -> None:
+    from ..errors import FlatshareError
+
+    releases = state_dir / RELEASES
+    in_progress, unfinished = (None, None) if inside_release else release_state(releases)
+    for finding in (in_progress, unfinished):
+        if finding:
+            findings.append(finding)
+    if in_progress:
+        perf["release_in_progress"] = 1
+    stage[0] = "reading serving.json"
+    serving, trouble = _read_serving(releases / CURRENT / "serving.json", node)
+    if trouble:
+        findings.append(trouble)
+        return
+    stage[0] = "asking systemd"
+    try:
+        facts = systemd_facts(serving, runtime_dir, SYSTEMD_S)
+    except FlatshareError as err:
+        findings.append(Finding("systemd", UNKNOWN, str(err)))
+        return
+    first = len(findings)
+    engine = serving["engine"]
+    unit_finding = checks.check_engine_unit(facts.engine, engine["unit"])
+    findings.append(unit_finding)
+    if unit_finding.status == OK:
+        stage[0] = "reading the engine's command line"
+        try:
+            running_argv = read_cmdline(facts.engine.main_pid)
+        except OSError:
+            running_argv = []
+        flags = checks.check_flags(running_argv, engine["argv"], str(serving["vllm_release"]))
+        findings.append(flags)
+        perf["flags_differing"] = len(flags.details) if flags.status == CRITICAL else 0
+        stage[0] = f"probing {engine['url']}"
+        health_status, _ = http_get(engine["url"] + "/health")
+        if health_status != 200:
+            findings.append(Finding("health", CRITICAL, f"GET {engine['url']}/health answered {health_status or 'nothing'}"))
+        else:
+            findings.append(Finding("health", OK, "engine /health 200"))
+        version = http_get(engine["url"] + "/version")
+        findings.append(checks.check_vllm_release(*version, installed_vllm(Path(engine["venv"])), serving["vllm_release"]))
+        metrics_status, metrics_body = http_get(engine["url"] + "/metrics")
+        if metrics_status == 200:
+            metrics = parse_metrics(metrics_body.decode(errors="replace"))
+            findings.append(checks.check_turn_hints(metrics))
+            perf["requests_running"] = metrics.get("vllm:num_requests_running", 0.0)
+            perf["turns_announced"] = metrics.get("flatshare:make_room_turns_announced_total", 0.0)
+        else:
+            findings.append(Finding("turn_hints", WARNING, f"GET /metrics answered {metrics_status or 'nothing'}"))
+    stage[0] = "checking the services, the module and the units"
+    in_release = inside_release or "release_in_progress" in perf
+    findings.append(checks.check_services(facts.states, Path(serving["voice"]["drain_file"]), in_release))
+    module = serving["module"]
+    findings.append(checks.check_module(Path(module["path"]), module["sha256"], facts.engine.started_at))
+    units = checks.check_units(Path(serving["layout"]["unit_dir"]), serving["units"])
+    findings.append(units)
+    perf["units_differing"] = len(units.details)
+    findings.append(checks.check_drop_ins(facts.drop_ins, facts.need_reload, node))
+    if "release_in_progress" in perf:
+        _explained_by_release(findings, first, releases)
+
+
+def _explained_by_release(findings: list[Finding], first: int, releases: Path) -> None:
+    """While a release holds the lock, a drained or half-switched node is what it does: CRITICAL findings
+    become WARNINGs (never OK) that say so, unless the release has held the lock for over an hour."""
+    holder = lock_holder_record(releases)
+    started = holder.get("started_at")
+    if isinstance(started, (int, float)) and time.time() - started > STALE_LOCK_S:
+        return
+    for finding in findings[first:]:
+        if finding.status == CRITICAL:
+            finding.status = WARNING
+            finding.summary += " (a release in progress explains this)"

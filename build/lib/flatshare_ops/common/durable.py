@@ -1,0 +1,128 @@
+"""Durable writes: a crash leaves the old state or the new, never half of either.
+
+dpkg's recipe (docs/reference/engineering-style.md, "Durable files"): write
+a temporary file in the same directory, fsync it, rename it over the target,
+fsync the directory. Every file the node changes goes through one of the
+five primitives here (atomic replace, durable append, rename, symlink
+replacement, unlink), so that a test launcher can fail any one of them
+(tests/faults/) and prove the early-end rule holds whatever write fails.
+Callers use them as ``durable.write_atomic(...)`` (module attribute), which
+is what lets the launcher wrap them. Standard library only.
+"""
+
+from __future__ import annotations
+
+import os
+import tempfile
+from pathlib import Path
+
+
+def fsync_dir(path: Path) -> None:
+    """fsync a directory, so that a rename or unlink inside it survives a crash.
+
+    Raises:
+        OSError: the directory cannot be opened (missing, not a directory).
+    """
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def write_atomic(path: Path, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
+    """Replace ``path`` with ``data`` atomically.
+
+    Args:
+        path: the file to write; its parent directory must exist.
+        data: the complete new contents (bytes).
+        mode: permission bits of the new file.
+        owner: (uid, gid) to give the new file (kept from the file it replaces), or None.
+
+    Raises:
+        OSError: the directory is not writable or the disk is full (ENOSPC,
+            EROFS, EIO...); the old file, if any, is then left unchanged and
+            no temporary file stays behind.
+    """
+    path = Path(path)
+    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+            f.flush()
+            os.fsync(f.fileno())
+        os.chmod(tmp, mode)
+        if owner is not None:
+            os.chown(tmp, *owner)
+        os.replace(tmp, path)
+    except BaseException:
+        Path(tmp).unlink(missing_ok=True)
+        raise
+    fsync_dir(path.parent)
+
+
+def append_line(path: Path, line: str) -> None:
+    """Append one line (a record) to ``path`` and fsync it.
+
+    A crash mid-append can leave a torn last line without its newline; the
+    next append starts with a newline first, so the torn line never swallows
+    the new record (readers skip the torn line).
+
+    Raises:
+        OSError: the file cannot be opened or written (ENOSPC, EIO...).
+    """
+    if "\n" in line:
+        raise ValueError("a record must be one line")
+    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    try:
+        size = os.fstat(fd).st_size
+        prefix = b""
+        if size and os.pread(fd, 1, size - 1) != b"\n":
+            prefix = b"\n"
+        os.write(fd, prefix + line.encode() + b"\n")
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+
+
+def rename(source: Path, target: Path) -> None:
+    """Rename ``source`` to ``target`` (atomic within a filesystem) and fsync the target's directory.
+
+    Raises:
+        OSError: as rename(2) does (EXDEV, ENOTEMPTY, EROFS...).
+    """
+    os.rename(source, target)
+    fsync_dir(Path(target).parent)
+
+
+def replace_symlink(link: Path, target: str) -> None:
+    """Point the symlink ``link`` at ``target`` atomically (a new link renamed over the old).
+
+    Raises:
+        OSError: the directory is not writable, or ``link`` is a directory.
+    """
+    link = Path(link)
+    scratch = link.with_name(f".{link.name}.{os.getpid()}.tmp")
+    scratch.unlink(missing_ok=True)
+    os.symlink(target, scratch)
+    try:
+        os.replace(scratch, link)
+    except BaseException:
+        scratch.unlink(missing_ok=True)
+        raise
+    fsync_dir(link.parent)
+
+
+def remove(path: Path) -> bool:
+    """Remove a file (missing is fine) and fsync its directory; returns whether it existed.
+
+    Raises:
+        OSError: the file exists but cannot be removed (EROFS, EACCES, EISDIR...).
+    """
+    path = Path(path)
+    try:
+        os.unlink(path)
+    except FileNotFoundError:
+        return False
+    fsync_dir(path.parent)
+    return True

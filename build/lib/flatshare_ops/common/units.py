@@ -1,0 +1,17 @@
+"""The names of the systemd units flatshare-ops renders, installs and checks (standard library only).
+
+The renderer writes them, the node switches them and serving-check reads
+them: one list, here.
+"""
+
+ENGINE_UNIT = "flatshare-engine.service"
+GATEWAY_UNIT = "flatshare-gateway.service"
+VOICE_UNIT = "flatshare-voice.service"
+TARGET_UNIT = "flatshare.target"
+CHECK_SERVICE = "serving-check.service"
+CHECK_TIMER = "serving-check.timer"
+
+#: Units in the order they are written and installed.
+UNIT_NAMES = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT, TARGET_UNIT, CHECK_SERVICE, CHECK_TIMER)
+#: The long-running services a release drains, restarts and checks.
+SERVICE_UNITS = (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT)

@@ -1,0 +1,568 @@
+#!/usr/bin/env python
+"""Parse `vllm serve` command lines with vLLM's own parser (vLLM 0.32.0 and 0.33.0).
+
+A standalone script for another interpreter: an engine venv's (or .venv-vllm's)
+Python runs it, so it uses only the standard library at import time and imports
+vLLM inside functions.
+
+    PYTHON vllm_serve_parse.py MODE < stdin.json > stdout.json
+
+Modes
+-----
+parse
+    stdin : JSON list of the words after `vllm serve`, model first,
+            e.g. ["/models/m", "--port", "8000"].
+    stdout: one result (below).
+parse-many
+    stdin : JSON list of such lists.
+    stdout: JSON list of results, in order. All are parsed in this one process
+            with one parser (built once); nothing carries over from one parse to
+            the next (fresh namespace, the parser's per-parse attributes, vLLM's
+            warn-once caches and the action defaults are reset before each).
+options
+    stdin : ignored.
+    stdout: the serve parser's option table (see `options_table`), sorted, for
+            committing as flatshare_ops/common/vllm_options/RELEASE.json.
+
+A result is
+    {"ok": true, "namespace": {dest: value}, "warnings": [...],
+     "dataclass_fields": {dest: {...}}}
+or  {"ok": false, "stage": "parse" | "validate", "error": MESSAGE,
+     "prog": "vllm serve" | "vllm" | null, "exit_code": 2 | 0 | null, "warnings": [...]}
+
+* namespace: vars(args) after parse_args(["serve", *argv]) and the serve
+  subcommand's validate(), exactly as `vllm serve` runs them before starting;
+  `dispatch_function` and `subparser` are dropped; values that are not JSON
+  (tuples become lists) are str()-ed.
+* dataclass_fields: for each namespace value that is a (pydantic) dataclass
+  instance, i.e. a flag vLLM validates into a config class
+  (--compilation-config, ...), its fields as JSON (pydantic's JSON mode), so a
+  caller can compare them; the namespace itself holds the str() form.
+* error: argparse's own message, without the usage text and the "PROG: error: "
+  prefix (e.g. "argument --served-model-name: expected at least one argument",
+  "unrecognized arguments: --kv-offload-size 24"), from the SystemExit vLLM's
+  parser raises; prog says which parser spoke ("vllm serve" for errors of the
+  serve subparser, "vllm" for unrecognized arguments, which the top-level parser
+  reports). An exception that is not argparse's (vLLM's parse_args raises
+  ValueError for a --served-model-name without a positional model, IndexError
+  for a dotted flag without a value, ...) gives "TypeName: message", prog null.
+  `-h/--help` gives ok false with exit_code 0 (vLLM prints help and exits).
+  Validation errors (stage "validate") give "TypeName: message".
+* warnings: what vLLM logged at WARNING or above while parsing and validating
+  (e.g. "Found duplicate keys --additional-config.make_room.x").
+
+Exit status: 0 whenever the input was usable (even if every line was rejected);
+2 if the script itself is misused (bad mode, stdin not the expected JSON).
+
+The parser is built as vllm/entrypoints/cli/main.py builds it for `vllm serve`:
+top-level FlexibleArgumentParser(prog "vllm", with -v/--version) ->
+add_subparsers(dest="subparser") -> ServeSubcommand().subparser_init(...)
+.set_defaults(dispatch_function=...) -> parse_args(["serve", *argv]) ->
+configure_logging_from_args(args) -> cmd.validate(args). The other subcommands
+are not registered: they do not change the serve subparser (everything after
+"serve" goes to it).
+
+vLLM 0.32.0 vs 0.33.0: VLLM_SUBCMD_PARSER_EPILOG and cli_env_setup moved from
+vllm.entrypoints.serve.utils.api_utils (0.32) to vllm.entrypoints.common.startup
+(0.33); see `_startup_module`. vllm.entrypoints.cli.serve.cmd_init is in both.
+
+No GPU here: VLLM_TARGET_DEVICE defaults to "cpu" (without it vLLM resolves to
+UnspecifiedPlatform and building the parser fails in DeviceConfig). The only
+parser-visible effect of the platform is the choice list of
+--mm-processor-device (CUDA adds "cuda").
+"""
+
+from __future__ import annotations
+
+import sys
+
+# Run as a script, Python puts this file's directory first on sys.path, and
+# flatshare_ops/common holds modules named like the standard library's
+# (http.py): they would shadow it for vLLM (torch imports urllib -> http.client).
+# Drop that entry before importing anything else.
+if __name__ == "__main__" and sys.path and sys.path[0]:
+    import os.path as _osp
+
+    if _osp.realpath(sys.path[0]) == _osp.dirname(_osp.realpath(__file__)):
+        del sys.path[0]
+
+import copy
+import io
+import json
+import os
+import re
+
+MODES = ("parse", "parse-many", "options")
+
+
+class Usage(Exception):
+    """The script was misused (exit 2)."""
+
+
+# --------------------------------------------------------------------------
+# Building the parser
+
+
+def _startup_module() -> str:
+    """Where VLLM_SUBCMD_PARSER_EPILOG and cli_env_setup live in this vLLM.
+
+    0.33.0 moved them to vllm.entrypoints.common.startup; 0.32.0 has them in
+    vllm.entrypoints.serve.utils.api_utils. Decided by whether the new module
+    exists (find_spec), not by catching ImportError, so a real import failure
+    inside the new module is reported as itself.
+    """
+    from importlib.util import find_spec
+
+    try:
+        if find_spec("vllm.entrypoints.common.startup") is not None:
+            return "vllm.entrypoints.common.startup"
+    except ModuleNotFoundError:  # vllm.entrypoints.common itself missing (0.32)
+        pass
+    return "vllm.entrypoints.serve.utils.api_utils"
+
+
+class ServeParser:
+    """vLLM's `vllm serve` parser, built once; `parse` runs one argv through it."""
+
+    def __init__(self) -> None:
+        import importlib
+        import importlib.metadata
+
+        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        import vllm.entrypoints.cli.serve as serve_mod
+        from vllm.logger import configure_logging_from_args
+        from vllm.utils.argparse_utils import FlexibleArgumentParser
+
+        startup = importlib.import_module(_startup_module())
+        startup.cli_env_setup()  # as main.py does (sets VLLM_WORKER_MULTIPROC_METHOD)
+
+        self.release = importlib.metadata.version("vllm")
+        self.configure_logging_from_args = configure_logging_from_args
+        self.flexible_cls = FlexibleArgumentParser
+        parser = FlexibleArgumentParser(
+            prog="vllm",
+            description="vLLM CLI",
+            epilog=startup.VLLM_SUBCMD_PARSER_EPILOG.format(subcmd="[subcommand]"),
+        )
+        parser.add_argument("-v", "--version", action="version", version=self.release)
+        subparsers = parser.add_subparsers(required=False, dest="subparser")
+        self.cmds = {}
+        self.serve = None
+        for cmd in serve_mod.cmd_init():
+            sub = cmd.subparser_init(subparsers)
+            sub.set_defaults(dispatch_function=cmd.cmd)
+            self.cmds[cmd.name] = cmd
+            if cmd.name == "serve":
+                self.serve = sub
+        self.top = parser
+        # Pristine copies of every action default: vLLM code may mutate a
+        # namespace value in place (the namespace holds the default objects).
+        self._defaults = {id(a): copy.deepcopy(a.default) for a in self.serve._actions}
+        self._warn_once_caches = _warn_once_caches()
+        self._log = _LogCapture()
+        self._install_log_capture()
+
+    def _install_log_capture(self) -> None:
+        """Keep our handler on the "vllm" logger and let WARNING records through.
+
+        configure_logging_from_args (run for every parse, as `vllm serve` does)
+        re-applies vLLM's dictConfig, which replaces the "vllm" logger's handlers
+        and level; so this runs before each stage. Lowering the logger's level to
+        WARNING does not make vLLM print more: its own handler keeps its level.
+        """
+        import logging
+
+        lg = logging.getLogger("vllm")
+        if self._log not in lg.handlers:
+            lg.addHandler(self._log)
+        if lg.level == logging.NOTSET or lg.level > logging.WARNING:
+            lg.setLevel(logging.WARNING)
+
+    # one parse -------------------------------------------------------------
+
+    def _reset(self) -> None:
+        for a in self.serve._actions:
+            a.default = copy.deepcopy(self._defaults[id(a)])
+        for p in (self.top, self.serve):
+            p._show_serve_task_hint = False
+        self.flexible_cls._search_keyword = None
+        for cache in self._warn_once_caches:
+            cache.cache_clear()
+        self._log.records.clear()
+        self._install_log_capture()
+
+    def parse(self, argv: list[str]) -> dict:
+        """One `vllm serve ARGV` through parse_args and validate: a result dict."""
+        self._reset()
+        out, err = io.StringIO(), io.StringIO()
+        real_out, real_err = sys.stdout, sys.stderr
+        sys.stdout, sys.stderr = out, err
+        try:
+            try:
+                args = self.top.parse_args(["serve", *argv])
+            except SystemExit as e:
+                return {"ok": False, "stage": "parse", **_argparse_error(err.getvalue(), e.code),
+                        "warnings": self._log.take()}
+            except Exception as e:  # noqa: BLE001 - vLLM's own parse_args raises these
+                return {"ok": False, "stage": "parse", "error": f"{type(e).__name__}: {e}",
+                        "prog": None, "exit_code": None, "warnings": self._log.take()}
+            cmd = self.cmds[args.subparser]
+            try:
+                self.configure_logging_from_args(args)
+                self._install_log_capture()
+                cmd.validate(args)
+            except SystemExit as e:
+                return {"ok": False, "stage": "validate", **_argparse_error(err.getvalue(), e.code),
+                        "warnings": self._log.take()}
+            except Exception as e:  # noqa: BLE001 - the checks `vllm serve` runs before startup
+                return {"ok": False, "stage": "validate", "error": f"{type(e).__name__}: {e}",
+                        "prog": None, "exit_code": None, "warnings": self._log.take()}
+        finally:
+            sys.stdout, sys.stderr = real_out, real_err
+            # Anything vLLM printed goes to our stderr, never to the JSON on stdout.
+            sys.stderr.write(out.getvalue())
+        ns = dict(vars(args))
+        ns.pop("dispatch_function", None)
+        ns.pop("subparser", None)
+        dataclass_fields = {}
+        for dest, value in ns.items():
+            fields = _dataclass_json(value)
+            if fields is not None:
+                dataclass_fields[dest] = fields
+        return {"ok": True, "namespace": {k: _jsonable(v) for k, v in sorted(ns.items())},
+                "dataclass_fields": dataclass_fields, "warnings": self._log.take()}
+
+
+class _LogCapture:
+    """A logging handler keeping vLLM's WARNING+ messages of the current parse."""
+
+    def __new__(cls):
+        import logging
+
+        class Handler(logging.Handler):
+            def __init__(self):
+                super().__init__(logging.WARNING)
+                self.records: list[str] = []
+
+            def emit(self, record):
+                try:
+                    self.records.append(record.getMessage())
+                except Exception:  # noqa: BLE001
+                    self.records.append(str(record.msg))
+
+            def take(self):
+                taken, self.records = self.records, []
+                return taken
+
+        return Handler()
+
+
+def _warn_once_caches() -> list:
+    """vLLM's warning_once/info_once lru_caches, cleared between parses."""
+    import vllm.logger as vl
+
+    return [f for name in dir(vl) if name.startswith("_print_") and name.endswith("_once")
+            and hasattr(f := getattr(vl, name), "cache_clear")]
+
+
+_ERROR_LINE = re.compile(r"^(?P<prog>[^\n]*?): error: (?P<msg>.*)\Z", re.M | re.S)
+
+
+def _argparse_error(stderr: str, code) -> dict:
+    """The message argparse printed before SystemExit, without usage and prefix."""
+    if code == 0:
+        return {"error": "help requested: vLLM prints its help and exits 0 without serving",
+                "prog": None, "exit_code": 0}
+    m = _ERROR_LINE.search(stderr)
+    if m is None:
+        return {"error": stderr.strip() or f"SystemExit({code!r})", "prog": None, "exit_code": code}
+    return {"error": m.group("msg").rstrip("\n"), "prog": m.group("prog"), "exit_code": code}
+
+
+def _jsonable(value):
+    """value as JSON data: dict/list/str/int/float/bool/None kept, tuples as lists, others str()."""
+    if value is None or isinstance(value, (bool, int, float, str)):
+        return value
+    if isinstance(value, dict) and all(isinstance(k, str) for k in value):
+        return {k: _jsonable(v) for k, v in value.items()}
+    if isinstance(value, (list, tuple)):
+        return [_jsonable(v) for v in value]
+    return str(value)
+
+
+def _dataclass_json(value):
+    """A dataclass instance's fields as JSON data (pydantic JSON mode), else None.
+
+    A non-empty list of dataclass instances (--lora-modules) gives a list of them.
+    """
+    import dataclasses
+
+    if isinstance(value, list) and value and all(
+            dataclasses.is_dataclass(v) and not isinstance(v, type) for v in value):
+        return [_dataclass_json(v) for v in value]
+    if not dataclasses.is_dataclass(value) or isinstance(value, type):
+        return None
+    try:
+        from pydantic import TypeAdapter
+
+        return TypeAdapter(type(value)).dump_python(value, mode="json")
+    except Exception:  # noqa: BLE001
+        try:
+            return json.loads(json.dumps(dataclasses.asdict(value), default=str))
+        except Exception:  # noqa: BLE001
+            return None
+
+
+# --------------------------------------------------------------------------
+# The option table
+
+
+ACTION_KINDS = {
+    "_StoreAction": "store",
+    "_StoreConstAction": "store_const",
+    "_StoreTrueAction": "store_true",
+    "_StoreFalseAction": "store_false",
+    "_AppendAction": "append",
+    "_AppendConstAction": "append_const",
+    "_CountAction": "count",
+    "_HelpAction": "help",
+    "_VersionAction": "version",
+    "_ExtendAction": "extend",
+    "BooleanOptionalAction": "BooleanOptionalAction",
+    "EnableDisableAction": "EnableDisableAction",
+}
+
+# Type kinds that parse a JSON object, so the flag is meant for the dotted
+# form (--flag.key value) as well as --flag '{"key": ...}'.
+JSON_KINDS = {"json", "json_or_str", "dataclass"}
+
+
+def classify_type(t) -> dict:
+    """How an action's `type` converts a word, as data engine_argv can act on.
+
+    Derived from the live callable, not from its name alone:
+    * builtins: None or str -> {"kind": "str"}; int; float; json.loads -> "json".
+    * vLLM's wrappers (vllm/engine/arg_utils.py), recognised by qualname and
+      unwrapped through their closure cells (inspect.getclosurevars):
+      optional_type(f) -> {"kind": "optional", "inner": f}: "" and "None" give None;
+      parse_type(f) -> {"kind": "parse_type", "inner": f}: a ValueError of f becomes
+      "Value V cannot be converted to F." (F is repr(f));
+      union_dict_and_str -> "json_or_str": a word matching ^\\s*{.*}\\s*$ goes through
+      optional_type(json.loads), anything else stays a string;
+      _compute_kwargs.<locals>.parse_dataclass -> {"kind": "dataclass", "class": C}:
+      human-readable numbers in the JSON expanded, then pydantic validate_json into C.
+    * human_readable_int / human_readable_int_or_auto (vllm/utils/argparse_utils.py).
+    * anything else (lambdas) is probed: a function mapping "Ab-Cd" to "ab_cd" and
+      "x" to "x" is {"kind": "lower_underscore"} (s.lower().replace("-", "_"));
+      a function mapping "NoNe" and "none" to "" and other words to themselves is
+      {"kind": "none_to_empty"} (0.33's parse_reasoning_parser);
+      otherwise {"kind": "unknown", "qualname": ...} (engine_argv refuses to guess).
+    Every dict also has "name": getattr(t, "__name__", repr(t)), which argparse
+    puts in "invalid NAME value: 'V'".
+    """
+    import inspect
+
+    name = getattr(t, "__name__", repr(t)) if t is not None else None
+    if t is None or t is str:
+        return {"kind": "str", "name": name}
+    if t is int:
+        return {"kind": "int", "name": name}
+    if t is float:
+        return {"kind": "float", "name": name}
+    if t is json.loads:
+        return {"kind": "json", "name": name, "repr": _repr(t)}
+    qual = getattr(t, "__qualname__", "")
+    mod = getattr(t, "__module__", "")
+    if qual.endswith("optional_type.<locals>._optional_type"):
+        inner = inspect.getclosurevars(t).nonlocals["return_type"]
+        return {"kind": "optional", "name": name, "inner": classify_type(inner), "repr": _repr(inner)}
+    if qual.endswith("parse_type.<locals>._parse_type"):
+        inner = inspect.getclosurevars(t).nonlocals["return_type"]
+        return {"kind": "parse_type", "name": name, "inner": classify_type(inner), "repr": _repr(inner)}
+    if qual == "union_dict_and_str":
+        return {"kind": "json_or_str", "name": name}
+    if qual.endswith("parse_dataclass"):
+        cls = (t.__defaults__ or (None,))[0]
+        return {"kind": "dataclass", "name": name, "class": getattr(cls, "__name__", str(cls))}
+    if qual in ("human_readable_int", "human_readable_int_or_auto") and mod.startswith("vllm"):
+        return {"kind": qual, "name": name, "repr": _repr(t)}
+    probes = {
+        # s.lower().replace("-", "_")  (--moe-backend, --linear-backend, ...)
+        "lower_underscore": [("Ab-Cd", "ab_cd"), ("x", "x")],
+        # [int(p) if p.isdigit() else p for p in (q.strip() for q in s.split(","))]
+        # (--device-ids)
+        "comma_list_int_or_str": [("2, x ,3", [2, "x", 3]), ("GPU-1", ["GPU-1"])],
+        # "" if s.lower() == "none" else s  (0.33's parse_reasoning_parser)
+        "none_to_empty": [("NoNe", ""), ("none", ""), ("x", "x"), ("None-x", "None-x")],
+    }
+    for kind, cases in probes.items():
+        try:
+            if all(t(arg) == want and type(t(arg)) is type(want) for arg, want in cases):
+                return {"kind": kind, "name": name}
+        except Exception:  # noqa: BLE001
+            pass
+    return {"kind": "unknown", "name": name, "qualname": f"{mod}.{qual}"}
+
+
+def _repr(f) -> str:
+    """repr(f) without the memory address (argparse messages show repr(type))."""
+    return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(f))
+
+
+def _type_is_json(tc: dict) -> bool:
+    while tc["kind"] in ("optional", "parse_type"):
+        tc = tc["inner"]
+    return tc["kind"] in JSON_KINDS
+
+
+def _is_json_value(value) -> bool:
+    try:
+        json.dumps(value, allow_nan=False)
+        return True
+    except (TypeError, ValueError):
+        return False
+
+
+def options_table(sp: ServeParser) -> dict:
+    """The serve subparser's actions as JSON data, sorted (dest, then option strings).
+
+    For each action: option_strings (every string the parser accepts for it,
+    including hidden ones such as 0.33's --no-enable-x, sorted),
+    visible_option_strings (action.option_strings, as in --help), dest, nargs,
+    action (kind, see ACTION_KINDS), const, type (classify_type), choices,
+    required, deprecated, json (the flag takes a JSON object and so the dotted
+    form), values_by_option_string (nargs=0 actions: what each option string
+    stores, found by calling the action on an empty namespace), default (the
+    value `vllm serve MODEL` leaves in the namespace after parse and validate,
+    when JSON-serialisable; otherwise default_repr). Top level: vllm_release,
+    python (argparse's behaviour is Python's), parser settings, the dests that
+    take the dotted form (json_flags) and the positional model.
+    """
+    import argparse
+
+    parser = sp.serve
+    by_action: dict[int, list[str]] = {}
+    for opt, action in parser._option_string_actions.items():
+        by_action.setdefault(id(action), []).append(opt)
+    bare = sp.parse(["MODEL"])
+    if not bare["ok"]:
+        raise RuntimeError(f"vllm serve MODEL does not parse: {bare['error']}")
+    bare_ns = bare["namespace"]
+    # Values not JSON in the namespace (e.g. dataclass instances) need the raw object.
+    sp._reset()
+    raw = vars(parser.parse_known_args(["MODEL"])[0])
+
+    actions = []
+    for a in parser._actions:
+        kind = ACTION_KINDS.get(type(a).__name__, type(a).__name__)
+        tc = classify_type(a.type) if a.type is not None or a.nargs != 0 else None
+        entry = {
+            "dest": a.dest,
+            "option_strings": sorted(by_action.get(id(a), [])),
+            "visible_option_strings": list(a.option_strings),
+            "positional": not a.option_strings,
+            "action": kind,
+            "nargs": a.nargs,
+            "const": a.const if _is_json_value(a.const) else str(a.const),
+            "type": tc,
+            "choices": None if a.choices is None else
+            [c if _is_json_value(c) else str(c) for c in a.choices],
+            "required": bool(a.required),
+            "deprecated": a in getattr(parser, "_deprecated", ()),
+            "json": bool(tc and _type_is_json(tc)),
+        }
+        if a.nargs == 0 and kind not in ("help", "version"):
+            stored = {}
+            for opt in entry["option_strings"]:
+                ns = argparse.Namespace()
+                a(parser, ns, [], opt)
+                v = getattr(ns, a.dest, None)
+                stored[opt] = v if _is_json_value(v) else str(v)
+            entry["values_by_option_string"] = stored
+        if not a.option_strings:
+            # A positional's default is its own (bare_ns holds the "MODEL" we passed).
+            entry["default"] = a.default if _is_json_value(a.default) else str(a.default)
+        elif a.dest == argparse.SUPPRESS or a.dest not in raw:
+            entry["default_suppressed"] = True  # absent from the namespace unless given
+        else:
+            value = raw[a.dest]
+            if _is_json_value(value):
+                entry["default"] = bare_ns.get(a.dest, value)
+            else:
+                entry["default_repr"] = str(value)
+        actions.append(entry)
+    actions.sort(key=lambda e: (e["dest"], e["option_strings"]))
+    return {
+        "vllm_release": sp.release,
+        "python": ".".join(map(str, sys.version_info[:2])),
+        "generated_by": "flatshare_ops/common/vllm_serve_parse.py options",
+        "parser": {
+            "prog": parser.prog,
+            "top_level_prog": sp.top.prog,
+            "allow_abbrev": parser.allow_abbrev,
+            "prefix_chars": parser.prefix_chars,
+            "fromfile_prefix_chars": parser.fromfile_prefix_chars,
+            "has_negative_number_optionals": bool(parser._has_negative_number_optionals),
+            "top_level_option_strings": list(sp.top._option_string_actions),
+        },
+        # Registration order of every option string: argparse lists the
+        # candidates of an ambiguous abbreviation in this order.
+        "option_string_order": list(parser._option_string_actions),
+        "mutually_exclusive_groups": [
+            {"required": g.required, "dests": [a.dest for a in g._group_actions]}
+            for g in parser._mutually_exclusive_groups],
+        "json_flags": sorted(e["dest"] for e in actions if e["json"]),
+        "actions": actions,
+    }
+
+
+# --------------------------------------------------------------------------
+# Entry point
+
+
+def _read_argv_list(data) -> list[str]:
+    if not isinstance(data, list) or not all(isinstance(a, str) for a in data):
+        raise Usage("stdin must be a JSON list of strings (the words after `vllm serve`)")
+    return data
+
+
+def main(argv: list[str]) -> int:
+    if len(argv) != 1 or argv[0] not in MODES:
+        print(f"usage: {os.path.basename(sys.argv[0])} {{{','.join(MODES)}}} < JSON", file=sys.stderr)
+        return 2
+    mode = argv[0]
+    # Keep stdout for our JSON only: vLLM's log handler binds the stream it
+    # finds when vllm is imported, so vLLM must see stderr as stdout from the start.
+    real_stdout, sys.stdout = sys.stdout, sys.stderr
+    try:
+        if mode == "options":
+            # Defaults as in a clean environment: vLLM reads some from VLLM_* variables.
+            for name in [n for n in os.environ if n.startswith("VLLM_") and n != "VLLM_TARGET_DEVICE"]:
+                del os.environ[name]
+            result = options_table(ServeParser())
+        else:
+            try:
+                data = json.load(sys.stdin)
+            except ValueError as e:
+                raise Usage(f"stdin is not JSON: {e}") from None
+            if mode == "parse":
+                words = _read_argv_list(data)
+                result = ServeParser().parse(words)
+            else:
+                if not isinstance(data, list):
+                    raise Usage("stdin must be a JSON list of argv lists")
+                lines = [_read_argv_list(x) for x in data]
+                sp = ServeParser()
+                result = [sp.parse(words) for words in lines]
+    except Usage as e:
+        print(f"vllm_serve_parse: {e}", file=sys.stderr)
+        return 2
+    finally:
+        sys.stdout = real_stdout
+    json.dump(result, real_stdout, indent=1, sort_keys=True)
+    real_stdout.write("\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))

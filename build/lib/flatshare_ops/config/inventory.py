@@ -1,0 +1,114 @@
+"""The fleet's inventory: which nodes exist, how to reach them, which profile each runs.
+
+``profiles/fleet.toml`` describes production; ``flatshare sandbox up`` writes
+``.sandbox/fleet.toml`` for the local sandbox. A node's systemd scope and
+layout come from its profile's ``[layout]`` table, so that they are written once.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+from typing import Annotated, Literal
+
+from pydantic import Field, ValidationError, model_validator
+
+from ..errors import ProfileError
+from ..schema_errors import dotted, ordered, rule
+from .profile import StrictModel, key_lines, read_toml
+
+NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+
+
+class Node(StrictModel):
+    """One node: where its SSH server is and which profile (relative to the inventory) it runs."""
+
+    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
+    port: int = Field(default=22, ge=1, le=65535)
+    user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] = "root"
+    profile: Annotated[str, Field(min_length=1)]
+    known_hosts: str | None = None
+    identity: str | None = None
+    scope: Literal["system", "user"] = "system"
+    runtime_dir: str | None = None
+
+    @model_validator(mode="after")
+    def _user_scope_needs_runtime_dir(self) -> "Node":
+        if self.scope == "user" and not self.runtime_dir:
+            raise ValueError("scope 'user' needs runtime_dir (the user manager's XDG_RUNTIME_DIR)")
+        return self
+
+
+class Transport(StrictModel):
+    """The bounds of every SSH exchange (seconds); README.md, "Releasing", says what each does."""
+
+    connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    keepalive_s: float = Field(default=5.0, ge=1, le=600)
+    silence_s: float = Field(default=30.0, gt=0, le=3600)
+    reconnect_s: float = Field(default=30.0, gt=0, le=3600)
+    command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+
+
+class Inventory(StrictModel):
+    """The whole inventory file.
+
+    Attributes:
+        min_serving: how many nodes must take calls at any moment while releases run (default 1);
+            at most ``len(nodes) - min_serving`` nodes that take calls are drained at once.
+        transport: the SSH bounds.
+    """
+
+    schema_: int = Field(alias="schema", ge=1, le=1)
+    min_serving: int = Field(default=1, ge=0)
+    transport: Transport = Field(default_factory=Transport)
+    nodes: dict[NodeName, Node] = Field(min_length=1)
+
+    @model_validator(mode="after")
+    def _a_node_can_be_released(self) -> "Inventory":
+        if self.min_serving >= len(self.nodes):
+            raise ValueError(f"min_serving: {self.min_serving} leaves no node that may drain among "
+                             f"{len(self.nodes)}; use at most {len(self.nodes) - 1} (0 for a one-node fleet)")
+        return self
+
+
+def load_inventory(path: Path) -> Inventory:
+    """Load and validate an inventory file.
+
+    Raises:
+        ProfileError: missing or malformed file, or a schema rule broken
+            (``FILE:LINE: KEY: RULE``).
+    """
+    data, text = read_toml(Path(path), kind="inventory")
+    try:
+        return Inventory.model_validate(data)
+    except ValidationError as err:
+        first = ordered(err)[0]
+        loc = tuple(first["loc"])
+        named = re.match(r"(?:Value error, )?([a-z_]+): ", first["msg"])
+        if named and first["type"] == "value_error" and not loc:
+            loc = (named.group(1),)  # a rule across keys names the key it is about
+            first = {**first, "msg": first["msg"].replace(f"{named.group(1)}: ", "", 1)}
+        key = dotted(loc)
+        line = key_lines(text).get(key, 0)
+        place = f"{path}:{line}" if line else str(path)
+        raise ProfileError(f"{place}: {key}: {rule(first)}") from None
+
+
+def node_profile_path(inventory_path: Path, node: Node) -> Path:
+    """The profile file a node runs, resolved against the inventory's directory."""
+    return Path(inventory_path).parent / node.profile
+
+
+DEFAULT_INVENTORY = Path("profiles/fleet.toml")
+
+
+def inventory_path(option: Path | None) -> Path:
+    """The inventory to use: the option, else ``$FLATSHARE_INVENTORY``, else ``profiles/fleet.toml``."""
+    import os
+
+    return option or Path(os.environ.get("FLATSHARE_INVENTORY") or DEFAULT_INVENTORY)
+
+
+def resolve(inventory_path: Path, relative: str | None) -> Path | None:
+    """A path from the inventory, resolved against the inventory's directory (None stays None)."""
+    return None if relative is None else (Path(inventory_path).parent / relative)

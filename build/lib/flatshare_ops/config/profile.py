@@ -1,0 +1,505 @@
+"""The serving profile: its schema, and loading it from TOML with ``extends``.
+
+A profile is a TOML file (read with tomlkit, so ``flatshare profiles set``
+can edit it with comments kept). A profile may name a parent with
+``extends = "other.toml"`` (relative to its own directory); tables merge
+key by key, the child's values winning, so a variant states only what
+differs. The merged document is validated strictly by the pydantic models
+below: unknown keys, wrong types, out-of-range values and combinations
+known to crash are errors that name the file, the line and the key.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Annotated, Any, Literal
+
+import tomlkit
+import tomlkit.exceptions
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError, model_validator
+
+from ..common.text import control_character
+from ..errors import ProfileError
+from ..schema_errors import dotted, ordered, rule
+
+# --- value types -----------------------------------------------------------
+
+
+def _no_control_chars(value: str) -> str:
+    # docs/reference/systemd.md, "Unit file syntax": a newline in a value
+    # starts a new directive and a trailing backslash continues a line; no
+    # control character is ever wanted in a unit, so reject them all at the edge.
+    found = control_character(value)
+    if found:
+        raise ValueError(f"must not contain control character {found!r}")
+    return value
+
+
+def _absolute(value: str) -> str:
+    if not value.startswith("/"):
+        raise ValueError(f"must be an absolute path, got {value!r}")
+    return value
+
+
+Text = Annotated[str, Field(min_length=1), AfterValidator(_no_control_chars)]
+AbsPath = Annotated[Text, AfterValidator(_absolute)]
+Command = Annotated[list[Text], Field(min_length=1)]
+Seconds = Annotated[float, Field(gt=0, le=86400)]
+#: Counts (tokens, sequences, milliseconds): non-negative and within a 32-bit int.
+Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
+Positive = Annotated[int, Field(gt=0, le=2**31 - 1)]
+
+
+def _no_dollar(value: str) -> str:
+    # systemd expands $VAR in ExecStart= words, and "$$" is not undone in the
+    # program path: a program path holding "$" cannot be written reliably.
+    if "$" in value:
+        raise ValueError(f"a program path must not contain '$', got {value!r}")
+    return value
+
+
+def _command_is_absolute(argv: list[str]) -> list[str]:
+    _no_dollar(_absolute(argv[0]))
+    return argv
+
+
+ExecCommand = Annotated[Command, AfterValidator(_command_is_absolute)]
+
+
+class StrictModel(BaseModel):
+    """Base of every profile table: no unknown keys, no type coercion."""
+
+    model_config = ConfigDict(extra="forbid", strict=True, frozen=True, allow_inf_nan=False)
+
+
+# --- the tables ------------------------------------------------------------
+
+
+class MakeRoom(StrictModel):
+    """make-room's settings, passed as ``--additional-config.make_room.KEY``."""
+
+    retain_tokens: Count = Field(description="tokens of a finished turn's prefix kept on the GPU")
+    retain_s: Count = Field(description="seconds the retained prefix is kept at most")
+    hint_hold_ms: Count = Field(description="ms agents' prefill is held after a turn hint")
+    take_reservations: bool
+    decode_hold_tokens: Count = Field(description="tokens of a voice reply agents' decodes stay out of")
+    recompute_tokens: Count = Field(description="0 turns recompute off")
+
+
+class FlatshareJit(StrictModel):
+    """The JIT batch scheduler's settings, ``--additional-config.flatshare_jit.KEY``."""
+
+    margin_ms: Count
+    step_time_model: AbsPath
+
+
+class KvOffloading(StrictModel):
+    """The CPU KV tier (vLLM ``--kv-offloading-size`` GiB, ``--kv-offloading-backend``)."""
+
+    enabled: bool
+    size_gib: float = Field(gt=0, le=65536)
+    backend: Literal["native", "lmcache"]
+
+
+class Speculative(StrictModel):
+    """Speculative decoding (vLLM ``--speculative-config``): a switch, off in production.
+
+    Measured with EAGLE-3 and two drafts and kept off (docs/reference/profile-values.md#not-adopted);
+    when on, the calls' short loads are recomputed through ``make_room.recompute_tokens``.
+    """
+
+    enabled: bool
+    method: Literal["eagle3"]
+    model: AbsPath = Field(description="the draft model's path on the node")
+    num_speculative_tokens: Positive = Field(description="speculative tokens per step")
+
+    def vllm_config(self) -> dict:
+        """The ``--speculative-config`` object vLLM reads (its keys: method, model, num_speculative_tokens)."""
+        return {"method": self.method, "model": self.model, "num_speculative_tokens": self.num_speculative_tokens}
+
+
+class Engine(StrictModel):
+    """The vLLM engine: what ``vllm serve`` is started with."""
+
+    vllm_release: Annotated[str, Field(pattern=r"^\d+\.\d+\.\d+$")]
+    venv: Annotated[AbsPath, AfterValidator(_no_dollar)]
+    model: Text
+    served_model_name: Annotated[Text, Field(pattern=r"^[A-Za-z0-9._/-]+$")]
+    host: Annotated[Text, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
+    port: int = Field(ge=1, le=65535)
+    gpu_memory_utilization: float = Field(gt=0, le=1)
+    max_model_len: Positive
+    max_num_seqs: Positive
+    max_num_batched_tokens: Positive
+    enable_prefix_caching: bool
+    kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
+    async_scheduling: bool
+    attention_backend: Annotated[str, Field(pattern=r"^[A-Z0-9_]+$")]
+    scheduler_cls: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")]
+    start_timeout_s: Seconds
+    stop_timeout_s: Seconds
+    environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Text] = Field(
+        default_factory=dict
+    )
+    kv_offloading: KvOffloading
+    make_room: MakeRoom
+    flatshare_jit: FlatshareJit
+    speculative: Speculative | None = None
+
+    @model_validator(mode="after")
+    def _batch_holds_every_sequence(self) -> "Engine":
+        # vLLM's scheduler config refuses max_num_batched_tokens < max_num_seqs at start.
+        if self.max_num_batched_tokens < self.max_num_seqs:
+            raise ValueError(
+                f"max_num_batched_tokens: must be >= max_num_seqs ({self.max_num_seqs}), "
+                f"got {self.max_num_batched_tokens}; vLLM refuses to start otherwise"
+            )
+        return self
+
+    @model_validator(mode="after")
+    def _fp8_kv_crashes_with_async_and_cpu_tier(self) -> "Engine":
+        # docs/reference/profile-values.md#fp8-kv-cache: FP8 KV crashes under async scheduling with the CPU tier
+        # (a FlashInfer plan race in stock vLLM; the fix, vLLM #64165, is not merged).
+        if self.kv_cache_dtype.startswith("fp8") and self.async_scheduling and self.kv_offloading.enabled:
+            raise ValueError(
+                "kv_cache_dtype: fp8 with async_scheduling and kv_offloading crashes "
+                "(FlashInfer plan race, vLLM #64165 not merged); use kv_cache_dtype = \"auto\" "
+                "or turn off async_scheduling or kv_offloading"
+            )
+        return self
+
+
+class Module(StrictModel):
+    """Flatshare's make-room serve module, built at engine start and pinned by hash."""
+
+    name: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")]
+    directory: AbsPath
+    path: AbsPath
+    build_command: ExecCommand
+    sha256: Annotated[str, Field(pattern=r"^[0-9a-f]{64}$")]
+
+    @model_validator(mode="after")
+    def _path_inside_directory(self) -> "Module":
+        if not self.path.startswith(self.directory.rstrip("/") + "/"):
+            raise ValueError(f"path {self.path!r} must lie inside directory {self.directory!r}")
+        return self
+
+
+class Gateway(StrictModel):
+    """The HTTP gateway in front of the engine."""
+
+    command: ExecCommand
+    drain_timeout_s: Seconds
+
+
+class Voice(StrictModel):
+    """The voice worker: takes calls and announces each user turn."""
+
+    command: ExecCommand
+    turn_hints: bool
+    drain_timeout_s: Seconds = Field(description="how long a release waits for the worker's calls to end")
+    endpointing_min_s: Seconds
+    endpointing_max_s: Seconds
+
+    @model_validator(mode="after")
+    def _endpointing_ordered(self) -> "Voice":
+        if self.endpointing_min_s > self.endpointing_max_s:
+            raise ValueError(
+                f"endpointing_min_s: must be <= endpointing_max_s ({self.endpointing_max_s}), "
+                f"got {self.endpointing_min_s}"
+            )
+        return self
+
+
+class Check(StrictModel):
+    """serving-check's timer and command on each node."""
+
+    command: ExecCommand
+    interval_s: int = Field(ge=10, le=86400)
+
+
+class Layout(StrictModel):
+    """Where a node keeps units, state and runtime files, and which manager runs them."""
+
+    scope: Literal["system", "user"]
+    unit_dir: AbsPath
+    state_dir: AbsPath
+    run_dir: AbsPath
+    service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
+
+
+class Card(StrictModel):
+    """The GPU the profile is tuned for."""
+
+    name: Text
+    memory_gib: int = Field(gt=0, le=4096)
+
+
+class Profile(StrictModel):
+    """A whole serving profile, after ``extends`` is resolved."""
+
+    schema_: Literal[1] = Field(alias="schema")
+    name: Annotated[str, Field(pattern=r"^[a-z0-9][a-z0-9._-]*$")]
+    description: Text | None = None
+    card: Card
+    engine: Engine
+    module: Module
+    gateway: Gateway
+    voice: Voice
+    check: Check
+    layout: Layout
+
+    @model_validator(mode="after")
+    def _scheduler_in_module(self) -> "Profile":
+        top = self.engine.scheduler_cls.split(".", 1)[0]
+        if top != self.module.name:
+            raise ValueError(
+                f"engine.scheduler_cls {self.engine.scheduler_cls!r} is not in module {self.module.name!r}"
+            )
+        return self
+
+
+# --- loading ---------------------------------------------------------------
+
+
+@dataclass
+class LoadedProfile:
+    """A validated profile with where each of its keys came from.
+
+    Attributes:
+        profile: the validated model.
+        path: the file that was loaded (the leaf of the ``extends`` chain).
+        chain: every file read, leaf first.
+        data: the merged plain-Python document (what ``profile`` was built from).
+        origins: dotted key -> (file, line) where the winning value was written.
+    """
+
+    profile: Profile
+    path: Path
+    chain: list[Path]
+    data: dict[str, Any]
+    origins: dict[str, tuple[Path, int]] = field(default_factory=dict)
+
+    def sha256(self) -> str:
+        """sha256 (hex) of the resolved profile as canonical JSON (sorted keys).
+
+        Two profiles that resolve to the same values have the same hash, however
+        their ``extends`` chain spells them.
+        """
+        canonical = json.dumps(self.data, sort_keys=True, separators=(",", ":"))
+        return hashlib.sha256(canonical.encode()).hexdigest()
+
+
+def key_lines(text: str) -> dict[str, int]:
+    """Map each dotted key in a TOML text to the 1-based line it is written on.
+
+    A small scanner, not a parser: it follows ``[table]`` headers and
+    ``key = value`` lines, which is how profiles are written. Keys inside
+    inline tables or multi-line arrays map to the line their parent key starts on.
+    """
+    lines: dict[str, int] = {}
+    table: str = ""
+    header = re.compile(r"^\s*\[\s*([A-Za-z0-9_.\-\" ]+?)\s*\]\s*(#.*)?$")
+    assign = re.compile(r"^\s*([A-Za-z0-9_\-\"]+(?:\s*\.\s*[A-Za-z0-9_\-\"]+)*)\s*=")
+    for number, line in enumerate(text.splitlines(), start=1):
+        if m := header.match(line):
+            table = _dotted(m.group(1))
+            lines.setdefault(table, number)
+        elif m := assign.match(line):
+            key = _dotted(m.group(1))
+            lines.setdefault(f"{table}.{key}" if table else key, number)
+    return lines
+
+
+def _dotted(key: str) -> str:
+    return ".".join(part.strip().strip('"') for part in key.split("."))
+
+
+def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tuple[dict[str, Any], str]:
+    """Parse a TOML file (or ``text`` standing for it) into plain Python data.
+
+    Returns:
+        (data, the text it was parsed from).
+
+    Raises:
+        ProfileError: missing, a directory, not UTF-8, or malformed (with the line).
+    """
+    if text is None:
+        text = _read_text(path, kind)
+    try:
+        document = tomlkit.parse(text)
+        return document.unwrap(), text
+    except tomlkit.exceptions.ParseError as err:
+        raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err)}") from None
+    except tomlkit.exceptions.TOMLKitError as err:
+        # Semantic errors (a key or table defined twice) carry no line: find the key's first line.
+        line = _line_of_repeated_key(text, str(err))
+        raise ProfileError(f"{path}:{line}: malformed TOML: {err}" if line else f"{path}: malformed TOML: {err}") from None
+
+
+def _read_text(path: Path, kind: str = "profile") -> str:
+    try:
+        data = path.read_bytes()
+    except FileNotFoundError:
+        raise ProfileError(f"{path}: {kind} file not found; check the path or create it") from None
+    except IsADirectoryError:
+        raise ProfileError(f"{path}: is a directory, not a {kind} file") from None
+    except OSError as err:
+        raise ProfileError(f"{path}: cannot read {kind}: {err.strerror or err}") from None
+    try:
+        return data.decode("utf-8").removeprefix("\ufeff")
+    except UnicodeDecodeError as err:
+        line = data[: err.start].count(b"\n") + 1
+        raise ProfileError(f"{path}:{line}: not UTF-8 text (byte 0x{data[err.start]:02x}); TOML files are UTF-8") from None
+
+
+def _line_of_repeated_key(text: str, message: str) -> int:
+    match = re.search(r'[Kk]ey "([^"]+)"', message)
+    if not match:
+        return 0
+    key = match.group(1).split(".")[-1]
+    hits = [n for n, line in enumerate(text.splitlines(), 1) if re.match(rf"\s*{re.escape(key)}\s*=", line)]
+    return hits[1] if len(hits) > 1 else (hits[0] if hits else 0)
+
+
+def _parse_reason(err: tomlkit.exceptions.ParseError) -> str:
+    # tomlkit's message ends with " at line L col C"; the line is already in front.
+    return re.sub(r" at line \d+ col \d+$", "", str(err))
+
+
+def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
+    merged = dict(base)
+    for key, value in over.items():
+        if isinstance(value, dict) and isinstance(merged.get(key), dict):
+            merged[key] = _merge(merged[key], value)
+        else:
+            merged[key] = value
+    return merged
+
+
+def _flatten_keys(data: dict[str, Any], prefix: str = "") -> list[str]:
+    keys = []
+    for key, value in data.items():
+        dotted = f"{prefix}.{key}" if prefix else key
+        keys.append(dotted)
+        if isinstance(value, dict):
+            keys.extend(_flatten_keys(value, dotted))
+    return keys
+
+
+def load_document(
+    path: Path, text: str | None = None
+) -> tuple[dict[str, Any], list[Path], dict[str, tuple[Path, int]]]:
+    """Read a profile and its ``extends`` chain and merge them, without validating.
+
+    Args:
+        path: the profile file.
+        text: the profile's text, when it is not (yet) what the file holds.
+
+    Returns:
+        (merged data, chain of files leaf first, origins of each dotted key).
+
+    Raises:
+        ProfileError: a file is missing or malformed, ``extends`` is not a
+            string, or the chain has a cycle.
+    """
+    chain: list[Path] = []
+    layers: list[tuple[Path, dict[str, Any], str]] = []
+    current = Path(path)
+    while True:
+        resolved = current.resolve()
+        if resolved in [p.resolve() for p in chain]:
+            cycle = " -> ".join(str(p) for p in [*chain, current])
+            raise ProfileError(f"{chain[-1]}: extends: cycle of extends: {cycle}; remove one of the links")
+        data, text = read_toml(current, text if not chain else None)
+        chain.append(current)
+        layers.append((current, data, text))
+        parent = data.pop("extends", None)
+        if parent is None:
+            break
+        if not isinstance(parent, str) or not parent:
+            line = key_lines(text).get("extends", 0)
+            raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {parent!r}")
+        target = current.parent / parent
+        if not target.is_file():
+            line = key_lines(text).get("extends", 0)
+            raise ProfileError(
+                f"{current}:{line}: extends: profile {target} not found; fix the name or create it"
+            )
+        current = target
+
+    merged: dict[str, Any] = {}
+    origins: dict[str, tuple[Path, int]] = {}
+    for file, data, text in reversed(layers):
+        merged = _merge(merged, data)
+        lines = key_lines(text)
+        for key in _flatten_keys(data):
+            origins[key] = (file, lines.get(key, _nearest_line(lines, key)))
+    return merged, chain, origins
+
+
+def _nearest_line(lines: dict[str, int], key: str) -> int:
+    parts = key.split(".")
+    while parts:
+        parts.pop()
+        if ".".join(parts) in lines:
+            return lines[".".join(parts)]
+    return 0
+
+
+def _where(loc: tuple[Any, ...], origins: dict[str, tuple[Path, int]], leaf: Path) -> tuple[str, str]:
+    keys = [str(part) for part in loc if not isinstance(part, int)]
+    key = dotted(loc)
+    probe = list(keys)
+    while probe:
+        if ".".join(probe) in origins:
+            file, line = origins[".".join(probe)]
+            return (f"{file}:{line}" if line else str(file)), key
+        probe.pop()
+    return str(leaf), key
+
+
+def validate(data: dict[str, Any], origins: dict[str, tuple[Path, int]], leaf: Path) -> Profile:
+    """Validate merged profile data against :class:`Profile`.
+
+    Raises:
+        ProfileError: ``FILE:LINE: KEY: RULE, got VALUE`` for the first error,
+            with a count of any further errors.
+    """
+    try:
+        return Profile.model_validate(data)
+    except ValidationError as err:
+        errors = ordered(err)
+        first = errors[0]
+        loc = tuple(first["loc"])
+        named = re.match(r"(?:Value error, )?([a-z_]+): ", first["msg"])
+        if named and first["type"] == "value_error":
+            # A rule across keys names the key it is about: point at that key's line.
+            loc = (*loc, named.group(1))
+            first = {**first, "msg": first["msg"].replace(f"{named.group(1)}: ", "", 1)}
+        place, key = _where(loc, origins, leaf)
+        more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
+        prefix = f"{key}: " if key else ""
+        raise ProfileError(f"{place}: {prefix}{rule(first)}{more}") from None
+
+
+def load_profile(path: Path) -> LoadedProfile:
+    """Load, merge (``extends``) and validate a profile.
+
+    Args:
+        path: the profile's TOML file.
+
+    Returns:
+        A :class:`LoadedProfile`.
+
+    Raises:
+        ProfileError: one line naming the file, the line where known, the key and the rule.
+    """
+    path = Path(path)
+    data, chain, origins = load_document(path)
+    profile = validate(data, origins, path)
+    return LoadedProfile(profile=profile, path=path, chain=chain, data=data, origins=origins)

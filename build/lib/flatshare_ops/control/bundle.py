@@ -1,0 +1,74 @@
+"""A node's release as the checkout renders it, ready to ship, with the checkout's own switcher.
+
+``{"id", "files", "commit", "protocol", "lock_sha256", "switcher"}``: the
+release (its rendered files; its id is their digest), where it came from, and
+the flatshare-ops code that will switch the node (the checkout's
+``flatshare_ops/``, zipped), with the header the node's entry point checks
+(node/entry.py): the protocol and the sha256 of the requirements.lock whose
+dependencies the switcher needs.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import zipfile
+from functools import lru_cache
+from pathlib import Path
+
+from ..node.entry import PROTOCOL
+from ..node.store import release_id
+from ..render import render_profile
+from .git import describe
+from .targets import NodeTarget
+
+PACKAGE = Path(__file__).resolve().parents[1]
+
+
+def source(root: Path) -> Path:
+    """The flatshare_ops code to ship: the checkout's own, else (a checkout of profiles only) this installed one."""
+    own = Path(root) / "flatshare_ops"
+    return own if (own / "node" / "cli.py").is_file() else PACKAGE
+
+
+@lru_cache(maxsize=4)
+def switcher(package: Path) -> dict:
+    """The package zipped reproducibly (sorted names, fixed times; no bytecode): ``{"sha256", "zip_b64"}``."""
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        for path in sorted(package.rglob("*")):
+            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+                info = zipfile.ZipInfo(f"flatshare_ops/{path.relative_to(package).as_posix()}", (2026, 1, 1, 0, 0, 0))
+                info.external_attr = 0o644 << 16
+                info.compress_type = zipfile.ZIP_DEFLATED
+                archive.writestr(info, path.read_bytes())
+    data = buffer.getvalue()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()}
+
+
+def lock_sha256(root: Path) -> str | None:
+    """sha256 of the checkout's requirements.lock (else of the one beside this install), or None."""
+    for path in (Path(root) / "requirements.lock", PACKAGE.parent / "requirements.lock"):
+        try:
+            return hashlib.sha256(path.read_bytes()).hexdigest()
+        except OSError:
+            continue
+    return None
+
+
+def bundle(root: Path, target: NodeTarget, ship: bool = True) -> dict:
+    """The release for a node, rendered from the checkout.
+
+    Args:
+        ship: carry the checkout's switcher (over SSH); a local switch runs this very code.
+
+    Returns:
+        ``{"id": the digest of the files, "files": {name: text}, "commit": git describe or None,
+        "protocol", "lock_sha256", "switcher": {"sha256", "zip_b64"}}``.
+    """
+    files = render_profile(target.loaded).release_files()
+    payload = {"id": release_id(files), "files": files, "commit": describe(root)}
+    if ship:
+        payload.update(protocol=PROTOCOL, lock_sha256=lock_sha256(root), switcher=switcher(source(root)))
+    return payload

@@ -1,0 +1,55 @@
+"""Fleet answers: one node-side command on every chosen node, each bounded, none lost from the answer.
+
+``flatshare check``, ``status`` and ``releases`` ask each node at once (a
+thread per node); a node that cannot be reached, is slow, or answers
+something that is not JSON is reported by name as UNKNOWN (or with its
+error), and the others are still reported.
+"""
+
+from __future__ import annotations
+
+import json
+import threading
+from typing import Callable
+
+from ..errors import TransportError
+from .targets import NodeTarget
+
+
+def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) -> dict[str, dict]:
+    """Run a JSON-printing node-side command on each node; node name -> its JSON answer or ``{"error": ...}``.
+
+    Each node gets its own connection and the inventory's ``command_timeout_s``
+    (plus its connect bound); the answers come back in inventory order.
+    """
+    answers: dict[str, dict] = {}
+
+    def one(target: NodeTarget) -> None:
+        bound = target.settings.transport.command_timeout_s
+        try:
+            conn = target.connect()
+        except TransportError as err:
+            answers[target.name] = {"error": str(err)}
+            return
+        try:
+            result = conn.run(argv_for(target), timeout_s=bound)
+            try:
+                document = json.loads(result.output)
+                answers[target.name] = document if isinstance(document, dict) else {"answer": document}
+            except ValueError:
+                tail = result.output.strip().splitlines()[-1:] or ["no output"]
+                answers[target.name] = {"error": f"exit {result.status}: {tail[0]}"}
+        except TransportError as err:
+            answers[target.name] = {"error": str(err)}
+        finally:
+            conn.close()
+
+    threads = [threading.Thread(target=one, args=(t,), daemon=True) for t in targets]
+    for thread in threads:
+        thread.start()
+    for target, thread in zip(targets, threads):
+        bound = target.settings.transport.command_timeout_s + 2 * target.settings.transport.connect_timeout_s + 5
+        thread.join(bound)
+        if thread.is_alive():
+            answers[target.name] = {"error": f"{target.name}: no answer within {bound:g} s"}
+    return {t.name: answers.get(t.name, {"error": f"{t.name}: no answer"}) for t in targets}

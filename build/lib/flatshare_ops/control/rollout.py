@@ -1,0 +1,368 @@
+"""The operator's side of a release or rollback: which nodes, in what order, and what each node says.
+
+The checkout renders each node's release (:mod:`.bundle`); the switch itself
+runs on the node (:mod:`flatshare_ops.node.switch`), reached through one
+connection per node for the whole command (:mod:`.targets`). This module:
+
+- streams each node's output, bounded by the silence bound (the node prints
+  a line at least every 10 s during any wait);
+- answers the node's admission request (it asks while holding its own lock,
+  so two racing releases cannot both pass): the other nodes are probed, and
+  the node may drain only while at least ``min_serving`` of them take calls
+  and are not being released (docs/reference/release-protocol.md, "Admission to drain");
+- when the connection is lost or stalls, reconnects (bounded) and reports
+  what the node's journal and history say, never what the transport guessed;
+- on Ctrl-C or SIGTERM, leaves every node to finish what it does, prints
+  each node's state in one line and exits 130 or 143.
+"""
+
+from __future__ import annotations
+
+import json
+import sys
+import threading
+import time
+import uuid
+from pathlib import Path
+
+from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
+from ..node.cli import PROTOCOL
+from ..node.output import ReleaseOutput
+from . import commands
+from .connection import Connection, Lost, Silence
+from .targets import NodeTarget
+
+SUCCESS_RESULTS = ("released", "rolled back", "repaired")
+
+
+class OperatorInterrupted(BaseException):
+    """Ctrl-C or SIGTERM reached the operator's side (nodes are left to finish what they do)."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+
+
+class Rollout:
+    """One ``flatshare release`` or ``rollback`` run over the chosen nodes.
+
+    Args:
+        root: the checkout (releases are rendered from it).
+        chosen: the nodes to switch, in order.
+        everyone: every inventory node (the admission probes the others).
+        out: the operator's terminal.
+        mode: ``release``, ``rollback`` or ``undo-rollout``.
+        undo: the rollout to undo (mode ``undo-rollout``).
+    """
+
+    def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
+                 mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int = 1,
+                 undo: str | None = None) -> None:
+        self.root, self.chosen, self.everyone, self.out = root, chosen, everyone, out
+        self.mode, self.force, self.dry_run, self.batch_size, self.undo = mode, force, dry_run, batch_size, undo
+        self.id = uuid.uuid4().hex[:12]
+        self.settings = chosen[0].settings
+        self._connections: dict[str, Connection] = {}
+        self._lock = threading.Lock()
+        self.switching: set[str] = set()
+
+    # --- connections, one per node, shared by every command of this run ------------------------------
+
+    def connection(self, target: NodeTarget) -> Connection:
+        """The node's connection (opened on first use).
+
+        Raises:
+            TransportError: the node could not be reached within the connect bound.
+        """
+        with self._lock:
+            conn = self._connections.get(target.name)
+        if conn is None:
+            conn = target.connect()
+            with self._lock:
+                self._connections[target.name] = conn
+        return conn
+
+    def drop(self, target: NodeTarget) -> None:
+        """Forget a node's connection (lost or stalled); the next use reconnects."""
+        with self._lock:
+            conn = self._connections.pop(target.name, None)
+        if conn is not None:
+            try:
+                conn.close()
+            except Exception:
+                pass
+
+    def close(self) -> None:
+        """Close every connection."""
+        for target in list(self.everyone):
+            self.drop(target)
+
+    # --- the run ------------------------------------------------------------------------------------
+
+    def run(self) -> int:
+        """Switch the chosen nodes, ``batch_size`` at a time, stopping at the first that does not end well.
+
+        Returns:
+            The exit code: the first failing node's, else ``Exit.OK`` if any node switched,
+            else ``Exit.NOTHING_TO_DO``.
+        """
+        total = len(self.everyone)
+        if total > 1 and self.batch_size > total - self.settings.min_serving:
+            raise FlatshareError(
+                f"--batch-size {self.batch_size} would drain more than {total - self.settings.min_serving} of "
+                f"{total} nodes at once (min_serving {self.settings.min_serving}); use at most "
+                f"{max(1, total - self.settings.min_serving)}")
+        if len(self.chosen) > 1 or self.mode != "release":
+            self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
+                          + (" (dry run)" if self.dry_run else ""))
+        worst = None
+        try:
+            for i in range(0, len(self.chosen), self.batch_size):
+                batch = self.chosen[i : i + self.batch_size]
+                self._run_batch(batch)
+                failed = [t for t in batch if t.result not in (Exit.OK, Exit.NOTHING_TO_DO)]
+                if failed:
+                    worst = failed[0].result
+                    break
+        except OperatorInterrupted as stop:
+            self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
+                          "operator's side only; a node that was switching carries on and records its outcome")
+            self._summary(interrupted=True)
+            return stop.code
+        finally:
+            self.close()
+        if len(self.chosen) > 1 or worst is not None:
+            self._summary()
+        if worst is not None:
+            return worst
+        return Exit.OK if any(t.result == Exit.OK for t in self.chosen) else Exit.NOTHING_TO_DO
+
+    def _run_batch(self, batch: list[NodeTarget]) -> None:
+        if len(batch) == 1:
+            batch[0].result = self.switch(batch[0])
+            return
+        threads = [threading.Thread(target=lambda t=t: setattr(t, "result", self.switch(t)), daemon=True)
+                   for t in batch]
+        for thread in threads:
+            thread.start()
+        for thread in threads:
+            while thread.is_alive():
+                thread.join(0.2)  # in small steps: a signal reaches the main thread between them
+
+    def _summary(self, interrupted: bool = False) -> None:
+        for t in self.chosen:
+            if t.result is None and t.name in self.switching:
+                label = "switching on the node when interrupted (it carries on: 'flatshare status' follows it)"
+            elif t.result is None:
+                label = "not started"
+            elif self.dry_run and t.result == Exit.OK:
+                label = "planned (dry run)"
+            else:
+                label = EXIT_NAMES.get(t.result, f"exit {t.result}")
+            self.out.line(f"{t.name}: {label}")
+
+    # --- one node --------------------------------------------------------------------------------------
+
+    def switch(self, target: NodeTarget) -> int:
+        """Run the node's switch and report what the node says; returns its exit code."""
+        from .bundle import bundle
+
+        echo = ReleaseOutput(None, self.out.stream, prefix=f"[{target.name}] ").line
+        switch_id = uuid.uuid4().hex[:16]
+        try:
+            payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
+            conn = self.connection(target)
+            session = conn.start(commands.switch(
+                target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
+                rollback=self.mode == "rollback", undo_rollout=self.undo if self.mode == "undo-rollout" else None))
+        except TransportError as err:
+            echo(f"flatshare: {err}")
+            return err.exit_code
+        self.switching.add(target.name)
+        outcome = None
+        try:
+            session.send((json.dumps(payload) + "\n").encode())
+            for line in session.lines(self.settings.transport.silence_s):
+                if not line.startswith(PROTOCOL):
+                    echo(line)
+                    continue
+                kind, _, rest = line[len(PROTOCOL):].partition(" ")
+                try:
+                    document = json.loads(rest)
+                except ValueError:
+                    continue
+                if kind == "admit":
+                    reason = self.admission(target)
+                    session.send((json.dumps({"admit": reason is None, "reason": reason}) + "\n").encode())
+                elif kind == "outcome":
+                    outcome = document
+            status = session.exit_status(10.0)
+        except (Silence, Lost) as err:
+            echo(f"flatshare: {err}")
+            self.drop(target)
+            return self.follow_up(target, switch_id)
+        finally:
+            session.close()
+        if status is None or outcome is None:
+            echo("flatshare: the node-side command ended without its outcome (killed, or the connection closed); "
+                 "asking the node what became of the switch")
+            self.drop(target)
+            return self.follow_up(target, switch_id)
+        return status
+
+    def admission(self, target: NodeTarget) -> str | None:
+        """May ``target`` drain now? None to admit, else why not.
+
+        Asked by the node while it holds its own release lock: each other node is probed
+        (does it take calls, does a release hold it); an unreachable node counts as not
+        serving. ``target`` may drain while at least ``min_serving`` others take calls and
+        are not being released.
+        """
+        serving = []
+        for other in self.everyone:
+            if other.name == target.name:
+                continue
+            try:
+                result = self.connection(other).run(commands.probe(other.spec),
+                                                    timeout_s=self.settings.transport.command_timeout_s)
+                answer = json.loads(result.output)
+            except TransportError as err:
+                self.drop(other)
+                self.out.line(f"{other.name}: UNKNOWN: {err}")
+                continue
+            except ValueError:
+                self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
+                              f"(exit {result.status}: {result.output.strip()[-200:]})")
+                continue
+            if answer.get("locked"):
+                self.out.line(f"{other.name}: being released by {answer.get('holder')}; it may be drained")
+            elif not answer.get("takes_calls"):
+                self.out.line(f"{other.name}: does not take calls ({'; '.join(answer.get('problems') or [])})")
+            else:
+                self.out.line(f"{other.name}: takes calls, no release holds it (must stay so while "
+                              f"{target.name} drains)")
+                serving.append(other.name)
+        need = self.settings.min_serving
+        if len(serving) >= need:
+            return None
+        return (f"{len(serving)} other node(s) take calls and are not being released "
+                f"({', '.join(serving) or 'none'}); min_serving {need} must while {target.name} drains, "
+                "so that a node always takes calls")
+
+    def follow_up(self, target: NodeTarget, switch_id: str) -> int:
+        """After a lost or stalled connection: reconnect (bounded) and report what the node says of the switch."""
+        bound = self.settings.transport.reconnect_s
+        deadline = time.monotonic() + bound
+        last_error = None
+        answer = None
+        while True:
+            try:
+                result = self.connection(target).run(commands.status(target.spec, switch_id),
+                                                     timeout_s=self.settings.transport.command_timeout_s)
+                answer = json.loads(result.output)
+                if answer.get("state") != "switching":
+                    break
+            except (TransportError, ValueError) as err:
+                last_error = err
+                self.drop(target)
+            if time.monotonic() >= deadline:
+                break
+            time.sleep(1.0)
+        if answer is None:
+            self.out.line(f"{target.name}: could not ask the node what became of switch {switch_id} within "
+                          f"{bound:g} s (the reconnect bound): {last_error}. Its outcome is unknown: run "
+                          f"'flatshare status --node {target.name}'")
+            return Exit.UNREACHABLE
+        return self._report(target, switch_id, answer, bound)
+
+    def _report(self, target: NodeTarget, switch_id: str, answer: dict, bound: float) -> int:
+        state = answer.get("state")
+        name = target.name
+        if state == "recorded":
+            record = answer.get("record") or {}
+            result = record.get("result")
+            if result in SUCCESS_RESULTS:
+                self.out.line(f"{name}: the node says: {result} {record.get('target')} (switch {switch_id})")
+                return Exit.OK
+            self.out.line(f"{name}: the node says: {result} at {record.get('step')}: {record.get('reason')} "
+                          f"(switch {switch_id}); the next 'flatshare release' finishes it")
+            return Exit.FAILED
+        if state == "switching":
+            self.out.line(f"{name}: the node is still switching after {bound:g} s (the reconnect bound): "
+                          f"{answer.get('journal')}; follow it with 'flatshare status --node {name}' "
+                          "(or the node's releases/release.log)")
+            return Exit.STILL_SWITCHING
+        if state == "interrupted":
+            self.out.line(f"{name}: the node says the switch was interrupted: {answer.get('journal')}; "
+                          "the next 'flatshare release' finishes it")
+            return Exit.FAILED
+        self.out.line(f"{name}: the node has no record of switch {switch_id}: it was refused or never began "
+                      "(its releases/release.log says which)")
+        return Exit.UNREACHABLE
+
+
+def last_rollout(histories: dict[str, list[dict]], pending: dict[str, str | None]) -> str | None:
+    """The rollout of the newest switch across the fleet (an interrupted switch counts as newest on its node).
+
+    Args:
+        histories: node -> its history records (oldest first).
+        pending: node -> the rollout of its interrupted switch, if any.
+    """
+    newest, when = None, -1.0
+    for node, records in histories.items():
+        if pending.get(node):
+            return pending[node]
+        for record in records:
+            started = record.get("started_at") or 0
+            if record.get("rollout") and isinstance(started, (int, float)) and started >= when:
+                newest, when = record["rollout"], started
+    return newest
+
+
+def refuse_drift(root: Path) -> None:
+    """Refuse a release from a checkout whose rendered files drifted from its profile.
+
+    Raises:
+        Refused: the rendered files differ (the message names them and says how to fix it).
+    """
+    from ..render.checkout import drift, expected_outputs
+
+    diffs = drift(root, expected_outputs(root))
+    if diffs:
+        raise Refused(
+            f"release refused: the checkout's rendered files drifted from the profile ({', '.join(map(str, diffs))}); "
+            "run 'make profiles' to see the diff and 'make profiles UPDATE=1' to rewrite them, then commit"
+        )
+
+
+def refuse_placeholder_pins(chosen: list[NodeTarget]) -> None:
+    """Refuse, before connecting to any node, a release of a profile whose module pin is the placeholder.
+
+    Raises:
+        Refused: one line per such node's profile, saying how to pin.
+    """
+    from ..render.checkout import PLACEHOLDER_PIN
+
+    placeholders = [t for t in chosen if t.loaded.profile.module.sha256 == PLACEHOLDER_PIN]
+    if placeholders:
+        names = ", ".join(f"{t.name} ({t.profile_path})" for t in placeholders)
+        raise Refused(
+            f"release refused: the module pin is a placeholder (zeros) in the profile of {names}; pin the built "
+            "module first: 'flatshare profiles pin-module --sha256 HEX' (the hash a make-room revision publishes), "
+            "'--file PATH', or '--from-node NAME' (the module a node built), then commit and release")
+
+
+def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:
+    """Say so when the checkout has uncommitted changes (the commit is then recorded as ...-dirty)."""
+    from .git import describe
+
+    described = describe(root)
+    if described and described.endswith("-dirty"):
+        out.line(f"note: the checkout has uncommitted changes; the release is recorded as made from {described}")
+
+
+def terminal() -> ReleaseOutput:
+    """The operator's terminal, as a line sink that survives its loss."""
+    out = ReleaseOutput(None, sys.stdout)
+    out.watch_hangup()
+    return out

@@ -1,0 +1,131 @@
+"""Wheels for a node, built on the operator's machine from the checkout's requirements.lock.
+
+A node needs no compiler and no index: the operator's machine builds every
+dependency's wheel with ``pip wheel --require-hashes`` (pystemd has no
+wheels on PyPI, so it is compiled here, against this machine's libsystemd),
+plus flatshare-ops' own wheel, and writes a node lock naming each wheel file
+with its own sha256. The node installs with ``pip install --no-index
+--require-hashes`` from exactly those files. The wheels carry this machine's
+platform (Debian release, Python version, architecture): bootstrap refuses a
+node whose platform differs.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import platform
+import re
+import shutil
+import subprocess
+import sys
+import tempfile
+from dataclasses import dataclass
+from pathlib import Path
+
+from ..errors import FlatshareError
+
+CACHE = Path.home() / ".cache" / "flatshare-ops" / "wheels"
+#: pip's wheel build may compile (pystemd): bounded, generously (seconds).
+BUILD_TIMEOUT_S = 900.0
+
+
+@dataclass(frozen=True)
+class Wheels:
+    """A built set of wheels.
+
+    Attributes:
+        directory: where the wheel files and ``requirements.node.lock`` are.
+        files: the wheel file names.
+        platform: ``{"os", "os_version", "python", "machine"}`` they were built for.
+    """
+
+    directory: Path
+    files: tuple[str, ...]
+    platform: dict
+
+
+def local_platform() -> dict:
+    """This machine's Debian release, Python version and architecture (what wheels built here need)."""
+    release = {}
+    try:
+        for line in Path("/etc/os-release").read_text().splitlines():
+            key, _, value = line.partition("=")
+            release[key] = value.strip().strip('"')
+    except OSError:
+        pass
+    return {"os": release.get("ID", "?"), "os_version": release.get("VERSION_ID", "?"),
+            "python": f"{sys.version_info[0]}.{sys.version_info[1]}", "machine": platform.machine()}
+
+
+def project_dir(root: Path) -> Path:
+    """The flatshare-ops project to build: the checkout itself, else the project this code runs from.
+
+    Raises:
+        FlatshareError: neither has a pyproject.toml (an installed copy cannot build itself).
+    """
+    for candidate in (Path(root), Path(__file__).resolve().parents[2]):
+        if (candidate / "pyproject.toml").is_file() and (candidate / "flatshare_ops").is_dir():
+            return candidate
+    raise FlatshareError("bootstrap needs a flatshare-ops checkout (pyproject.toml) to build the node's wheels")
+
+
+def build(root: Path, echo=print) -> Wheels:
+    """Build the wheels a node installs: the dependencies' (cached per lock and platform) and
+    flatshare-ops' own (built fresh from the checkout each time, a few seconds).
+
+    Raises:
+        FlatshareError: no lock, or pip failed (its last line is in the message).
+    """
+    import os
+
+    project = project_dir(root)
+    lock = project / "requirements.lock"
+    if not lock.is_file():
+        raise FlatshareError(f"{lock}: not found; the node install needs the dependency lock")
+    here = local_platform()
+    key = hashlib.sha256(lock.read_bytes() + json.dumps(here, sort_keys=True).encode()).hexdigest()[:24]
+    deps = CACHE / f"deps-{key}"
+    CACHE.mkdir(parents=True, exist_ok=True)
+    if not (deps / ".complete").is_file():
+        echo(f"  building the dependencies' wheels from {lock.name} (once per lock and platform; cached in {CACHE})")
+        scratch = Path(tempfile.mkdtemp(prefix=".deps.", dir=CACHE))
+        try:
+            _pip(["wheel", "--require-hashes", "-r", str(lock), "-w", str(scratch)])
+            (scratch / ".complete").write_text(json.dumps(here, sort_keys=True) + "\n")
+            shutil.rmtree(deps, ignore_errors=True)
+            scratch.rename(deps)
+        except BaseException:
+            shutil.rmtree(scratch, ignore_errors=True)
+            raise
+    target = Path(tempfile.mkdtemp(prefix=".node.", dir=CACHE))
+    for wheel in deps.glob("*.whl"):
+        os.link(wheel, target / wheel.name)
+    _pip(["wheel", "--no-deps", str(project), "-w", str(target)])
+    node_lock = _node_lock(target)
+    (target / "requirements.node.lock").write_text(node_lock)
+    (target / "requirements.self.lock").write_text(
+        "\n".join(l for l in node_lock.splitlines() if l.startswith(("#", "flatshare-ops=="))) + "\n")
+    files = tuple(sorted(p.name for p in target.glob("*.whl")))
+    return Wheels(target, files, here)
+
+
+def _pip(args: list[str]) -> None:
+    try:
+        result = subprocess.run([sys.executable, "-m", "pip", *args, "--quiet", "--disable-pip-version-check"],
+                                capture_output=True, text=True, timeout=BUILD_TIMEOUT_S)
+    except subprocess.TimeoutExpired:
+        raise FlatshareError(f"pip {args[0]} did not finish within {BUILD_TIMEOUT_S:g} s") from None
+    if result.returncode != 0:
+        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
+        raise FlatshareError(f"pip {args[0]} failed ({tail})")
+
+
+def _node_lock(directory: Path) -> str:
+    """``name==version --hash=sha256:...`` for each wheel file: what the node installs, by its own bytes."""
+    lines = ["# The wheels this node installs, each pinned by its own sha256 (flatshare node bootstrap)."]
+    for wheel in sorted(directory.glob("*.whl")):
+        name, version = re.match(r"^([^-]+)-([^-]+)-", wheel.name).groups()
+        sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
+        lines.append(f"{name.replace('_', '-').lower()}=={version} --hash=sha256:{sha}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,92 @@
+"""The exit-code table and the error classes every command raises.
+
+Every error an operator can meet (bad profile, damaged node file, unreachable
+node, missing unit) is raised as a :class:`FlatshareError` whose message
+already reads like a colleague's note: the place, the rule, the way out
+(docs/reference/engineering-style.md). The command line prints it as one line
+and exits with the class's code from :class:`Exit`. Standard library only:
+serving-check and the node side import this module.
+
+serving-check is the exception: it exits with the Nagios plugin codes
+(:mod:`flatshare_ops.check.report`), never with these.
+"""
+
+from __future__ import annotations
+
+from enum import IntEnum
+
+
+class Exit(IntEnum):
+    """Exit codes of ``flatshare`` and ``flatshare-node`` (README.md, "Exit codes")."""
+
+    OK = 0  # released, or the command did what it was asked
+    FAILED = 1  # a release failed mid-switch (journal kept); drift; a failed verification
+    BAD_INPUT = 2  # a malformed profile, inventory, bundle or option
+    REFUSED = 3  # the command would not start: lock held, E2 drop-ins, admission, preflight
+    NOTHING_TO_DO = 4  # the node already runs what was asked, and serves
+    DAMAGED = 5  # a node file is damaged (journal, history, current link, lock record...)
+    UNREACHABLE = 6  # the node could not be reached, or the connection was lost with no answer
+    STILL_SWITCHING = 7  # the connection was lost and the node was still switching when last asked
+    SYSTEMD = 8  # the node's systemd manager did not answer
+    INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    TERMINATED = 143  # SIGTERM (128 + SIGTERM)
+
+
+#: What each code means, for summaries (``cyan: refused``).
+EXIT_NAMES = {
+    Exit.OK: "released",
+    Exit.FAILED: "failed mid-switch (journal kept)",
+    Exit.BAD_INPUT: "bad input",
+    Exit.REFUSED: "refused",
+    Exit.NOTHING_TO_DO: "nothing to do",
+    Exit.DAMAGED: "damaged node state",
+    Exit.UNREACHABLE: "unreachable",
+    Exit.STILL_SWITCHING: "still switching",
+    Exit.SYSTEMD: "systemd did not answer",
+    Exit.INTERRUPTED: "interrupted",
+    Exit.TERMINATED: "terminated",
+}
+
+
+class FlatshareError(Exception):
+    """An operator-facing error: ``str(err)`` is the whole one-line message.
+
+    ``exit_code`` is what the command line exits with (bad input unless a
+    subclass says otherwise).
+    """
+
+    exit_code: int = Exit.BAD_INPUT
+
+
+class ProfileError(FlatshareError):
+    """A profile or inventory file is missing, malformed, or breaks a schema rule."""
+
+
+class Refused(FlatshareError):
+    """The command will not start; nothing was changed (or only calls were given back)."""
+
+    exit_code = Exit.REFUSED
+
+
+class SwitchFailed(FlatshareError):
+    """A switch stopped early; its journal is kept and the next release finishes it."""
+
+    exit_code = Exit.FAILED
+
+
+class NodeStateError(FlatshareError):
+    """A file the node keeps is damaged: the message names the file, the damage and what to do."""
+
+    exit_code = Exit.DAMAGED
+
+
+class TransportError(FlatshareError):
+    """A node could not be reached over SSH, or the connection failed with no answer from the node."""
+
+    exit_code = Exit.UNREACHABLE
+
+
+class SystemdError(FlatshareError):
+    """The node's systemd manager could not be reached, did not answer in time, or refused a request."""
+
+    exit_code = Exit.SYSTEMD

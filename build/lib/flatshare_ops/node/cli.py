@@ -1,0 +1,236 @@
+"""``flatshare-node``: the node's side of every command, run by the operator's side (locally or over SSH).
+
+argparse and the standard library at start (the switch imports more only
+when it runs), so that the node's side costs little to start. Commands:
+
+- ``switch``: carry out a release, a rollback or a rollout's undo. stdin: the
+  release bundle as one JSON line (``{}`` for a rollback), then the operator's
+  answers to admission requests. stdout: progress lines, and protocol lines
+  starting with ``::flatshare:`` (an ``admit`` request; the ``outcome``).
+- ``status`` (``--switch ID``: what became of one switch), ``history``,
+  ``probe`` (does this node take calls, does a release hold it): one JSON
+  document each.
+
+Exit codes are :class:`flatshare_ops.errors.Exit`'s.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import select
+import signal
+import sys
+import time
+from pathlib import Path
+
+from ..errors import Exit, FlatshareError
+
+#: Protocol lines start with this (the operator's side reads them; people never see them).
+PROTOCOL = "::flatshare:"
+#: How long the node waits for the operator's answer to an admission request (seconds).
+ADMISSION_TIMEOUT_S = 60.0
+
+
+class _Stdin:
+    """Lines from stdin read without Python's buffering, each read bounded."""
+
+    def __init__(self) -> None:
+        self.buffer = b""
+        self.closed = False
+
+    def line(self, timeout_s: float) -> str | None:
+        """The next line, or None at end of input or after ``timeout_s`` seconds."""
+        deadline = time.monotonic() + timeout_s
+        while b"\n" not in self.buffer and not self.closed:
+            left = deadline - time.monotonic()
+            if left <= 0:
+                return None
+            ready, _, _ = select.select([0], [], [], left)
+            if ready:
+                chunk = os.read(0, 1 << 20)
+                if not chunk:
+                    self.closed = True
+                self.buffer += chunk
+        if b"\n" in self.buffer:
+            line, _, self.buffer = self.buffer.partition(b"\n")
+            return line.decode(errors="replace")
+        if self.buffer:
+            line, self.buffer = self.buffer, b""
+            return line.decode(errors="replace")
+        return None
+
+
+def _parser() -> argparse.ArgumentParser:
+    parser = argparse.ArgumentParser(prog="flatshare-node", description="The node's side of flatshare-ops.")
+    sub = parser.add_subparsers(dest="command", required=True)
+    for name, text in (("switch", "switch this node (bundle on stdin)"), ("status", "this node's state as JSON"),
+                       ("history", "this node's release history as JSON"),
+                       ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
+                       ("module", "the serve module this node built (path, sha256), as JSON"),
+                       ("hold", "an operator's hold on this node (flatshare lock), as JSON")):
+        p = sub.add_parser(name, help=text)
+        p.add_argument("--node", required=True, help="this node's name")
+        p.add_argument("--state-dir", required=True, type=Path, help="the node's state directory")
+        p.add_argument("--scope", choices=("system", "user"), default="system", help="its systemd manager")
+        p.add_argument("--runtime-dir", type=Path, default=None, help="a user manager's XDG_RUNTIME_DIR")
+        if name == "switch":
+            p.add_argument("--force", action="store_true", help="release even with E2 drop-ins linked")
+            p.add_argument("--dry-run", action="store_true", help="decide and print; change nothing")
+            p.add_argument("--rollback", action="store_true", help="roll back by the node's rule")
+            p.add_argument("--undo-rollout", default=None, help="go back to what ran before this rollout")
+            p.add_argument("--switch-id", default="", help="this switch's id (the operator's)")
+            p.add_argument("--rollout", default=None, help="the rollout this switch belongs to")
+            p.add_argument("--bundle-file", type=Path, default=None,
+                           help="the bundle, read from this file (the entry point's) instead of stdin's first line")
+        if name == "status":
+            p.add_argument("--switch", default=None, help="what became of this switch")
+        if name == "module":
+            p.add_argument("--path", default=None, help="the module file (default: the active release's)")
+        if name == "hold":
+            p.add_argument("--acquire", metavar="MESSAGE", default=None, help="hold the node, saying why")
+            p.add_argument("--who", default=None, help="who holds it (default user@host)")
+            p.add_argument("--release", action="store_true", help="lift the hold")
+    return parser
+
+
+def _context(args):
+    from ..systemd import ManagerAddress
+    from .context import NodeContext
+
+    return NodeContext(args.node, args.state_dir, ManagerAddress(args.scope, args.runtime_dir))
+
+
+def _emit(kind: str, document: dict) -> None:
+    """A protocol line on stdout (never in release.log)."""
+    try:
+        os.write(1, f"{PROTOCOL}{kind} {json.dumps(document)}\n".encode())
+    except OSError:
+        pass  # the operator is gone; the switch goes on
+
+
+def _on_sigterm(_signum, _frame):
+    from .switch import Interrupted
+
+    raise Interrupted("SIGTERM")
+
+
+def switch(args) -> int:
+    """``flatshare-node switch``: read the request, run it, print the outcome."""
+    from .output import ReleaseOutput
+    from .switch import Request, switch_node, validate_bundle
+
+    ctx = _context(args)
+    stdin = _Stdin()
+    mode = "undo-rollout" if args.undo_rollout else "rollback" if args.rollback else "release"
+    if args.bundle_file is not None:
+        try:
+            first = args.bundle_file.read_text()
+            if not str(args.bundle_file).startswith("/dev/fd/"):
+                args.bundle_file.unlink()
+        except OSError as err:
+            raise FlatshareError(f"node switch: cannot read the bundle {args.bundle_file} ({err})") from None
+    else:
+        first = stdin.line(30.0)
+    if mode == "release" and not first:
+        raise FlatshareError("node switch: a release needs its bundle as the first line of stdin")
+    try:
+        bundle = json.loads(first) if first else None
+    except ValueError:
+        raise FlatshareError('node switch: stdin is not JSON; expected a release bundle {"id", "files"}') from None
+    request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
+                      dry_run=args.dry_run,
+                      switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout)
+    ctx.releases.mkdir(parents=True, exist_ok=True)
+    out = ReleaseOutput(None if args.dry_run else ctx.log_path, nonblocking=True)
+    out.watch_hangup()
+
+    def admit(plan) -> str | None:
+        out.line(f"{ctx.node}: asking the operator's side for admission to drain")
+        _emit("admit", {"node": ctx.node, "switch": request.switch, "dry_run": args.dry_run})
+        answer = stdin.line(ADMISSION_TIMEOUT_S)
+        if answer is None:
+            return (f"no answer to the admission request within {ADMISSION_TIMEOUT_S:g} s "
+                    "(run releases through 'flatshare release', which asks the other nodes)")
+        try:
+            document = json.loads(answer)
+        except ValueError:
+            return f"the admission answer was not JSON ({answer[:80]!r})"
+        if document.get("admit") is True:
+            return None
+        return str(document.get("reason") or "refused by the operator's side")
+
+    try:
+        code = switch_node(ctx, request, out, admit)
+        message = None
+    except FlatshareError as err:
+        out.line(f"flatshare: {err}")
+        code, message = err.exit_code, str(err)
+    except BaseException as err:  # an interrupt before the switch began: nothing was changed
+        from .switch import Interrupted
+
+        if not isinstance(err, (KeyboardInterrupt, Interrupted)):
+            raise
+        name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
+        out.line(f"flatshare: interrupted by {name} before the switch began; nothing was changed")
+        code = Exit.TERMINATED if name == "SIGTERM" else Exit.INTERRUPTED
+        message = f"interrupted by {name}"
+    finally:
+        out.close()
+    _emit("outcome", {"switch": request.switch, "code": int(code), "message": message})
+    return int(code)
+
+
+def main(argv: list[str] | None = None) -> None:
+    """Console-script entry point: exit with :class:`Exit`'s code; an operator error is one line, never a traceback."""
+    args = _parser().parse_args(argv)
+    signal.signal(signal.SIGTERM, _on_sigterm)
+    try:
+        if args.command == "switch":
+            code = switch(args)
+        elif args.command == "status":
+            from .status import node_status, switch_state
+
+            ctx = _context(args)
+            print(json.dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
+            code = 0
+        elif args.command == "history":
+            from .switch import read_history
+
+            hist = read_history(_context(args))
+            print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))
+            code = 0
+        elif args.command == "hold":
+            from . import hold
+
+            ctx = _context(args)
+            code = 0
+            if args.acquire is not None:
+                answer = {"held": True, "hold": hold.acquire(ctx, args.acquire, args.who)}
+            elif args.release:
+                lifted = hold.release(ctx)
+                answer = {"held": False, "lifted": lifted}
+                code = 0 if lifted else int(Exit.NOTHING_TO_DO)
+            else:
+                current = hold.read_hold(ctx)
+                answer = {"held": current is not None, "hold": current}
+            print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
+        elif args.command == "module":
+            from .probe import built_module
+
+            print(json.dumps(built_module(_context(args), args.path), sort_keys=True))
+            code = 0
+        else:
+            from .probe import probe
+
+            print(json.dumps(probe(_context(args)), sort_keys=True))
+            code = 0
+    except FlatshareError as err:
+        print(f"flatshare-node: {err}", file=sys.stderr if args.command != "switch" else sys.stdout)
+        code = err.exit_code
+    sys.exit(code)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,182 @@
+"""``flatshare-node``: the small, stable entry point a node keeps; the switcher itself comes with each release.
+
+A node must never switch with older or newer code than the release was
+reviewed with. So the operator's side ships the checkout's flatshare-ops
+inside the release bundle (the switcher), and this entry point, installed
+once by ``flatshare node bootstrap``, only:
+
+1. reads the bundle's header: ``protocol`` (what this entry point can run:
+   :data:`PROTOCOL`) and ``lock_sha256`` (the sha256 of the checkout's
+   requirements.lock, which must be the lock this node's venv was installed
+   from); anything it cannot run is refused in one line, exit 3;
+2. unpacks the switcher into ``releases/.switchers/SHA256/`` (checked against
+   its sha256; kept, content-addressed), and
+3. runs it with this venv's interpreter and dependencies.
+
+Commands without a bundle (status, history, probe, rollback...) run the
+switcher of the node's active release (a rollback runs the switcher of the
+release it leaves), or the installed code when there is none. Standard
+library only, and kept small: its protocol is the contract between every
+checkout and every node.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import os
+import shutil
+import sys
+import tempfile
+import zipfile
+from pathlib import Path
+
+#: The bundle protocol this entry point runs. Raise it only for a change an older entry point cannot run.
+PROTOCOL = 1
+#: Runs the switcher: argv[1] is the switcher directory ("" for the installed code).
+BOOT = ("import sys; d = sys.argv[1]; sys.argv = ['flatshare-node'] + sys.argv[2:]; "
+        "d and sys.path.insert(0, d); from flatshare_ops.node.cli import main; main()")
+REFUSED = 3
+BAD_INPUT = 2
+
+
+def installed_lock_sha256() -> str | None:
+    """sha256 of the requirements.lock this venv was installed from (kept beside the venv), or None."""
+    path = Path(sys.prefix).parent / "requirements.lock"
+    try:
+        return hashlib.sha256(path.read_bytes()).hexdigest()
+    except OSError:
+        return None
+
+
+def _option(argv: list[str], name: str) -> str | None:
+    for i, word in enumerate(argv):
+        if word == name and i + 1 < len(argv):
+            return argv[i + 1]
+        if word.startswith(name + "="):
+            return word.split("=", 1)[1]
+    return None
+
+
+def _first_line() -> bytes:
+    """stdin's first line, read without buffering past it (the admission answers come later on stdin)."""
+    data = b""
+    while not data.endswith(b"\n"):
+        chunk = os.read(0, 1)
+        if not chunk:
+            break
+        data += chunk
+    return data
+
+
+def _refuse(message: str, code: int = REFUSED) -> None:
+    print(f"flatshare-node: {message}", flush=True)
+    print('::flatshare:outcome ' + json.dumps({"code": code, "message": message}), flush=True)
+    sys.exit(code)
+
+
+def unpack(releases: Path, switcher: dict) -> Path:
+    """Unpack a shipped switcher into ``releases/.switchers/SHA256/`` (once); returns that directory.
+
+    Raises:
+        ValueError: the zip does not match its sha256, or is not a zip of ``flatshare_ops/``.
+    """
+    data = base64.b64decode(switcher["zip_b64"], validate=True)
+    digest = hashlib.sha256(data).hexdigest()
+    if digest != switcher.get("sha256"):
+        raise ValueError(f"the shipped switcher's sha256 is {digest}, not {switcher.get('sha256')}")
+    target = releases / ".switchers" / digest
+    if (target / "flatshare_ops" / "node" / "cli.py").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.", dir=target.parent))
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            for name in archive.namelist():
+                if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):
+                    raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
+            archive.extractall(scratch)
+        os.replace(scratch, target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        if not (target / "flatshare_ops").is_dir():
+            raise
+    return target
+
+
+def active_switcher(releases: Path) -> Path | None:
+    """The switcher the active release was switched with (``releases/current/switcher``), if still unpacked."""
+    try:
+        digest = (releases / "current" / "switcher").read_text().strip()
+    except OSError:
+        return None
+    directory = releases / ".switchers" / digest
+    return directory if len(digest) == 64 and (directory / "flatshare_ops").is_dir() else None
+
+
+def _run(switcher: Path | None, argv: list[str]) -> None:
+    env = dict(os.environ)
+    if switcher is not None:
+        env["FLATSHARE_SWITCHER"] = switcher.name
+    os.execve(sys.executable, [sys.executable, "-c", BOOT, str(switcher or ""), *argv], env)
+
+
+def main() -> None:
+    """Console-script entry point (``flatshare-node COMMAND --node ... --state-dir ...``)."""
+    argv = sys.argv[1:]
+    state_dir = _option(argv, "--state-dir")
+    releases = Path(state_dir) / "releases" if state_dir else None
+    if not argv or argv[0] != "switch" or releases is None or _option(argv, "--rollback") is not None \
+            or "--rollback" in argv or _option(argv, "--undo-rollout") is not None:
+        _run(active_switcher(releases) if releases is not None else None, argv)
+    line = _first_line()
+    try:
+        bundle = json.loads(line) if line.strip() else {}
+    except ValueError:
+        _refuse('node switch: stdin is not JSON; expected a release bundle {"id", "files"}', BAD_INPUT)
+    if not isinstance(bundle, dict):
+        _refuse('node switch: the release bundle must be {"id": ..., "files": {...}}', BAD_INPUT)
+    protocol = bundle.get("protocol", 1)
+    if not isinstance(protocol, int) or protocol > PROTOCOL:
+        _refuse(f"release refused: the release's switcher speaks protocol {protocol}, this node's entry point "
+                f"runs protocol {PROTOCOL} at most; update the node: 'flatshare node bootstrap --node NAME' "
+                "from that checkout")
+    switcher = None
+    if "switcher" in bundle:
+        lock = installed_lock_sha256()
+        if bundle.get("lock_sha256") != lock:
+            _refuse(f"release refused: the release's switcher needs the dependencies of a requirements.lock with "
+                    f"sha256 {bundle.get('lock_sha256')}, this node's venv was installed from {lock or 'no lock'}; "
+                    "install them: 'flatshare node bootstrap --node NAME' from that checkout")
+        try:
+            releases.mkdir(parents=True, exist_ok=True)
+            switcher = unpack(releases, bundle["switcher"])
+        except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
+            _refuse(f"node switch: the shipped switcher is damaged ({err})", BAD_INPUT)
+        except OSError as err:
+            _refuse(f"release refused: cannot unpack the switcher into {releases} ({err.strerror or err})")
+        bundle = {k: v for k, v in bundle.items() if k != "switcher"}
+    _run(switcher, [*argv, *_hand_over(releases, json.dumps(bundle).encode())])
+
+
+def _hand_over(releases: Path, data: bytes) -> list[str]:
+    """Pass the bundle (its switcher stripped) to the switcher: through a pipe when it fits the pipe's
+    buffer (nothing written to disk), else through a file in ``releases/.incoming/``."""
+    if len(data) < 60000:
+        read_fd, write_fd = os.pipe()
+        os.write(write_fd, data)
+        os.close(write_fd)
+        os.set_inheritable(read_fd, True)
+        return ["--bundle-file", f"/dev/fd/{read_fd}"]
+    incoming = releases / ".incoming"
+    incoming.mkdir(parents=True, exist_ok=True)
+    fd, path = tempfile.mkstemp(prefix="bundle.", suffix=".json", dir=incoming)
+    with os.fdopen(fd, "wb") as f:
+        f.write(data)
+    return ["--bundle-file", path]
+
+
+if __name__ == "__main__":
+    main()

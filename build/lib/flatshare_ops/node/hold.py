@@ -1,0 +1,81 @@
+"""An operator's hold on a node (``flatshare lock``): a record, not a held file lock, as Kamal's lock is.
+
+``releases/hold.json`` says who holds the node, since when and why (``-m``,
+e.g. "E2 benchmark"). While it is there, releases and rollbacks to the node
+are refused with its message. It is not a drain: the node keeps serving, and
+other nodes' releases do not count it as being released (adr/0007).
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import socket
+import time
+
+from ..common import durable
+from ..common.clock import utc_stamp
+from ..common.files import Damaged, read_json_object
+from ..errors import NodeStateError, Refused
+from .context import NodeContext
+
+HOLD = "hold.json"
+
+
+def read_hold(ctx: NodeContext) -> dict | None:
+    """The hold on the node, or None.
+
+    Raises:
+        NodeStateError: ``hold.json`` is damaged (the message says how to clear it).
+    """
+    path = ctx.releases / HOLD
+    try:
+        hold = read_json_object(path)
+    except Damaged as err:
+        raise NodeStateError(f"{err}: the operator's hold record is damaged; see who held the node, then remove "
+                             f"it (rm {path}) or run 'flatshare lock release --node {ctx.node}'") from None
+    return hold
+
+
+def describe(hold: dict) -> str:
+    """``root@laptop since 2026-...: E2 benchmark``."""
+    since = hold.get("since")
+    when = utc_stamp(since) if isinstance(since, (int, float)) else "?"
+    return f"{hold.get('who', '?')} since {when}: {hold.get('message', '')}"
+
+
+def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
+    """Record a hold on the node.
+
+    Raises:
+        Refused: the node is already held (the message names the hold).
+        OSError: the record could not be written.
+    """
+    current = read_hold(ctx)
+    if current is not None:
+        raise Refused(f"lock refused: {ctx.node} is already held by {describe(current)}")
+    hold = {"schema": 1, "who": who or f"{getpass.getuser()}@{socket.gethostname()}", "since": time.time(),
+            "message": message}
+    ctx.releases.mkdir(parents=True, exist_ok=True)
+    durable.write_atomic(ctx.releases / HOLD, (json.dumps(hold, sort_keys=True) + "\n").encode())
+    return hold
+
+
+def release(ctx: NodeContext) -> dict | None:
+    """Lift the hold; returns the hold that was lifted, or None when there was none."""
+    current = read_hold(ctx)
+    if current is not None:
+        durable.remove(ctx.releases / HOLD)
+    return current
+
+
+def refuse_if_held(ctx: NodeContext, action: str) -> None:
+    """Refuse a release or rollback of a held node.
+
+    Raises:
+        Refused: the node is held (its message, and how to lift the hold).
+    """
+    hold = read_hold(ctx)
+    if hold is not None:
+        raise Refused(f"{action} refused: {ctx.node} is held by {describe(hold)}; "
+                      f"'flatshare lock release --node {ctx.node}' lifts the hold")

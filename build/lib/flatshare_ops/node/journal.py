@@ -1,0 +1,120 @@
+"""``releases/switching.json``: the journal of a switch in progress.
+
+Written before a switch starts and after every step, atomically (temporary
+file, fsync, rename, fsync of the directory), so a killed or disconnected run
+leaves a journal that says exactly where it stopped; the next release
+finishes that switch first. Removed when the switch is recorded in the history.
+The format is a contract (``schema``), described in releases/README.md.
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Literal
+
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from ..common import durable
+from ..common.node_files import JOURNAL, RELEASES
+from ..common.files import Damaged, read_bytes
+from ..errors import NodeStateError
+from ..schema_errors import one_line
+
+StepState = Literal["pending", "running", "done", "failed"]
+
+
+class JournalError(NodeStateError):
+    """The journal is unreadable: corrupt, truncated or of an unknown schema."""
+
+
+class StepRecord(BaseModel):
+    """One step of the switch and how far it got."""
+
+    model_config = ConfigDict(extra="forbid")
+    name: str
+    state: StepState = "pending"
+    at: float | None = None  # Unix seconds of the last change
+    error: str | None = None
+
+
+class Journal(BaseModel):
+    """The journal of one switch (schema 2; schema-1 journals, without the ids, read the same)."""
+
+    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    schema_: Literal[1, 2] = Field(default=2, alias="schema")
+    switch: str | None = None  # this switch's id (history records carry it too)
+    rollout: str | None = None  # the operator's rollout this switch belongs to
+    commit: str | None = None  # the checkout the release was rendered from
+    from_: str | None = Field(alias="from")  # the active release when the switch began
+    to: str
+    node: str
+    host: str
+    pid: int
+    user: str
+    started_at: float
+    forced: bool = False
+    resumed: int = 0
+    kind: Literal["release", "rollback", "repair", "resume"] = "release"
+    steps: list[StepRecord]
+
+    def step(self, name: str) -> StepRecord:
+        """The record of step ``name``."""
+        return next(s for s in self.steps if s.name == name)
+
+
+def journal_path(state_dir: Path) -> Path:
+    """``STATE_DIR/releases/switching.json``."""
+    return Path(state_dir) / RELEASES / JOURNAL
+
+
+def read_journal(state_dir: Path) -> Journal | None:
+    """The journal of an unfinished switch, or None when there is none.
+
+    Raises:
+        JournalError: the file exists but is not a valid journal (empty, torn,
+            not JSON, wrong shape, a directory or link, unreadable); the message
+            names the damage and says what to do. It is never silently ignored
+            or overwritten.
+    """
+    path = journal_path(state_dir)
+    advice = (f"a switch was interrupted on this node. Check the node (flatshare status), then move the file "
+              f"aside (mv {path} {path}.bad) and run 'flatshare release' to switch the node again")
+    try:
+        raw = read_bytes(path)
+    except Damaged as err:
+        raise JournalError(f"{path}: damaged journal: {err.form}; {advice}") from None
+    if raw is None:
+        return None
+    try:
+        return Journal.model_validate_json(raw)
+    except ValidationError as err:
+        raise JournalError(f"{path}: corrupt or truncated journal ({one_line(err)}); {advice}") from None
+
+
+def write_journal(state_dir: Path, journal: Journal) -> None:
+    """Write the journal atomically (temporary file, fsync, rename, fsync of the directory)."""
+    path = journal_path(state_dir)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    durable.write_atomic(path, (journal.model_dump_json(by_alias=True, indent=2) + "\n").encode())
+
+
+def mark(state_dir: Path, journal: Journal, name: str, state: StepState, error: str | None = None) -> None:
+    """Record that step ``name`` is now ``state`` and write the journal."""
+    record = journal.step(name)
+    record.state, record.at, record.error = state, time.time(), error
+    write_journal(state_dir, journal)
+
+
+def remove_journal(state_dir: Path) -> None:
+    """Remove the journal (the switch is recorded in the history) and fsync the directory."""
+    durable.remove(journal_path(state_dir))
+
+
+def journal_summary(journal: Journal) -> str:
+    """One line: from, to, and how far it got."""
+    done = [s.name for s in journal.steps if s.state == "done"]
+    failed = [s for s in journal.steps if s.state == "failed"]
+    stopped = f", failed at {failed[0].name}" if failed else ""
+    return (f"switch {journal.from_} -> {journal.to} by {journal.user}@{journal.host} pid {journal.pid}, "
+            f"{len(done)}/{len(journal.steps)} steps done" + (f" (last: {done[-1]})" if done else "") + stopped)

@@ -1,0 +1,76 @@
+"""The node's release lock: an fcntl lock the kernel frees when its holder dies, and a note of who holds it.
+
+The lock itself is ``releases/.lock``, taken with filelock (``flock(2)``).
+Whether it is held is read from the kernel (``/proc/locks``), never from a
+pid written in a file, and reading it never takes it (:func:`held_by`).
+``releases/lock.json`` only tells people who holds it and why.
+"""
+
+from __future__ import annotations
+
+import getpass
+import json
+import os
+import socket
+import time
+from contextlib import contextmanager
+from typing import Iterator
+
+from filelock import FileLock, Timeout
+
+from ..common import durable
+from ..common.clock import utc_stamp
+from ..common.files import Damaged, read_json_object
+from ..common.locks import held_by
+from ..errors import Refused
+from .context import NodeContext
+
+
+def holder_record(ctx: NodeContext) -> dict:
+    """``lock.json``'s details (who, which release, since when), or {} when missing or damaged."""
+    try:
+        return read_json_object(ctx.holder_path) or {}
+    except Damaged:
+        return {}
+
+
+def describe_holder(record: dict, pid: int | None) -> str:
+    """``root@host pid 123 (release X, since 2026-...)`` for messages."""
+    since = record.get("started_at")
+    when = utc_stamp(since) if isinstance(since, (int, float)) else "unknown time"
+    return (f"{record.get('user', '?')}@{record.get('host', '?')} pid {pid if pid is not None else record.get('pid')} "
+            f"(release {record.get('release', '?')}, since {when})")
+
+
+@contextmanager
+def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterator[None]:
+    """Hold the node's release lock, with the holder's details beside it.
+
+    The lock is an fcntl lock (filelock), released by the kernel when its
+    holder dies, so a dead holder never blocks; its ``lock.json`` is then stale
+    and simply overwritten.
+
+    Raises:
+        Refused: another live process holds it (the message gives its details).
+    """
+    ctx.releases.mkdir(parents=True, exist_ok=True)
+    lock = FileLock(str(ctx.lock_path))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        who = describe_holder(holder_record(ctx), held_by(ctx.lock_path))
+        raise Refused(f"{action} refused: {ctx.node} is being released by {who}; wait for it to finish") from None
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
+              "release": release, "started_at": time.time()}
+    try:
+        try:
+            durable.write_atomic(ctx.holder_path, (json.dumps(holder) + "\n").encode())
+        except OSError:
+            pass  # lock.json only informs people; the kernel's lock is what holds
+        yield
+    finally:
+        try:
+            durable.remove(ctx.holder_path)
+        except OSError:
+            pass
+        lock.release()

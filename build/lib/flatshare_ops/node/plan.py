@@ -1,0 +1,223 @@
+"""The plan of a node switch: a pure function of the old and the new release.
+
+As NixOS's switch-to-configuration does (docs/reference/engineering-style.md):
+the two releases' units are compared by meaning (:mod:`common.unit_file`:
+parsed as systemd parses them, ``Description=`` and friends ignored, an
+``ExecStart`` re-quoted to the same argv equal), and what a changed unit
+costs is read from the unit itself (``X-Flatshare-Change=``), not from name
+lists here:
+
+============== ============================================================
+class          what the switch does when a unit of this class changes
+============== ============================================================
+switch         the whole switch: drain voice and gateway, restart the engine
+drain-gateway  the gateway's own drain (stop, 503 + Retry-After) and start
+drain-voice    voice drain, restart the worker, end the drain
+restart        restart that unit; no drain
+start          start that unit; no drain
+none           install the file and daemon-reload; nothing restarts
+============== ============================================================
+
+The engine's vLLM release, venv and module pin live in serving.json, not in
+a unit: a change there is a ``switch`` too. Finishing an interrupted switch,
+a repair and a node's first release are whole switches that restart every
+managed service. ``--dry-run`` prints :func:`describe`; :mod:`.switch` is
+the only place that carries a plan out.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from ..common import unit_file
+from ..common.units import ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT
+from .steps import STEPS, STEP_BY_NAME
+
+#: Change classes, cheapest last; a unit without ``X-Flatshare-Change=`` is a ``switch``.
+CHANGE_CLASSES = ("switch", "drain-gateway", "drain-voice", "restart", "start", "none")
+#: serving.json fields whose change means restarting the engine (the whole switch).
+ENGINE_FIELDS = (("vllm_release",), ("module", "sha256"), ("module", "path"), ("engine", "venv"),
+                 ("engine", "argv"), ("engine", "url"))
+#: The steps each class needs (besides the ones every switch runs: see :data:`ALWAYS`).
+_CLASS_STEPS = {
+    "switch": ("drain-voice", "stop-gateway", "restart-engine", "start-gateway", "end-voice-drain"),
+    "drain-gateway": ("stop-gateway", "start-gateway"),
+    "drain-voice": ("drain-voice", "restart-voice", "end-voice-drain"),
+    "restart": (),
+    "start": (),
+    "none": (),
+}
+#: Steps every switch runs.
+ALWAYS = ("install-units", "apply-units", "switch-current", "serving-check", "record-history")
+
+
+@dataclass(frozen=True)
+class ReleaseView:
+    """What a plan needs of a release.
+
+    Attributes:
+        id: the release id.
+        units: unit name -> unit file text.
+        serving: the release's serving.json (a dict).
+    """
+
+    id: str
+    units: dict[str, str]
+    serving: dict
+
+    @property
+    def argv(self) -> list[str]:
+        """The engine's command line."""
+        return list(self.serving.get("engine", {}).get("argv", []))
+
+
+@dataclass
+class Plan:
+    """A switch of one node, ready to print or to carry out.
+
+    Attributes:
+        node: the node's name.
+        from_id: the active release's id (None on a node's first release).
+        to_id: the new release's id.
+        kind: ``release``, ``rollback`` or ``repair`` (what the history will call it).
+        resume: finishing (or, for a rollback, abandoning) an interrupted switch.
+        steps: the step names, in table order.
+        units: unit name -> action (``restart``, ``start``, ``stop``, ``update`` (file only),
+            ``remove``, ``unchanged``).
+        reasons: why the engine restarts or what changed, one line each.
+        flag_changes: engine flags that change, ``--flag: old -> new``.
+    """
+
+    node: str
+    from_id: str | None
+    to_id: str
+    kind: str
+    steps: list[str]
+    units: dict[str, str]
+    reasons: list[str] = field(default_factory=list)
+    flag_changes: list[str] = field(default_factory=list)
+    resume: bool = False
+
+    @property
+    def drains(self) -> bool:
+        """Whether the switch takes the node out of calls (a voice drain or a gateway stop)."""
+        return any(STEP_BY_NAME[s].drains for s in self.steps)
+
+
+def _field(document: dict, path: tuple[str, ...]) -> object:
+    for key in path:
+        document = document.get(key, {}) if isinstance(document, dict) else {}
+    return document
+
+
+def unit_changes(old: dict[str, str], new: dict[str, str]) -> dict[str, str]:
+    """Per unit: ``changed`` (by meaning), ``text`` (only the text: comments, Description=...),
+    ``added``, ``removed`` or ``same``.
+
+    A unit that cannot be read as systemd would counts as ``changed``.
+    """
+    result: dict[str, str] = {}
+    for name, text in new.items():
+        if name not in old:
+            result[name] = "added"
+        elif old[name] == text:
+            result[name] = "same"
+        else:
+            try:
+                same = unit_file.meaning(old[name]) == unit_file.meaning(text)
+            except unit_file.UnitSyntaxError:
+                same = False
+            result[name] = "text" if same else "changed"
+    for name in old:
+        if name not in new:
+            result[name] = "removed"
+    return result
+
+
+def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
+    actions = {}
+    for name, text in new.items():
+        cls = unit_file.change_class(text)
+        actions[name] = {"switch": "restart", "drain-gateway": "restart", "drain-voice": "restart",
+                         "restart": "restart", "start": "start", "none": "update"}.get(cls, "restart")
+    return actions
+
+
+def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "release", flag_changes=None,
+         resume: bool = False) -> Plan:
+    """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
+
+    Args:
+        kind: ``release``, ``rollback`` or ``repair``; a repair is a whole switch.
+        flag_changes: a function ``(old view or None, new view) -> lines`` naming the engine
+            flags that change (:func:`common.engine_argv.changes`); None to list none.
+        resume: finishing or abandoning an interrupted switch: a whole switch (its
+            units may be half installed).
+    """
+    flags = flag_changes(old, new) if flag_changes else []
+    if old is None or resume or kind == "repair":
+        reason = ("finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
+                  else "abandoning an interrupted switch: every managed service restarts" if resume
+                  else "the node does not serve: every managed service restarts" if kind == "repair"
+                  else "the node's first release: every unit starts")
+        return Plan(node, old.id if old else None, new.id, kind, [s.name for s in STEPS],
+                    _whole_switch_actions(new.units), [reason], flags, resume)
+
+    changes = unit_changes(old.units, new.units)
+    classes: set[str] = set()
+    actions: dict[str, str] = {}
+    reasons: list[str] = []
+    for name, change in changes.items():
+        if change == "removed":
+            actions[name] = "remove"
+            reasons.append(f"{name}: removed")
+            continue
+        cls = unit_file.change_class(new.units[name])
+        cls = cls if cls in CHANGE_CLASSES else "switch"
+        if change in ("changed", "added"):
+            classes.add(cls)
+            actions[name] = {"none": "update", "start": "start"}.get(cls, "restart")
+            reasons.append(f"{name}: {'added' if change == 'added' else 'changed'} ({cls})")
+        else:
+            actions[name] = "update" if change == "text" else "unchanged"
+            if change == "text":
+                reasons.append(f"{name}: text only (comments or ignored keys); nothing restarts")
+    for path in ENGINE_FIELDS:
+        if _field(old.serving, path) != _field(new.serving, path):
+            classes.add("switch")
+            reasons.append(f"serving.json {'.'.join(path)} changed: the engine restarts")
+    if "switch" in classes:
+        actions[ENGINE_UNIT] = "restart"
+        actions[GATEWAY_UNIT] = "restart"
+    steps = set(ALWAYS)
+    for cls in classes:
+        steps.update(_CLASS_STEPS[cls])
+    if actions.get(VOICE_UNIT) == "restart":
+        steps.add("restart-voice")
+    ordered = [s.name for s in STEPS if s.name in steps]
+    return Plan(node, old.id, new.id, kind, ordered, actions, reasons, flags)
+
+
+def title(p: Plan) -> str:
+    """`` (rollback)``, `` (finishing an interrupted switch)``... after a switch's from -> to."""
+    if p.resume:
+        return " (finishing an interrupted switch)" if p.kind == "release" else " (abandoning an interrupted switch)"
+    return {"rollback": " (rollback)", "repair": " (repair)"}.get(p.kind, "")
+
+
+def describe(p: Plan) -> list[str]:
+    """The plan as lines for ``--dry-run`` and the release log."""
+    lines = [
+        f"plan for {p.node}: {p.from_id or '(no release)'} -> {p.to_id}{title(p)}",
+        "drains the node: " + ("yes (voice worker and/or gateway)" if p.drains else "no"),
+        "steps:",
+    ]
+    lines += [f"  {i}. {name}: {STEP_BY_NAME[name].description}" for i, name in enumerate(p.steps, 1)]
+    lines.append("units:")
+    lines += [f"  {name}: {action}" for name, action in p.units.items()]
+    if p.reasons:
+        lines.append("why:")
+        lines += [f"  {reason}" for reason in p.reasons]
+    lines.append("engine flags that change:" if p.flag_changes else "engine flags: unchanged")
+    lines += [f"  {change}" for change in p.flag_changes]
+    return lines

@@ -1,0 +1,90 @@
+"""What a node says about itself: its active release, a switch in progress or interrupted, its units, its history.
+
+Every part is read as untrusted input: a damaged file shows as one line in
+its place (``"damaged": [...]``), never as a traceback, so that ``flatshare
+status`` always has an answer for each node.
+"""
+
+from __future__ import annotations
+
+from .. import systemd
+from ..common.units import SERVICE_UNITS, TARGET_UNIT
+from ..errors import FlatshareError, NodeStateError, SystemdError
+from . import journal as journals
+from .context import NodeContext
+from .lock import describe_holder, held_by, holder_record
+
+
+def switch_state(ctx: NodeContext, switch_id: str) -> dict:
+    """What became of one switch (after a lost connection, the operator asks this).
+
+    Returns:
+        ``{"state": ...}``: ``recorded`` with the history ``record`` (released, failed...),
+        ``switching`` (its journal is there and the lock is held), ``interrupted``
+        (its journal is there, nobody holds the lock), or ``unknown`` (neither: the
+        switch never started, or was refused before it journaled).
+    """
+    from .switch import read_history
+
+    try:
+        records = [r for r in read_history(ctx).records if r.get("switch") == switch_id]
+    except NodeStateError as err:
+        return {"state": "unknown", "damaged": [str(err)]}
+    try:
+        pending = journals.read_journal(ctx.state_dir)
+    except NodeStateError as err:
+        pending, damaged = None, [str(err)]
+    else:
+        damaged = []
+    holder = held_by(ctx.lock_path)
+    if pending is not None and pending.switch == switch_id and holder is not None:
+        return {"state": "switching", "journal": journals.journal_summary(pending), "pid": holder}
+    if records:
+        return {"state": "recorded", "record": records[-1]}
+    if pending is not None and pending.switch == switch_id:
+        return {"state": "interrupted", "journal": journals.journal_summary(pending)}
+    if holder is not None:
+        return {"state": "switching", "journal": None, "pid": holder}
+    return {"state": "unknown", "damaged": damaged}
+
+
+def node_status(ctx: NodeContext) -> dict:
+    """The node's active release, any switch in progress or interrupted, its units' states, its last switch.
+
+    Returns:
+        A JSON-ready dict: ``node``, ``release``, ``in_progress`` (who holds the lock, from the
+        kernel's lock table), ``switching`` (the journal's summary), ``units`` (unit -> ActiveState),
+        ``last`` (the newest history record), ``damaged`` (one line per damaged file).
+    """
+    from .store import current_release
+    from .switch import read_history
+
+    status: dict = {"node": ctx.node, "release": None, "switching": None, "switching_rollout": None,
+                    "in_progress": None, "units": {}, "last": None, "damaged": []}
+    try:
+        status["release"] = current_release(ctx.state_dir)
+    except NodeStateError as err:
+        status["damaged"].append(str(err))
+    pid = held_by(ctx.lock_path)
+    if pid is not None:
+        status["in_progress"] = describe_holder(holder_record(ctx), pid)
+    try:
+        pending = journals.read_journal(ctx.state_dir)
+        status["switching"] = journals.journal_summary(pending) if pending else None
+        status["switching_rollout"] = pending.rollout if pending else None
+    except NodeStateError as err:
+        status["damaged"].append(str(err))
+        status["switching"] = "unreadable journal"
+    try:
+        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in (TARGET_UNIT, *SERVICE_UNITS)])
+        status["units"] = {u: states[f"{u}/ActiveState"] for u in (TARGET_UNIT, *SERVICE_UNITS)}
+    except SystemdError as err:
+        status["units"] = {}
+        status["systemd"] = str(err)
+    try:
+        hist = read_history(ctx)
+        status["last"] = hist.last()
+        status["damaged"] += [f"{ctx.releases}/{note}" for note in hist.skipped]
+    except FlatshareError as err:
+        status["damaged"].append(str(err))
+    return status

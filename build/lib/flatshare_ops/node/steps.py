@@ -1,0 +1,254 @@
+"""The step table: every step a switch can take, with what it does and what it touches.
+
+One table (:data:`STEPS`) that the plan (which steps), the dry run (their
+descriptions) and the switch (their functions) all read; a step's name
+exists once. Each function takes the :class:`Switch` in progress and is
+idempotent, so that finishing an interrupted switch is simply running the
+steps again (adr/0004-release-journal.md). Every wait is bounded and says
+so, and prints a line at least every 10 s (common.poll).
+"""
+
+from __future__ import annotations
+
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable
+
+from .. import systemd
+from ..common import durable
+from ..common.http import wait_for_200
+from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
+from ..errors import FlatshareError
+from . import drain
+from .context import NodeContext
+from .output import ReleaseOutput
+
+#: How long starting the gateway or the voice worker, or a unit's reload, may take (seconds).
+UNIT_JOB_S = 60.0
+#: Added to the gateway's drain timeout for its stop job (its unit's TimeoutStopSec is drain + 10 s).
+GATEWAY_STOP_MARGIN_S = 30.0
+#: The engine's stop budget when serving.json does not say (schema-1 releases).
+DEFAULT_STOP_TIMEOUT_S = 90.0
+#: How long the voice worker may take to say it serves again after the drain ends (seconds).
+VOICE_SERVING_S = 30.0
+
+
+class StepError(FlatshareError):
+    """A step could not do its work; the switch ends early (the message says what and why)."""
+
+
+@dataclass
+class Switch:
+    """One switch in progress: what the steps share.
+
+    Attributes:
+        ctx: the node.
+        plan: the plan being carried out (:class:`.plan.Plan`).
+        new: the release switched to (:class:`.plan.ReleaseView`).
+        out: where progress lines go.
+        drain: the voice drain this switch opened, if any.
+        gateway_stopped: this switch stopped the gateway (the early end starts it again).
+    """
+
+    ctx: NodeContext
+    plan: object
+    new: object
+    out: ReleaseOutput
+    drain: drain.VoiceDrain | None = None
+    gateway_stopped: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def serving(self) -> dict:
+        """The new release's serving.json."""
+        return self.new.serving
+
+    def progress(self, what: str, bound_s: float) -> Callable[[float], None]:
+        """A progress callback for a wait: ``  still waiting for WHAT (N s of BOUND s)``."""
+        return lambda waited: self.out.line(f"  still waiting for {what} ({waited:.0f} s of {bound_s:g} s)")
+
+    def job(self, verb: str, unit: str, timeout_s: float) -> None:
+        """Run one systemd job and wait for it (bounded), with progress lines."""
+        self.out.line(f"  {verb} {unit}: waiting for systemd's job (up to {timeout_s:g} s)")
+        systemd.job(self.ctx.address, verb, unit, timeout_s, self.progress(f"the {verb} job on {unit}", timeout_s))
+
+
+def drain_voice(sw: Switch) -> None:
+    voice = sw.serving["voice"]
+    sw.drain = drain.begin(Path(voice["drain_file"]), Path(voice["status_file"]))
+    state = systemd.properties(sw.ctx.address, [(VOICE_UNIT, "Unit", "ActiveState")])[f"{VOICE_UNIT}/ActiveState"]
+    if state not in ("active", "reloading", "activating"):
+        # Not running (a first release, a repair): no calls to wait for; it starts drained, and the
+        # drain ends once it runs again.
+        sw.out.line(f"  {VOICE_UNIT} is {state}: no calls to drain")
+        return
+    timeout_s = float(voice["drain_timeout_s"])
+    sw.out.line(f"  drain {sw.drain.drain_id}: waiting for the voice worker (up to {timeout_s:g} s)")
+    status = drain.wait_drained(sw.drain, timeout_s, progress=lambda line: sw.out.line(f"  {line}"))
+    sw.out.line(f"  voice worker drained (status written {time.time() - float(status['written_at']):.1f} s ago)")
+
+
+def stop_gateway(sw: Switch) -> None:
+    sw.gateway_stopped = True  # from here on, an early end starts it again
+    sw.job("stop", GATEWAY_UNIT, float(sw.serving["gateway"]["drain_timeout_s"]) + GATEWAY_STOP_MARGIN_S)
+
+
+def install_units(sw: Switch) -> None:
+    unit_dir = Path(sw.serving["layout"]["unit_dir"])
+    unit_dir.mkdir(parents=True, exist_ok=True)
+    for name, action in sw.plan.units.items():
+        if action == "remove":
+            sw.job("stop", name, UNIT_JOB_S)
+            if durable.remove(unit_dir / name):
+                sw.out.line(f"  removed {unit_dir / name}")
+    for name, text in sw.new.units.items():
+        path = unit_dir / name
+        try:
+            same = path.read_text() == text
+        except (OSError, UnicodeDecodeError):
+            same = False
+        if not same:
+            durable.write_atomic(path, text.encode())
+            sw.out.line(f"  installed {path}")
+    systemd.reload(sw.ctx.address)  # always: mtimes can hide a change (docs/reference/systemd.md)
+    sw.out.line("  daemon-reload done")
+
+
+def restart_engine(sw: Switch) -> None:
+    """Stop the engine within its stop budget, then start it within its start budget.
+
+    The start budget (``start_timeout_s``) counts from the start job's
+    beginning, including the module build in ``ExecStartPre``, as systemd's
+    ``TimeoutStartSec`` does; stopping has its own budget and never shortens it.
+    """
+    engine = sw.serving["engine"]
+    start_s = float(engine["start_timeout_s"])
+    stop_s = float(engine.get("stop_timeout_s", DEFAULT_STOP_TIMEOUT_S))
+    before = _invocation(sw)
+    sw.job("stop", ENGINE_UNIT, stop_s + 10)
+    started = time.monotonic()
+    sw.job("start", ENGINE_UNIT, start_s)
+    if _invocation(sw) == before:
+        raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
+    url = engine["url"] + "/health"
+    remaining = max(1.0, start_s - (time.monotonic() - started))
+    sw.out.line(f"  waiting for {url} to answer 200 (up to {remaining:.0f} s of the {start_s:g} s start budget)")
+    status = wait_for_200(url, remaining, sw.progress(f"{url} to answer 200", start_s))
+    if status != 200:
+        heard = f"last answer {status}" if status else "nothing answered"
+        raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard})")
+    sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
+
+
+def _invocation(sw: Switch) -> object:
+    return systemd.properties(sw.ctx.address, [(ENGINE_UNIT, "Unit", "InvocationID")])[f"{ENGINE_UNIT}/InvocationID"]
+
+
+def restart_voice(sw: Switch) -> None:
+    sw.job("restart", VOICE_UNIT, UNIT_JOB_S)
+
+
+def start_gateway(sw: Switch) -> None:
+    sw.job("start", GATEWAY_UNIT, UNIT_JOB_S)
+    sw.gateway_stopped = False
+
+
+def end_voice_drain(sw: Switch) -> None:
+    voice = sw.serving["voice"]
+    since = time.time()
+    drain.end(Path(voice["drain_file"]))
+    sw.drain = None
+    drain.wait_serving(Path(voice["drain_file"]), Path(voice["status_file"]), since, VOICE_SERVING_S)
+    sw.out.line("  voice worker takes calls again")
+
+
+def apply_units(sw: Switch) -> None:
+    for name, action in sw.plan.units.items():
+        if name in (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT):
+            continue  # the steps above handle the services
+        if action == "restart":
+            sw.job("restart", name, UNIT_JOB_S)
+        elif action == "start" and name != TARGET_UNIT:
+            sw.job("start", name, UNIT_JOB_S)
+    sw.job("start", TARGET_UNIT, UNIT_JOB_S)
+    if CHECK_TIMER in sw.new.units and sw.plan.units.get(CHECK_TIMER) not in ("restart", "start"):
+        sw.job("start", CHECK_TIMER, UNIT_JOB_S)
+    # Enabled, so that a reboot starts the node serving again (systemctl enable, over D-Bus).
+    enable = [u for u in (TARGET_UNIT, CHECK_TIMER) if u in sw.new.units]
+    changes = systemd.enable(sw.ctx.address, enable)
+    if changes:
+        sw.out.line(f"  enabled {', '.join(enable)} (starts at boot)")
+
+
+def switch_current(sw: Switch) -> None:
+    from .store import switch_current as point
+
+    point(sw.ctx.state_dir, sw.new.id)
+    sw.out.line(f"  releases/current -> {sw.new.id}")
+
+
+def serving_check(sw: Switch) -> None:
+    from ..check.report import CRITICAL, UNKNOWN
+    from ..check.run import run_checks
+
+    report = run_checks(sw.ctx.state_dir, sw.ctx.node, sw.ctx.address.runtime_dir, inside_release=True)
+    for finding in report.findings:
+        if finding.status != "OK":
+            sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")
+            for detail in finding.details:
+                sw.out.line(f"      {detail}")
+    if report.status in (CRITICAL, UNKNOWN):
+        raise StepError(f"serving-check is {report.status} after the switch")
+    sw.out.line(f"  serving-check {report.status}")
+
+
+def record_history(sw: Switch) -> None:
+    """Done by the switch itself (it owns the journal and the record): see :func:`.switch.record_success`."""
+    raise NotImplementedError  # the runner calls record_success for this step
+
+
+@dataclass(frozen=True)
+class Step:
+    """One step of a switch.
+
+    Attributes:
+        name: its name in plans, journals and messages.
+        description: one line for the dry run.
+        touches: what it changes on the node.
+        run: its function.
+        drains: it takes the node out of calls (admission to drain is needed first).
+    """
+
+    name: str
+    description: str
+    touches: tuple[str, ...]
+    run: Callable[[Switch], None]
+    drains: bool = False
+
+
+STEPS: tuple[Step, ...] = (
+    Step("drain-voice", "drain the voice worker (drain file; wait for its status written after this drain began)",
+         ("voice.drain", VOICE_UNIT), drain_voice, drains=True),
+    Step("stop-gateway", "stop the gateway (SIGTERM: it drains, answering 503 + Retry-After: 1)",
+         (GATEWAY_UNIT,), stop_gateway, drains=True),
+    Step("install-units", "install the release's changed units, remove dropped ones, daemon-reload",
+         ("unit directory",), install_units),
+    Step("restart-engine", "stop the engine, start it (its pre-start step builds the serve module), wait for /health",
+         (ENGINE_UNIT,), restart_engine),
+    Step("restart-voice", "restart the voice worker (it comes up drained while the drain file stays)",
+         (VOICE_UNIT,), restart_voice),
+    Step("start-gateway", "start the gateway", (GATEWAY_UNIT,), start_gateway),
+    Step("end-voice-drain", "end the voice drain and wait for the worker to take calls again",
+         ("voice.drain",), end_voice_drain),
+    Step("apply-units", "restart or start the other changed units; start and enable flatshare.target and the check timer",
+         (TARGET_UNIT, CHECK_TIMER), apply_units),
+    Step("switch-current", "point releases/current at the new release", ("releases/current",), switch_current),
+    Step("serving-check", "run serving-check against the new release", (), serving_check),
+    Step("record-history", "append to releases/history.jsonl and remove the journal",
+         ("releases/history.jsonl", "releases/switching.json"), record_history),
+)
+#: Step name -> step.
+STEP_BY_NAME = {step.name: step for step in STEPS}
+if len(STEP_BY_NAME) != len(STEPS):  # a name exists once
+    raise ImportError("two steps share a name in node/steps.py")

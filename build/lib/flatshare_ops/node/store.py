@@ -1,0 +1,132 @@
+"""A node's releases directory: immutable release copies and the ``current`` link.
+
+Layout under the node's state directory (``/var/lib/flatshare`` in production)::
+
+    releases/
+      <id>/            one release, never changed once written:
+        serving.json   what serving-check and the switch read (releases/README.md)
+        profile.json   the resolved profile, for the record
+        units/NAME     the rendered units
+      current -> <id>  the active release, switched atomically (rename of a new link)
+
+A release id is the first 16 hex digits of a sha256 over the release's
+files: a release is what it renders, so a commit that changes no rendered
+file (documentation, an unrelated edit) is the same release, and "nothing to
+do". The commit a release was made from is recorded beside it (in the
+history record and the lock holder), not in the id.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import os
+import re
+import shutil
+import tempfile
+from pathlib import Path
+
+from ..common import durable
+from ..common.node_files import CURRENT, RELEASES
+from ..errors import NodeStateError
+
+#: What a release id may be: a plain directory name.
+RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+
+
+def releases_dir(state_dir: Path) -> Path:
+    """``STATE_DIR/releases``."""
+    return Path(state_dir) / RELEASES
+
+
+def release_id(files: dict[str, str]) -> str:
+    """The id of a release made of ``files`` (relative name -> text): a digest of exactly what it renders."""
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def store_release(state_dir: Path, rid: str, files: dict[str, str]) -> Path:
+    """Write release ``rid`` once (a temporary directory renamed into place); returns its directory.
+
+    An existing release directory of that id is left as it is: releases are immutable.
+
+    Raises:
+        OSError: the disk is full or read-only; no partial release directory stays.
+    """
+    root = releases_dir(state_dir)
+    root.mkdir(parents=True, exist_ok=True)
+    target = root / rid
+    if target.is_dir() and not target.is_symlink():
+        return target
+    scratch = Path(tempfile.mkdtemp(prefix=f".{rid}.", dir=root))
+    try:
+        scratch.chmod(0o755)
+        for name, text in files.items():
+            path = scratch / name
+            path.parent.mkdir(parents=True, exist_ok=True)
+            durable.write_atomic(path, text.encode())
+        durable.rename(scratch, target)
+    except BaseException:
+        shutil.rmtree(scratch, ignore_errors=True)
+        raise
+    return target
+
+
+def is_stored(state_dir: Path, rid: str) -> bool:
+    """Whether release ``rid``'s directory is on the node (a real directory, not a link)."""
+    path = releases_dir(state_dir) / rid
+    return bool(RELEASE_ID.match(rid)) and path.is_dir() and not path.is_symlink()
+
+
+def current_release(state_dir: Path) -> str | None:
+    """The active release's id, or None when the node has none yet.
+
+    Raises:
+        NodeStateError: ``releases/current`` is not a symlink to a release id
+            (a regular file, a directory, a link to a path); the message says how to fix it.
+    """
+    link = releases_dir(state_dir) / CURRENT
+    try:
+        target = os.readlink(link)
+    except FileNotFoundError:
+        return None
+    except OSError as err:  # EINVAL: not a symlink
+        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else "not a symlink"
+        raise NodeStateError(
+            f"{link}: is {kind}, not a link to a release ({err.strerror or err}); move it aside "
+            f"(mv {link} {link}.bad), then run 'flatshare release' to point it at the checkout's release"
+        ) from None
+    if not RELEASE_ID.match(target):
+        raise NodeStateError(
+            f"{link}: points at {target!r}, not at a release directory beside it; remove it (rm {link}), "
+            "then run 'flatshare release' to point it at the checkout's release"
+        )
+    return target
+
+
+def switch_current(state_dir: Path, rid: str) -> None:
+    """Point ``releases/current`` at release ``rid`` atomically (a new link renamed over the old).
+
+    Raises:
+        FileNotFoundError: no such release stored; OSError: the write failed.
+    """
+    root = releases_dir(state_dir)
+    if not is_stored(state_dir, rid):
+        raise FileNotFoundError(f"{root / rid}: no such release")
+    durable.replace_symlink(root / CURRENT, rid)
+
+
+def stored_releases(state_dir: Path) -> list[str]:
+    """The ids of every release directory on the node."""
+    root = releases_dir(state_dir)
+    try:
+        entries = sorted(root.iterdir())
+    except FileNotFoundError:
+        return []
+    return [p.name for p in entries if not p.name.startswith(".") and p.name != CURRENT and is_stored(state_dir, p.name)]
+
+
+def remove_release(state_dir: Path, rid: str) -> None:
+    """Remove a stored release directory (pruning)."""
+    shutil.rmtree(releases_dir(state_dir) / rid)

@@ -1,0 +1,144 @@
+"""The checkout's rendered files: what `make profiles` compares and rewrites.
+
+The committed outputs of the production profile are: ``units/*``,
+``profiles/NAME.serving.json``, and the generated blocks of ``README.md``
+and ``PRODUCTION.md``; each variant (another ``profiles/*.toml``) renders
+beside them to ``units/VARIANT/*`` and ``profiles/VARIANT.serving.json``. Computing them is pure (reads only); writing them is
+:func:`write_outputs`, one atomic replacement per changed file.
+"""
+
+from __future__ import annotations
+
+import difflib
+from pathlib import Path
+
+from ..common import durable
+from ..config.inventory import load_inventory, node_profile_path
+from ..config.profile import LoadedProfile, load_profile
+from ..errors import ProfileError
+from . import render_profile
+from .docs import node_rows, quick_start, replace_block
+
+DEFAULT_PROFILE = Path("profiles/rtx-5060-ti-serve.toml")
+FLEET = Path("profiles/fleet.toml")
+
+
+def variants(root: Path) -> list[Path]:
+    """The checkout's variant profiles (relative to root): every ``profiles/*.toml`` but production and the inventory."""
+    return sorted(p.relative_to(root) for p in (root / "profiles").glob("*.toml")
+                  if p.name not in (DEFAULT_PROFILE.name, FLEET.name))
+
+
+def _read(path: Path) -> str:
+    try:
+        return path.read_text(encoding="utf-8")
+    except FileNotFoundError:
+        return ""
+
+
+def _document(root: Path, name: str) -> str:
+    """A document holding generated blocks; it must exist (its hand-written text is not ours to make)."""
+    path = root / name
+    if not path.is_file():
+        raise ProfileError(f"{name}: not found in {root}; restore it (git checkout {name}) before rendering")
+    return _read(path)
+
+
+def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path, str]:
+    """Every committed file the profile renders, with its expected full text.
+
+    Args:
+        root: the checkout's top directory.
+        profile_path: the profile (default ``profiles/rtx-5060-ti-serve.toml``), relative to root.
+
+    Returns:
+        Path relative to ``root`` -> expected text.
+
+    Raises:
+        ProfileError: the profile, the inventory or a document's markers are wrong.
+    """
+    profile_path = profile_path or DEFAULT_PROFILE
+    loaded = load_profile(root / profile_path)
+    rendered = render_profile(loaded)
+    outputs: dict[Path, str] = {Path("units") / name: text for name, text in rendered.units.items()}
+    outputs[profile_path.with_name(f"{loaded.profile.name}.serving.json")] = rendered.serving
+
+    readme = _document(root, "README.md")
+    outputs[Path("README.md")] = replace_block(readme, "quick-start", quick_start(loaded, rendered.argv), "README.md")
+
+    inventory = load_inventory(root / FLEET)
+    by_node: dict[str, LoadedProfile] = {
+        name: load_profile(node_profile_path(root / FLEET, node)) for name, node in inventory.nodes.items()
+    }
+    production = _document(root, "PRODUCTION.md")
+    outputs[Path("PRODUCTION.md")] = replace_block(production, "nodes", node_rows(by_node), "PRODUCTION.md")
+    if profile_path == DEFAULT_PROFILE:
+        for variant in variants(root):
+            outputs.update(variant_outputs(root, variant))
+    return outputs
+
+
+PLACEHOLDER_PIN = "0" * 64
+
+
+def placeholder_pins(root: Path) -> list[str]:
+    """One line per profile of the checkout (production and variants) that pins the placeholder module hash."""
+    found = []
+    for path in [DEFAULT_PROFILE, *variants(root)]:
+        try:
+            pin = load_profile(root / path).profile.module.sha256
+        except ProfileError:
+            continue
+        if pin == PLACEHOLDER_PIN:
+            found.append(f"{path} pins a placeholder module hash (zeros): a release of it is refused until you "
+                         f"pin the built module: 'flatshare profiles pin-module --sha256 HEX --profile {path}' "
+                         "(or --file PATH, or --from-node NAME)")
+    return found
+
+
+def variant_outputs(root: Path, variant: Path) -> dict[Path, str]:
+    """A variant's rendered files, beside production's: ``units/NAME/*`` and ``profiles/NAME.serving.json``.
+
+    Raises:
+        ProfileError: the variant does not load or render.
+    """
+    loaded = load_profile(root / variant)
+    rendered = render_profile(loaded)
+    name = loaded.profile.name
+    outputs = {Path("units") / name / unit: text for unit, text in rendered.units.items()}
+    outputs[variant.with_name(f"{name}.serving.json")] = rendered.serving
+    return outputs
+
+
+def drift(root: Path, outputs: dict[Path, str]) -> dict[Path, str]:
+    """Unified diffs of the files whose committed text differs from ``outputs``.
+
+    Returns:
+        Path -> diff text (``--- a/PATH`` committed, ``+++ b/PATH`` rendered); empty when none drifted.
+    """
+    diffs = {}
+    for path, text in outputs.items():
+        current = _read(root / path)
+        if current != text:
+            diffs[path] = "".join(
+                difflib.unified_diff(
+                    current.splitlines(keepends=True),
+                    text.splitlines(keepends=True),
+                    fromfile=f"a/{path}",
+                    tofile=f"b/{path}",
+                )
+            )
+    return diffs
+
+
+def write_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
+    """Write each changed output atomically; return the paths written (relative to root)."""
+    written = []
+    for path, text in outputs.items():
+        target = root / path
+        if _read(target) == text and target.exists():
+            continue
+        target.parent.mkdir(parents=True, exist_ok=True)
+        durable.write_atomic(target, text.encode())
+        written.append(path)
+    return written

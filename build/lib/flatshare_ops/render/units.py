@@ -1,0 +1,127 @@
+"""The systemd units a profile renders to, from the jinja2 templates beside this file.
+
+Every value from the profile passes through :mod:`.systemd_escape` filters
+(``exec``, ``env``, ``spec``, ``seconds``); templates never splice raw text.
+"""
+
+from __future__ import annotations
+
+from pathlib import PurePosixPath
+
+import jinja2
+
+from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, UNIT_NAMES, VOICE_UNIT
+from ..config.profile import Profile
+from . import systemd_escape
+from .engine import engine_argv
+
+#: How much longer than the gateway's drain timeout systemd waits before SIGKILL (seconds).
+GATEWAY_STOP_MARGIN_S = 10.0
+
+
+def _environment() -> jinja2.Environment:
+    env = jinja2.Environment(
+        loader=jinja2.PackageLoader("flatshare_ops.render", "templates"),
+        autoescape=False,
+        undefined=jinja2.StrictUndefined,
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+    env.filters["exec"] = systemd_escape.exec_command
+    env.filters["env"] = systemd_escape.environment_assignment
+    env.filters["spec"] = systemd_escape.escape_specifiers
+    env.filters["seconds"] = systemd_escape.seconds
+    return env
+
+
+def drain_file(profile: Profile) -> str:
+    """Path of the voice worker's drain file on a node (the release creates it to drain)."""
+    return str(PurePosixPath(profile.layout.run_dir) / "voice.drain")
+
+
+def drain_status_file(profile: Profile) -> str:
+    """Path of the status file the voice worker writes while draining."""
+    return str(PurePosixPath(profile.layout.run_dir) / "voice.status")
+
+
+def engine_url(profile: Profile) -> str:
+    """Base URL of the engine's API server, e.g. ``http://127.0.0.1:8000``."""
+    host = profile.engine.host
+    if ":" in host:
+        host = f"[{host}]"
+    return f"http://{host}:{profile.engine.port}"
+
+
+def check_argv(profile: Profile) -> list[str]:
+    """serving-check's command on a node: the profile's command, told the node's state directory."""
+    return [*profile.check.command, "--state-dir", profile.layout.state_dir]
+
+
+def _context(profile: Profile) -> dict:
+    engine = profile.engine
+    engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
+    common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
+    gateway_env = [*common, ("FLATSHARE_DRAIN_TIMEOUT_S", f"{profile.gateway.drain_timeout_s:g}")]
+    voice_env = [
+        *common,
+        ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
+        ("FLATSHARE_ENDPOINTING_MIN_S", f"{profile.voice.endpointing_min_s:g}"),
+        ("FLATSHARE_ENDPOINTING_MAX_S", f"{profile.voice.endpointing_max_s:g}"),
+        ("FLATSHARE_DRAIN_FILE", drain_file(profile)),
+        ("FLATSHARE_DRAIN_STATUS", drain_status_file(profile)),
+    ]
+    user = profile.layout.service_user if profile.layout.scope == "system" else None
+    return {
+        "profile": profile,
+        "scope": profile.layout.scope,
+        "user": systemd_escape.escape_specifiers(user) if user else None,
+        "engine_env": engine_env,
+        "gateway_env": gateway_env,
+        "voice_env": voice_env,
+        "engine_argv": engine_argv(engine),
+        "module_build": profile.module.build_command,
+        "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
+        "check_argv": check_argv(profile),
+        "run_dir_name": PurePosixPath(profile.layout.run_dir).name,
+    }
+
+
+def commands(profile: Profile) -> dict[tuple[str, str], list[str]]:
+    """(unit, key) -> the one argv each rendered command line runs (render.meaning reads them back)."""
+    return {
+        (ENGINE_UNIT, "ExecStart"): engine_argv(profile.engine),
+        (ENGINE_UNIT, "ExecStartPre"): list(profile.module.build_command),
+        (GATEWAY_UNIT, "ExecStart"): list(profile.gateway.command),
+        (VOICE_UNIT, "ExecStart"): list(profile.voice.command),
+        (CHECK_SERVICE, "ExecStart"): check_argv(profile),
+    }
+
+
+def unit_programs(profile: Profile) -> list[str]:
+    """Absolute paths of every program the units run (each ``Exec*=`` line's first word)."""
+    return [
+        engine_argv(profile.engine)[0],
+        profile.module.build_command[0],
+        profile.gateway.command[0],
+        profile.voice.command[0],
+        profile.check.command[0],
+    ]
+
+
+def render_units(profile: Profile) -> dict[str, str]:
+    """Render every unit of a profile.
+
+    Args:
+        profile: a validated profile.
+
+    Returns:
+        Unit name -> unit file text, in :data:`UNIT_NAMES` order.
+
+    Raises:
+        systemd_escape.UnsafeValueError: a value holds a control character
+            (the profile schema refuses these first).
+    """
+    env = _environment()
+    context = _context(profile)
+    return {name: env.get_template(f"{name}.j2").render(context) for name in UNIT_NAMES}

@@ -1,0 +1,721 @@
+"""``flatshare sandbox up | status | down``: the local two-node fleet.
+
+Each node gets, under ``BASE/NODE/``:
+
+- ``etc/systemd/user/``: its unit directory (the manager's ``XDG_CONFIG_HOME`` is ``etc``);
+- ``var/lib/flatshare/``: state (releases, the serve module), ``run/flatshare/``: drain files;
+- ``run/user/``: its systemd user manager's ``XDG_RUNTIME_DIR``;
+- ``opt/engine-venv/``: an engine venv with the stand-in ``bin/vllm``, vLLM's metadata and the
+  stand-in ``vllm`` package (sandbox/vllm_standin) the preflight parses with; a variant on
+  another vLLM release gets ``opt/engine-venv-RELEASE/`` beside it;
+- ``ssh/``: its OpenSSH server's host key, config and log;
+- ``profile.toml``: the production profile, extended with this node's layout, and
+  ``profile-VARIANT.toml`` for each variant profile beside production.
+
+``BASE/ssh/`` holds the operator's client key, ``authorized_keys`` and
+``known_hosts``; ``BASE/fleet.toml`` is the sandbox inventory and
+``BASE/state.json`` the process ids ``down`` stops.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import signal
+import subprocess
+import sys
+import time
+import venv
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Literal
+
+from filelock import FileLock, Timeout
+from pydantic import BaseModel, ConfigDict, Field, ValidationError
+
+from .. import systemd
+from ..common import durable
+from ..common.http import http_get, wait_for_200
+from ..common.poll import poll_until
+from ..common.proc import pid_alive, read_cmdline
+from ..common.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
+from ..config.profile import load_profile
+from ..node import history
+from ..node.store import current_release, release_id, store_release, switch_current
+from ..render import render_profile
+from ..render.units import engine_url
+from ..schema_errors import one_line
+from ..systemd import ManagerAddress
+from .manager import ManagerDirs, SandboxError, start_manager, stop_manager
+from .module_build import MODULE_NAME, module_source
+
+DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
+SSH_PORT = 2222
+ENGINE_PORT = 8000  # the production profile's engine port, kept in the sandbox
+GATEWAY_PORT = 8080
+VOICE_PORT = 8090
+SSHD = "/usr/sbin/sshd"
+
+
+@dataclass(frozen=True)
+class SandboxNode:
+    """One sandbox node's name, loopback address and directories.
+
+    Attributes:
+        scope: ``user`` (the tool reaches the manager on its private socket) or ``system`` (the node
+            gets a bus of its own, where its manager owns org.freedesktop.systemd1, and the tool uses
+            the system-scope path through ``DBUS_SYSTEM_BUS_ADDRESS``).
+        bare: a fresh node: only sshd, its manager and an engine venv; flatshare-ops is not installed
+            (``flatshare node bootstrap`` does it), no release, and its host key is not in known_hosts.
+    """
+
+    name: str
+    address: str
+    base: Path
+    scope: str = "user"
+    bare: bool = False
+
+    @property
+    def bus(self) -> Path:
+        """A system-scope node's bus socket (its manager's ``$XDG_RUNTIME_DIR/bus``)."""
+        return self.manager.runtime_dir / "bus"
+
+    @property
+    def ops_dir(self) -> Path:
+        """Where the node's flatshare-ops is installed: this checkout's venv, or (bare) the node's own."""
+        return self.root / "opt/flatshare-ops" if self.bare else Path(sys.executable).parent.parent.parent
+
+    @property
+    def root(self) -> Path:
+        """The node's root directory."""
+        return self.base / self.name
+
+    @property
+    def manager(self) -> ManagerDirs:
+        """The node's systemd user manager directories."""
+        return ManagerDirs(
+            # Unique per sandbox directory, so two checkouts' sandboxes never share a cgroup.
+            name=f"{self.name}-{_sha256(str(self.base).encode())[:8]}",
+            runtime_dir=self.root / "run/user",
+            config_dir=self.root / "etc",
+            log=self.root / "manager.log",
+        )
+
+    @property
+    def venv(self) -> Path:
+        """The node's engine venv."""
+        return self.root / "opt/engine-venv"
+
+    @property
+    def state_dir(self) -> Path:
+        """What production keeps in /var/lib/flatshare."""
+        return self.root / "var/lib/flatshare"
+
+    @property
+    def run_dir(self) -> Path:
+        """What production keeps in /run/flatshare: the units' RuntimeDirectory, under the manager's runtime dir."""
+        return self.manager.runtime_dir / "flatshare"
+
+    @property
+    def ssh_dir(self) -> Path:
+        """The node's sshd files."""
+        return self.root / "ssh"
+
+    @property
+    def profile(self) -> Path:
+        """The node's profile (extends the production one)."""
+        return self.root / "profile.toml"
+
+    def variant_profile(self, variant: Path) -> Path:
+        """The node's profile for a variant (extends the checkout's variant): ``profile-VARIANT.toml``."""
+        return self.root / f"profile-{variant.stem}.toml"
+
+
+def parse_addresses(text: str | None) -> dict[str, str] | None:
+    """``cyan=127.0.0.2,peacock=127.0.0.3`` -> {name: address}; None keeps the defaults.
+
+    Raises:
+        SandboxError: not NAME=ADDRESS pairs, or an address outside 127.0.0.0/8.
+    """
+    if not text:
+        return None
+    import ipaddress
+
+    result = {}
+    for pair in text.split(","):
+        name, _, address = pair.strip().partition("=")
+        try:
+            loopback = ipaddress.IPv4Address(address).is_loopback
+        except ValueError:
+            loopback = False
+        if not re.fullmatch(r"[a-z][a-z0-9-]*", name) or not loopback:
+            raise SandboxError(f"--addresses: {pair!r} is not NAME=127.x.y.z (a loopback address)", exit_code=2)
+        result[name] = address
+    return result
+
+
+def nodes(base: Path, addresses: dict[str, str] | None = None, system_scope: tuple[str, ...] = (),
+          bare: tuple[str, ...] = ()) -> list[SandboxNode]:
+    """The sandbox's nodes, in inventory order (``system_scope`` and ``bare`` name nodes set up so)."""
+    return [SandboxNode(name, address, base, "system" if name in system_scope else "user", name in bare)
+            for name, address in (addresses or DEFAULT_ADDRESSES).items()]
+
+
+# --- files -----------------------------------------------------------------
+
+
+def _toml_string(value: str) -> str:
+    return json.dumps(value)  # a JSON string is a valid TOML basic string
+
+
+def _toml_array(values: list[str]) -> str:
+    return "[" + ", ".join(_toml_string(v) for v in values) + "]"
+
+
+def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, venv_dir: Path | None = None,
+                       path: Path | None = None) -> None:
+    """Write the node's profile: ``production``'s (or a variant's), with the sandbox layout and stand-in commands.
+
+    Args:
+        production: the profile it extends.
+        venv_dir: the engine venv (default the node's, for production's vLLM release).
+        path: where to write it (default the node's ``profile.toml``).
+    """
+    python = sys.executable
+    module_dir = node.state_dir / "module"
+    text = f"""# Written by `flatshare sandbox up`: {production.name}, with this sandbox
+# node's layout, its loopback address and the stand-ins' commands.
+extends = {_toml_string(str(production))}
+
+[engine]
+venv = {_toml_string(str(venv_dir or node.venv))}
+model = {_toml_string(str(node.state_dir / "models/flatshare-chat"))}
+host = {_toml_string(node.address)}
+start_timeout_s = 60
+stop_timeout_s = 15
+
+[engine.environment]
+FLATSHARE_STANDIN_LOAD_S = "1"   # the stand-in engine's load time, seconds
+
+[engine.flatshare_jit]
+step_time_model = {_toml_string(str(node.state_dir / "step-time/rtx-5060-ti.json"))}
+
+[module]
+directory = {_toml_string(str(module_dir))}
+path = {_toml_string(str(module_dir / f"{MODULE_NAME}.py"))}
+build_command = {_toml_array([python, "-m", "flatshare_ops.sandbox.module_build", "--out", str(module_dir)])}
+sha256 = {_toml_string(_sha256(module_source()))}  # the stand-in build's output
+
+[gateway]
+command = {_toml_array([python, "-m", "flatshare_ops.sandbox.gateway", "--listen", f"{node.address}:{GATEWAY_PORT}"])}
+drain_timeout_s = 5
+
+[voice]
+command = {_toml_array([python, "-m", "flatshare_ops.sandbox.voice", "--listen", f"{node.address}:{VOICE_PORT}"])}
+drain_timeout_s = 20
+
+[check]
+command = {_toml_array([str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"])}
+
+[layout]
+scope = {_toml_string(node.scope)}
+unit_dir = {_toml_string(str(node.manager.unit_dir))}
+state_dir = {_toml_string(str(node.state_dir))}
+run_dir = {_toml_string(str(node.run_dir))}
+"""
+    if node.scope == "system":
+        # A user manager runs the services (it cannot switch to another user): User=root, its own.
+        text += 'service_user = "root"\n'
+
+    _write_if_changed(path or node.profile, text.encode())
+    load_profile(path or node.profile)  # refuse to go on with a profile that does not validate
+
+
+def _sha256(data: bytes) -> str:
+    import hashlib
+
+    return hashlib.sha256(data).hexdigest()
+
+
+def _write_if_changed(path: Path, data: bytes, mode: int = 0o644) -> bool:
+    path.parent.mkdir(parents=True, exist_ok=True)
+    if path.exists() and path.read_bytes() == data:
+        return False
+    durable.write_atomic(path, data, mode)
+    return True
+
+
+def variant_profiles(production: Path) -> list[Path]:
+    """The checkout's variant profiles beside production (every other ``*.toml`` but the inventory)."""
+    return sorted(p for p in production.parent.glob("*.toml") if p.name not in (production.name, "fleet.toml"))
+
+
+def make_engine_venv(node: SandboxNode, vllm_release: str, venv_dir: Path | None = None) -> None:
+    """Create an engine venv (default the node's): a real venv, the stand-in ``bin/vllm``, vLLM's metadata
+    for ``vllm_release`` and the stand-in ``vllm`` package laid out as that release lays it out."""
+    venv_dir = venv_dir or node.venv
+    if not (venv_dir / "bin/python").exists():
+        venv.EnvBuilder(with_pip=False, symlinks=True).create(venv_dir)
+    vllm = f"#!{sys.executable}\n# Stand-in for vLLM's console script (flatshare-ops sandbox).\n" \
+        "from flatshare_ops.sandbox.engine import main\nmain()\n"
+    _write_if_changed(venv_dir / "bin/vllm", vllm.encode(), mode=0o755)
+    site = next(venv_dir.glob("lib/python*/site-packages"))
+    for stale in site.glob("vllm-*.dist-info"):
+        if stale.name != f"vllm-{vllm_release}.dist-info":
+            for f in stale.iterdir():
+                f.unlink()
+            stale.rmdir()
+    metadata = f"Metadata-Version: 2.1\nName: vllm\nVersion: {vllm_release}\nSummary: flatshare-ops sandbox stand-in\n"
+    _write_if_changed(site / f"vllm-{vllm_release}.dist-info/METADATA", metadata.encode())
+    install_vllm_standin(site, vllm_release)
+
+
+def install_vllm_standin(site: Path, vllm_release: str) -> None:
+    """Put the stand-in ``vllm`` package (sandbox/vllm_standin) into an engine venv's site-packages,
+    laid out as ``vllm_release`` lays out its modules, and make flatshare-ops importable there (a .pth
+    file naming this checkout), so that the node's preflight runs the same script as in production."""
+    source = Path(__file__).parent / "vllm_standin"
+    moved = tuple(int(p) for p in vllm_release.split(".")[:2]) >= (0, 33)
+    for path in sorted(source.rglob("*.py")):
+        relative = path.relative_to(source)
+        if relative.parts[:2] == ("entrypoints", "common") and not moved:
+            continue  # 0.32.0 has no vllm.entrypoints.common; the preflight script tells the releases apart by it
+        _write_if_changed(site / "vllm" / relative, path.read_bytes())
+    _write_if_changed(site / "flatshare_ops_checkout.pth", f"{Path(__file__).resolve().parents[2]}\n".encode())
+
+
+def _keygen(path: Path, comment: str) -> None:
+    if not path.exists():
+        path.parent.mkdir(parents=True, exist_ok=True)
+        subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
+
+
+def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
+    """Generate host keys and the client key; write authorized_keys, known_hosts and each sshd_config."""
+    client_key = base / "ssh/id_ed25519"
+    _keygen(client_key, "flatshare-sandbox-operator")
+    _write_if_changed(base / "ssh/authorized_keys", client_key.with_suffix(".pub").read_bytes(), 0o600)
+    bare_labels = {f"[{n.address}]:{SSH_PORT}" for n in sandbox_nodes if n.bare}
+    try:  # a bare node's key is added by 'flatshare node bootstrap --accept-host-key': keep it
+        kept = [l + "\n" for l in (base / "ssh/known_hosts").read_text().splitlines() if l.split(" ")[0] in bare_labels]
+    except FileNotFoundError:
+        kept = []
+    known = list(kept)
+    for node in sandbox_nodes:
+        host_key = node.ssh_dir / "ssh_host_ed25519_key"
+        _keygen(host_key, f"{node.name}-host")
+        kind, blob = host_key.with_suffix(".pub").read_text().split()[:2]
+        if not node.bare:
+            known.append(f"[{node.address}]:{SSH_PORT} {kind} {blob}\n")
+        system_bus = f" DBUS_SYSTEM_BUS_ADDRESS=unix:path={node.bus}" if node.scope == "system" else ""
+        config = f"""# sshd for sandbox node {node.name} (written by flatshare sandbox up)
+ListenAddress {node.address}:{SSH_PORT}
+HostKey {host_key}
+PidFile {node.ssh_dir / "sshd.pid"}
+AuthorizedKeysFile {base / "ssh/authorized_keys"}
+PermitRootLogin prohibit-password
+PubkeyAuthentication yes
+PasswordAuthentication no
+KbdInteractiveAuthentication no
+UsePAM no
+StrictModes no
+SetEnv FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}{system_bus}
+Subsystem sftp internal-sftp
+"""
+        _write_if_changed(node.ssh_dir / "sshd_config", config.encode())
+    _write_if_changed(base / "ssh/known_hosts", "".join(known).encode())
+
+
+def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
+    """Write ``BASE/fleet.toml``, the sandbox's inventory; returns its path."""
+    lines = ["# The sandbox inventory, written by `flatshare sandbox up`.", "schema = 1", ""]
+    for node in sandbox_nodes:
+        lines += [
+            f"[nodes.{node.name}]",
+            f"host = {_toml_string(node.address)}",
+            f"port = {SSH_PORT}",
+            'user = "root"',
+            f"profile = {_toml_string(str(node.profile.relative_to(base)))}",
+            'known_hosts = "ssh/known_hosts"',
+            'identity = "ssh/id_ed25519"',
+            f"scope = {_toml_string(node.scope)}",
+            *([f"runtime_dir = {_toml_string(str(node.manager.runtime_dir.relative_to(base)))}"]
+              if node.scope == "user" else []),
+            "",
+        ]
+    path = base / "fleet.toml"
+    _write_if_changed(path, "\n".join(lines).encode())
+    return path
+
+
+# --- processes -------------------------------------------------------------
+
+
+class NodeRecord(BaseModel):
+    """The process ids ``up`` started on one node (``state.json``)."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    manager_pid: int | None = Field(default=None, gt=1)
+    sshd_pid: int | None = Field(default=None, gt=1)
+    scope: Literal["user", "system"] = "user"
+    bare: bool = False
+
+
+class SandboxState(BaseModel):
+    """``BASE/state.json``: what ``down`` may stop."""
+
+    model_config = ConfigDict(extra="forbid", strict=True)
+    schema_: Literal[1] = Field(default=1, alias="schema")
+    nodes: dict[str, NodeRecord] = Field(default_factory=dict)
+
+
+def _read_state(base: Path) -> SandboxState:
+    path = base / "state.json"
+    if base.exists() and not base.is_dir():
+        raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
+    try:
+        return SandboxState.model_validate_json(path.read_bytes())
+    except FileNotFoundError:
+        return SandboxState()
+    except (OSError, ValidationError, UnicodeDecodeError) as err:
+        reason = one_line(err) if isinstance(err, ValidationError) else str(err)
+        raise SandboxError(
+            f"{path}: unreadable sandbox state ({reason}); stop its processes by hand "
+            "(ps aux | grep -e 'systemd --user' -e sshd) and remove the file", exit_code=2,
+        ) from None
+
+
+def _write_state(base: Path, state: SandboxState) -> None:
+    text = state.model_dump_json(by_alias=True, indent=2) + "\n"
+    durable.write_atomic(base / "state.json", text.encode())
+
+
+def _cmdline(pid: int) -> str:
+    try:
+        return " ".join(read_cmdline(pid))
+    except OSError:
+        return ""
+
+
+def _owns_manager(node: SandboxNode, pid: int | None) -> bool:
+    """``pid`` is this node's systemd user manager: alive, systemd, in the node's own cgroup."""
+    if not pid or not pid_alive(pid) or "systemd --user" not in _cmdline(pid):
+        return False
+    try:
+        groups = Path(f"/proc/{pid}/cgroup").read_text()
+    except OSError:
+        return False
+    return f"/flatshare-{node.manager.name}" in groups
+
+
+def _owns_sshd(node: SandboxNode, pid: int | None) -> bool:
+    """``pid`` is this node's sshd: alive and started with the node's own sshd_config."""
+    return bool(pid) and pid_alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid)
+
+
+def _manager_answers(node: SandboxNode) -> bool:
+    try:
+        systemd.properties(ManagerAddress("user", node.manager.runtime_dir), [])
+        return True
+    except systemd.SystemdError:
+        return False
+
+
+def _listening(address: str, port: int) -> bool:
+    import socket
+
+    try:
+        socket.create_connection((address, port), timeout=0.2).close()
+        return True
+    except OSError:
+        return False
+
+
+def _refuse_taken_ports(node: SandboxNode) -> None:
+    """Before starting a node from scratch: nothing else may listen on its address's ports."""
+    for port in (SSH_PORT, ENGINE_PORT, GATEWAY_PORT, VOICE_PORT):
+        if _listening(node.address, port):
+            raise SandboxError(
+                f"{node.name}: {node.address}:{port} is already in use; run 'flatshare sandbox down' "
+                "for the sandbox that holds it (or stop that process)"
+            )
+
+
+def _start_sshd(node: SandboxNode) -> int:
+    Path("/run/sshd").mkdir(mode=0o755, exist_ok=True)
+    log = open(node.ssh_dir / "sshd.log", "ab")
+    process = subprocess.Popen(
+        [SSHD, "-D", "-e", "-f", str(node.ssh_dir / "sshd_config")],
+        stdin=subprocess.DEVNULL, stdout=log, stderr=log, start_new_session=True,
+    )
+    log.close()
+    if poll_until(lambda: process.poll() is not None or _listening(node.address, SSH_PORT), 10.0):
+        if process.poll() is None:
+            return process.pid
+        raise SandboxError(f"{node.name}: sshd exited with {process.returncode}; see {node.ssh_dir / 'sshd.log'}")
+    process.kill()
+    raise SandboxError(f"{node.name}: sshd did not listen on {node.address}:{SSH_PORT} within 10 s")
+
+
+def _sandbox_lock(base: Path) -> FileLock:
+    """One ``up`` or ``down`` at a time per sandbox directory."""
+    lock = FileLock(str(base / ".lock"))
+    try:
+        lock.acquire(timeout=0)
+    except Timeout:
+        raise SandboxError(f"{base}: another 'flatshare sandbox up/down' is running on this sandbox; wait for it") from None
+    return lock
+
+
+def _manager_env(node: SandboxNode) -> dict[str, str]:
+    """What a node's manager passes on to its services (a system-scope node's bus, for serving-check)."""
+    return {"DBUS_SYSTEM_BUS_ADDRESS": f"unix:path={node.bus}"} if node.scope == "system" else {}
+
+
+def write_system_bus(node: SandboxNode) -> None:
+    """Give a system-scope node a bus of its own: a dbus-daemon its manager starts by socket activation
+    (``dbus.socket`` at ``$XDG_RUNTIME_DIR/bus``), on which the manager then owns org.freedesktop.systemd1,
+    as the system manager does on the system bus. The tool reaches it through ``DBUS_SYSTEM_BUS_ADDRESS``.
+    (A user manager connects its API to a bus only while its own dbus.socket and dbus.service run.)"""
+    config = node.root / "dbus/system-bus.conf"
+    _write_if_changed(config, b"""<!DOCTYPE busconfig PUBLIC "-//freedesktop//DTD D-Bus Bus Configuration 1.0//EN"
+ "http://www.freedesktop.org/standards/dbus/1.0/busconfig.dtd">
+<!-- The sandbox node's own bus (flatshare sandbox up): root only, everything allowed. -->
+<busconfig>
+  <listen>systemd:</listen>
+  <auth>EXTERNAL</auth>
+  <policy context="default">
+    <allow user="*"/>
+    <allow own="*"/>
+    <allow send_destination="*"/>
+    <allow receive_sender="*"/>
+  </policy>
+</busconfig>
+""")
+    unit_dir = node.manager.unit_dir
+    _write_if_changed(unit_dir / "dbus.socket", b"[Unit]\nDescription=The sandbox node's system bus socket\n\n"
+                      b"[Socket]\nListenStream=%t/bus\n")
+    _write_if_changed(unit_dir / "dbus.service", (
+        "[Unit]\nDescription=The sandbox node's system bus\nRequires=dbus.socket\n\n[Service]\n"
+        f"ExecStart=/usr/bin/dbus-daemon --config-file={config} --address=systemd: --nofork --nopidfile "
+        "--systemd-activation\n").encode())
+    wants = unit_dir / "sockets.target.wants/dbus.socket"
+    wants.parent.mkdir(parents=True, exist_ok=True)
+    if not wants.is_symlink():
+        wants.symlink_to(unit_dir / "dbus.socket")
+
+
+def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
+    """Write the node's units (atomically, only those that changed); returns the names written."""
+    written = []
+    for name, text in units.items():
+        if _write_if_changed(node.manager.unit_dir / name, text.encode()):
+            written.append(name)
+    return written
+
+
+def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print,
+       system_scope: tuple[str, ...] = (), bare: tuple[str, ...] = ()) -> Path:
+    """Bring the sandbox fleet up (idempotent) and start the rendered units on each node.
+
+    A node with no active release gets the checkout's render as its first
+    release; a node that has one keeps it (releases change it, not ``up``).
+
+    Args:
+        base: the sandbox directory (``.sandbox``).
+        production: the production profile every node's profile extends.
+        addresses: node name -> loopback address (default cyan 127.0.0.2, peacock 127.0.0.3).
+        echo: where progress lines go.
+        system_scope: nodes that get a bus of their own and are reached on the system-scope path.
+        bare: fresh nodes (sshd, manager, engine venv only) for ``flatshare node bootstrap``.
+
+    Returns:
+        The sandbox inventory's path.
+
+    Raises:
+        SandboxError, ProfileError, SystemdError: a step failed; the message names it.
+    """
+    release = load_profile(production).profile.engine.vllm_release  # refuse a bad profile before any change
+    base = base.resolve()
+    if base.exists() and not base.is_dir():
+        raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
+    base.mkdir(parents=True, exist_ok=True)
+    with _sandbox_lock(base):
+        recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with
+        system_scope = tuple(system_scope) or tuple(n for n, r in recorded.items() if r.scope == "system")
+        bare = tuple(bare) or tuple(n for n, r in recorded.items() if r.bare)
+        return _up(base, production, nodes(base, addresses, system_scope, bare), release, echo)
+
+
+def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
+    for node in sandbox_nodes:
+        for directory in (node.state_dir, node.run_dir, node.ssh_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        write_node_profile(node, production.resolve(), release)
+        make_engine_venv(node, release)
+        for variant in variant_profiles(production):
+            # A variant on another vLLM release gets its own engine venv, side by side (as on a real node).
+            other = load_profile(variant).profile.engine.vllm_release
+            venv_dir = node.venv if other == release else node.venv.with_name(f"engine-venv-{other}")
+            if other != release:
+                make_engine_venv(node, other, venv_dir)
+            write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant))
+        # What production keeps beside the engine: the model's directory and the card's step-time model.
+        _write_if_changed(node.state_dir / "models/flatshare-chat/config.json", b'{"stand_in": true}\n')
+        _write_if_changed(node.state_dir / "step-time/rtx-5060-ti.json", b'{"stand_in": true}\n')
+    write_ssh_files(base, sandbox_nodes)
+    inventory = write_inventory(base, sandbox_nodes)
+
+    state = _read_state(base)
+    for node in sandbox_nodes:
+        record = state.nodes.setdefault(node.name, NodeRecord())
+        record.scope, record.bare = node.scope, node.bare
+        manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
+        sshd_ok = _owns_sshd(node, record.sshd_pid)
+        if not manager_ok and not sshd_ok:
+            _refuse_taken_ports(node)
+        if not manager_ok:
+            if node.scope == "system":
+                write_system_bus(node)
+            record.manager_pid = start_manager(node.manager, _manager_env(node))
+            _write_state(base, state)  # recorded at once, so 'down' can stop it whatever happens next
+            echo(f"{node.name}: systemd user manager started (pid {record.manager_pid})")
+        if not sshd_ok:
+            if _listening(node.address, SSH_PORT):
+                raise SandboxError(f"{node.name}: {node.address}:{SSH_PORT} is already in use by another process")
+            record.sshd_pid = _start_sshd(node)
+            _write_state(base, state)
+            echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record.sshd_pid})")
+
+    for node in sandbox_nodes:
+        if node.bare:
+            echo(f"{node.name}: bare: sshd, its manager and an engine venv; bootstrap it ('flatshare node bootstrap')")
+            continue
+        loaded = load_profile(node.profile)
+        address = ManagerAddress("user", node.manager.runtime_dir)
+        if current_release(node.state_dir) is None:
+            # The node's first state: the checkout's render, installed as its first release.
+            rendered = render_profile(loaded)
+            files = rendered.release_files()
+            rid = release_id(files)
+            store_release(node.state_dir, rid, files)
+            install_units(node, rendered.units)
+            systemd.reload(address)
+            switch_current(node.state_dir, rid)
+            installed = rid
+            echo(f"{node.name}: installed release {rid}")
+        else:
+            installed = None
+        start_s = loaded.profile.engine.start_timeout_s
+        systemd.job(address, "start", TARGET_UNIT, start_s)
+        systemd.job(address, "start", CHECK_TIMER, 30)
+        url = engine_url(loaded.profile) + "/health"
+        if wait_for_200(url, start_s) != 200:
+            raise SandboxError(f"{node.name}: {url} did not answer 200 within {start_s:g} s")
+        if installed:  # recorded as a first release that served, so a rollback can return to it
+            now = time.time()
+            history.append(node.state_dir / "releases/history.jsonl", {
+                "switch": f"sandbox-{rid}", "rollout": None, "node": node.name, "kind": "release",
+                "result": "released", "step": None, "reason": "installed by 'flatshare sandbox up'",
+                "before": None, "after": installed, "target": installed, "served": True, "commit": None,
+                "user": "root", "host": os.uname().nodename, "started_at": now, "finished_at": now,
+                "duration_s": 0.0, "forced": False, "resumed": 0})
+    return inventory
+
+
+def status(base: Path) -> dict[str, dict]:
+    """Each node's processes and unit states.
+
+    Returns:
+        node -> {"manager": bool, "sshd": bool, "release": str | None, "units": {unit: ActiveState},
+        "engine_pid": int, "engine_health": int | None}.
+    """
+    base = base.resolve()
+    state = _read_state(base)
+    report: dict[str, dict] = {}
+    for name, record in state.nodes.items():
+        node = SandboxNode(name, "", base)
+        entry: dict = {
+            "manager": _owns_manager(node, record.manager_pid),
+            "sshd": _owns_sshd(node, record.sshd_pid),
+            "release": current_release(node.state_dir),
+            "units": {},
+            "engine_pid": 0,
+            "engine_health": None,
+        }
+        if entry["manager"] and _manager_answers(node):
+            names = (TARGET_UNIT, *SERVICE_UNITS)
+            found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir),
+                                       [(u, "Unit", "ActiveState") for u in names] + [(ENGINE_UNIT, "Service", "MainPID")])
+            entry["units"] = {u: found[f"{u}/ActiveState"] for u in names}
+            entry["engine_pid"] = found[f"{ENGINE_UNIT}/MainPID"]
+            if node.profile.exists():
+                status_code = http_get(engine_url(load_profile(node.profile).profile) + "/health")[0]
+                entry["engine_health"] = status_code or None
+        report[name] = entry
+    return report
+
+
+def reboot(base: Path, name: str, echo=print) -> int:
+    """Reboot a sandbox node's systemd: stop its manager and everything it runs, clear its runtime
+    directory (as a boot clears /run), start the manager again, and start nothing by hand: what
+    comes up is what is enabled. Returns the new manager's pid.
+
+    Raises:
+        SandboxError: no such node in this sandbox, or the manager did not come back.
+    """
+    import shutil
+
+    base = base.resolve()
+    with _sandbox_lock(base):
+        state = _read_state(base)
+        if name not in state.nodes:
+            raise SandboxError(f"{base}: no sandbox node {name!r}; nodes: {', '.join(state.nodes)}", exit_code=2)
+        record = state.nodes[name]
+        node = SandboxNode(name, "", base, record.scope, record.bare)
+        owned = _owns_manager(node, record.manager_pid)
+        stop_manager(node.manager.name, record.manager_pid if owned else None)
+        for entry in node.manager.runtime_dir.iterdir():
+            if entry.is_dir() and not entry.is_symlink():
+                shutil.rmtree(entry, ignore_errors=True)
+            else:
+                entry.unlink(missing_ok=True)
+        record.manager_pid = start_manager(node.manager, _manager_env(node))
+        _write_state(base, state)
+        echo(f"{name}: systemd user manager rebooted (pid {record.manager_pid}); nothing started by hand")
+        return record.manager_pid
+
+
+def down(base: Path, echo=print) -> None:
+    """Stop every process the sandbox started; leaves the files for the next ``up``.
+
+    A recorded process id is signalled only if it still is this sandbox's
+    process (its sshd_config on the command line; a ``systemd --user`` in the
+    node's own cgroup), so a reused id is never touched. Whatever is left in
+    the node's cgroups is killed.
+    """
+    base = base.resolve()
+    if not base.exists():
+        echo(f"{base}: no sandbox here")
+        return
+    with _sandbox_lock(base):
+        state = _read_state(base)
+        for name, record in state.nodes.items():
+            node = SandboxNode(name, "", base)
+            if _owns_sshd(node, record.sshd_pid):
+                os.kill(record.sshd_pid, signal.SIGTERM)
+                _wait_gone(record.sshd_pid)
+                echo(f"{name}: sshd stopped (pid {record.sshd_pid})")
+            elif record.sshd_pid:
+                echo(f"{name}: sshd pid {record.sshd_pid} is gone or no longer ours; not touched")
+            owned = _owns_manager(node, record.manager_pid)
+            stop_manager(node.manager.name, record.manager_pid if owned else None)
+            echo(f"{name}: systemd user manager and its units stopped"
+                 + (f" (pid {record.manager_pid})" if owned else " (its cgroup swept)"))
+        (base / "state.json").unlink(missing_ok=True)
+
+
+def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
+    if not poll_until(lambda: not pid_alive(pid), timeout_s):
+        os.kill(pid, signal.SIGKILL)

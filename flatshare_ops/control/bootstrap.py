@@ -1,0 +1,378 @@
+"""``flatshare node bootstrap``: bring a node from sshd and an engine venv to ready for its first release.
+
+Idempotent, over SSH, ``--dry-run`` changes nothing. It ends with what it
+checked, one line each (``ok``, ``done``, ``would``, ``FAIL`` with how to fix
+it); the first ``flatshare release`` then installs the units. In order:
+
+1. the host key: verified against the fleet's known_hosts; an unknown key is
+   shown by its SHA256 fingerprint and added only with ``--accept-host-key
+   SHA256:...`` matching it: never trusted on first use silently;
+2. the node's platform (Debian release, Python version, architecture) equals
+   the operator machine's, which builds the node's wheels (control/wheels.py);
+3. the node layout from the profile: state, unit and module directories, the
+   service user (system scope) and the module directory's owner;
+4. flatshare-ops' node side: the wheels shipped over SFTP, installed into
+   ``OPS/.venv`` with ``pip install --no-index --require-hashes``, and the
+   requirements.lock they came from kept beside it (node/entry.py checks
+   each release's switcher against it);
+5. the engine venv holds the profile's vLLM release; the model path exists;
+6. the module's build command runs once; the built module's sha256 is reported
+   (pin it: ``flatshare profiles pin-module --from-node NODE``).
+"""
+
+from __future__ import annotations
+
+import json
+import shlex
+from pathlib import Path
+
+import paramiko
+
+from ..errors import Exit, FlatshareError, TransportError
+from . import known_hosts as known_hosts_file
+from .ssh import SSHConnection, SSHTarget
+from .targets import NodeTarget
+
+#: Read on the node by its own python3 (standard library only): what bootstrap needs to know.
+FACTS = r"""
+import hashlib, json, os, platform, pwd, sys
+want = json.loads(sys.argv[1])
+release = {}
+try:
+    for line in open("/etc/os-release"):
+        k, _, v = line.strip().partition("=")
+        release[k] = v.strip('"')
+except OSError:
+    pass
+def vllm(venv):
+    import glob
+    for meta in sorted(glob.glob(os.path.join(venv, "lib/python*/site-packages/vllm-*.dist-info/METADATA"))):
+        for line in open(meta, errors="replace"):
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+    return None
+def lock(path):
+    try:
+        return hashlib.sha256(open(path, "rb").read()).hexdigest()
+    except OSError:
+        return None
+try:
+    import ensurepip, venv as _venv
+    has_venv = True
+except ImportError:
+    has_venv = False
+user = want.get("user")
+try:
+    pwd.getpwnam(user) if user else None
+    user_exists = bool(user)
+except KeyError:
+    user_exists = False
+build = want["build"]
+print(json.dumps({
+    "platform": {"os": release.get("ID", "?"), "os_version": release.get("VERSION_ID", "?"),
+                 "python": "%d.%d" % sys.version_info[:2], "machine": platform.machine()},
+    "python3": sys.executable, "has_venv": has_venv,
+    "dirs": {p: os.path.isdir(p) for p in want["dirs"]},
+    "model": os.path.exists(want["model"]) if want["model"].startswith("/") else True,
+    "vllm": vllm(want["venv"]),
+    "build": os.path.isfile(build) and os.access(build, os.X_OK),
+    "user_exists": user_exists,
+    "installed_lock": lock(os.path.join(want["ops"], "requirements.lock")),
+    "entry": os.access(os.path.join(want["ops"], ".venv/bin/flatshare-node"), os.X_OK),
+}))
+"""
+
+
+class Bootstrap:
+    """One node's bootstrap: each item checked or done, one line each.
+
+    Args:
+        target: the node.
+        root: the checkout (its requirements.lock and code build the node's wheels).
+        echo: where lines go.
+        dry_run: check and say what would be done; change nothing.
+        accept_host_key: ``SHA256:...``, the fingerprint the operator checked on the node.
+    """
+
+    def __init__(self, target: NodeTarget, root: Path, echo, dry_run: bool = False,
+                 accept_host_key: str | None = None) -> None:
+        self.target, self.root, self.echo, self.dry_run, self.accept = target, Path(root), echo, dry_run, accept_host_key
+        self.failed = 0
+        self.conn: SSHConnection | None = None
+        self.accepted: str | None = None  # a dry run's accepted key, trusted for this run only
+        profile = target.loaded.profile
+        self.profile = profile
+        check = Path(profile.check.command[0])
+        if check.parent.name != "bin" or check.parent.parent.name != ".venv":
+            raise FlatshareError(f"{target.profile_path}: check.command[0] must be OPS/.venv/bin/serving-check "
+                                 f"(bootstrap installs flatshare-ops into OPS/.venv), got {check}")
+        self.ops = check.parent.parent.parent
+
+    def line(self, state: str, item: str, detail: str) -> None:
+        """One line of the report; ``FAIL`` lines count."""
+        if state == "FAIL":
+            self.failed += 1
+        self.echo(f"  {state:5} {item}: {detail}")
+
+    def run(self) -> int:
+        """Bootstrap the node. Returns ``Exit.OK`` when every item is ok or done, ``Exit.REFUSED`` otherwise."""
+        self.echo(f"{self.target.name}: bootstrap" + (" (dry run: nothing is changed)" if self.dry_run else ""))
+        if not self._host_key():
+            return self._end()
+        try:
+            self.conn = self._connect()
+        except TransportError as err:
+            self.line("FAIL", "ssh", str(err))
+            return self._end()
+        try:
+            facts = self._facts()
+            if facts is not None and self._platform(facts):
+                self._layout(facts)
+                self._install(facts)
+                self._engine(facts)
+                self._module(facts)
+        finally:
+            self.conn.close()
+        return self._end()
+
+    def _connect(self) -> SSHConnection:
+        if self.accepted is None:
+            return self.target.connect()
+        import tempfile
+
+        from ..config.inventory import resolve
+
+        n, t = self.target.node, self.target.settings.transport
+        path = self._known_hosts_path()
+        with tempfile.NamedTemporaryFile("w", suffix=".known_hosts", delete=False) as scratch:
+            scratch.write((path.read_text() if path.exists() else "") + self.accepted)
+        try:
+            return SSHConnection(SSHTarget(self.target.name, n.host, n.port, n.user, Path(scratch.name),
+                                           resolve(self.target.inventory, n.identity), t.connect_timeout_s,
+                                           t.keepalive_s))
+        finally:
+            Path(scratch.name).unlink()
+
+    def _end(self) -> int:
+        if self.failed:
+            self.echo(f"{self.target.name}: {self.failed} item(s) to fix first (see FAIL above); then run bootstrap again")
+            return Exit.REFUSED
+        self.echo(f"{self.target.name}: " + ("bootstrap would succeed" if self.dry_run else
+                                              "bootstrapped; the first 'flatshare release' installs the units"))
+        return Exit.OK
+
+    # --- 1. the host key ------------------------------------------------------------------------------
+
+    def _known_hosts_path(self) -> Path:
+        from ..config.inventory import resolve
+
+        path = resolve(self.target.inventory, self.target.node.known_hosts)
+        return path or Path.home() / ".ssh" / "known_hosts"
+
+    def _host_key(self) -> bool:
+        import socket
+
+        n, t = self.target.node, self.target.settings.transport
+        path = self._known_hosts_path()
+        label = known_hosts_file.host_label(n.host, n.port)
+        try:
+            sock = socket.create_connection((n.host, n.port), timeout=t.connect_timeout_s)
+            transport = paramiko.Transport(sock)
+            transport.banner_timeout = t.connect_timeout_s
+            transport.start_client(timeout=t.connect_timeout_s)
+            key = transport.get_remote_server_key()
+            transport.close()
+        except (OSError, paramiko.SSHException, EOFError) as err:
+            self.line("FAIL", "ssh", f"cannot reach {label} within {t.connect_timeout_s:g} s ({err})")
+            return False
+        fingerprint = known_hosts_file.fingerprint(key.asbytes())
+        known = known_hosts_file.read(path) if path.exists() else known_hosts_file.KnownHosts(path)
+        try:
+            known_hosts_file.verify(known, self.target.name, n.host, n.port, key.get_name(), key.asbytes())
+            self.line("ok", "host key", f"{label} {key.get_name()} {fingerprint} is in {path}")
+            return True
+        except TransportError as err:
+            if "is not in" not in str(err):
+                self.line("FAIL", "host key", str(err))
+                return False
+        if self.accept is None:
+            self.line("FAIL", "host key", f"{label} is not in {path}; its key is {key.get_name()} {fingerprint}. "
+                      f"Check it on the node (ssh-keygen -lf /etc/ssh/ssh_host_{key.get_name().split('-')[-1]}_key.pub), "
+                      f"then run again with --accept-host-key {fingerprint}")
+            return False
+        if self.accept != fingerprint:
+            self.line("FAIL", "host key", f"{label} presents {fingerprint}, not the {self.accept} you accepted; "
+                      "refusing (a different machine answers, or the fingerprint was mistyped)")
+            return False
+        entry = f"{label} {key.get_name()} {key.get_base64()}\n"
+        if self.dry_run:
+            self.line("would", "host key", f"add {label} {fingerprint} to {path}")
+            self.accepted = entry
+            return True
+        path.parent.mkdir(parents=True, exist_ok=True)
+        with open(path, "a", encoding="utf-8") as f:
+            f.write(entry)
+        self.line("done", "host key", f"added {label} {key.get_name()} {fingerprint} to {path} (commit it)")
+        return True
+
+    # --- 2. facts and platform ------------------------------------------------------------------------
+
+    def _run(self, argv: list[str], timeout_s: float = 120.0) -> tuple[int | None, str]:
+        result = self.conn.run(argv, timeout_s=timeout_s)
+        return result.status, result.output
+
+    def _facts(self) -> dict | None:
+        p = self.profile
+        want = {"dirs": [p.layout.state_dir, p.layout.unit_dir, p.module.directory, str(self.ops)],
+                "model": p.engine.model, "venv": p.engine.venv, "build": p.module.build_command[0],
+                "user": p.layout.service_user if p.layout.scope == "system" else None, "ops": str(self.ops)}
+        status, output = self._run(["python3", "-c", FACTS, json.dumps(want)])
+        try:
+            return json.loads(output)
+        except ValueError:
+            self.line("FAIL", "python3", f"the node's python3 could not report its facts (exit {status}: "
+                      f"{output.strip()[-200:]}); install Debian's python3 and python3-venv")
+            return None
+
+    def _platform(self, facts: dict) -> bool:
+        from .wheels import local_platform
+
+        here, there = local_platform(), facts["platform"]
+        if here != there:
+            self.line("FAIL", "platform", f"the node runs {there}, the wheels are built here for {here}; bootstrap "
+                      "from an operator machine with the node's Debian release, Python and architecture")
+            return False
+        self.line("ok", "platform", f"{there['os']} {there['os_version']}, Python {there['python']}, {there['machine']}")
+        if not facts["has_venv"]:
+            self.line("FAIL", "python3-venv", "the node's python3 cannot make a venv: apt-get install python3-venv")
+            return False
+        return True
+
+    # --- 3. layout --------------------------------------------------------------------------------------
+
+    def _layout(self, facts: dict) -> None:
+        p = self.profile
+        missing = [d for d, there in facts["dirs"].items() if not there]
+        if missing:
+            if self.dry_run:
+                self.line("would", "layout", f"create {', '.join(missing)}")
+            else:
+                status, output = self._run(["mkdir", "-p", *missing])
+                self.line("done" if status == 0 else "FAIL", "layout",
+                          f"created {', '.join(missing)}" if status == 0 else output.strip()[-200:])
+        else:
+            self.line("ok", "layout", "state, unit and module directories exist")
+        user = p.layout.service_user if p.layout.scope == "system" else None
+        if not user:
+            self.line("ok", "service user", f"scope {p.layout.scope}: the services run as the manager's user")
+            return
+        if not facts["user_exists"]:
+            if self.dry_run:
+                self.line("would", "service user", f"create system user {user}")
+            else:
+                status, output = self._run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
+                                            user])
+                self.line("done" if status == 0 else "FAIL", "service user",
+                          f"created system user {user}" if status == 0 else output.strip()[-200:])
+        else:
+            self.line("ok", "service user", f"{user} exists")
+        if self.dry_run:
+            self.line("would", "ownership", f"give {p.module.directory} to {user} (the engine builds its module there)")
+        else:
+            status, output = self._run(["chown", "-R", f"{user}:", p.module.directory])
+            self.line("done" if status == 0 else "FAIL", "ownership",
+                      f"{p.module.directory} belongs to {user}" if status == 0 else output.strip()[-200:])
+
+    # --- 4. flatshare-ops on the node -----------------------------------------------------------------
+
+    def _install(self, facts: dict) -> None:
+        import hashlib
+
+        from .wheels import build, project_dir
+
+        lock = project_dir(self.root) / "requirements.lock"
+        want = hashlib.sha256(lock.read_bytes()).hexdigest()
+        if self.dry_run:
+            state = "ok" if facts["installed_lock"] == want and facts["entry"] else "would"
+            self.line(state, "flatshare-ops", f"{'installed from' if state == 'ok' else 'install into'} {self.ops}/.venv "
+                      f"(requirements.lock {want[:12]})")
+            return
+        wheels = build(self.root, echo=self.echo)
+        try:
+            self._ship(wheels, lock)
+        finally:
+            import shutil
+
+            shutil.rmtree(wheels.directory, ignore_errors=True)  # the per-run set (the dependencies stay cached)
+
+    def _ship(self, wheels, lock: Path) -> None:
+        import hashlib
+
+        want = hashlib.sha256(lock.read_bytes()).hexdigest()
+        remote = self.ops / "wheels"
+        self._run(["mkdir", "-p", str(remote)])
+        sftp = self.conn.transport.open_sftp_client()
+        try:
+            sftp.get_channel().settimeout(120)
+            present = set(sftp.listdir(str(remote)))
+            for name in (*wheels.files, "requirements.node.lock", "requirements.self.lock"):
+                if name.endswith(".whl") and name in present and not name.startswith("flatshare_ops-"):
+                    continue  # a dependency's wheel name carries its version; the lock checks its bytes
+                sftp.put(str(wheels.directory / name), str(remote / name))
+            sftp.put(str(lock), str(self.ops / "requirements.lock.new"))
+        finally:
+            sftp.close()
+        venv = self.ops / ".venv"
+        pip = [str(venv / "bin/pip"), "install", "--quiet", "--no-index", "--require-hashes", "--find-links", str(remote)]
+        script = " && ".join([
+            f"{{ test -x {shlex.quote(str(venv / 'bin/python'))} || python3 -m venv {shlex.quote(str(venv))}; }}",
+            shlex.join([*pip, "-r", str(remote / "requirements.node.lock")]),
+            shlex.join([*pip, "--no-deps", "--force-reinstall", "-r", str(remote / "requirements.self.lock")]),
+            shlex.join(["mv", str(self.ops / "requirements.lock.new"), str(self.ops / "requirements.lock")]),
+        ])
+        status, output = self._run(["sh", "-c", script], timeout_s=600)
+        if status != 0:
+            self.line("FAIL", "flatshare-ops", f"the install into {venv} failed (exit {status}): {output.strip()[-300:]}")
+            return
+        self.line("done", "flatshare-ops", f"installed into {venv} from {len(wheels.files)} wheels "
+                  f"(requirements.lock {want[:12]}, --no-index --require-hashes)")
+
+    # --- 5. the engine, 6. the module -------------------------------------------------------------------
+
+    def _engine(self, facts: dict) -> None:
+        e = self.profile.engine
+        if facts["vllm"] == e.vllm_release:
+            self.line("ok", "engine venv", f"{e.venv} holds vLLM {e.vllm_release}")
+        else:
+            self.line("FAIL", "engine venv", f"{e.venv} holds vLLM {facts['vllm'] or 'nothing'}, the profile needs "
+                      f"{e.vllm_release}: install it ({e.venv}/bin/pip install vllm=={e.vllm_release}), then build "
+                      "make-room against it")
+        if facts["model"]:
+            self.line("ok", "model", f"{e.model} exists")
+        else:
+            self.line("FAIL", "model", f"{e.model} does not exist: copy the model's files there")
+
+    def _module(self, facts: dict) -> None:
+        m = self.profile.module
+        if not facts["build"]:
+            self.line("FAIL", "module", f"the build command {m.build_command[0]} is missing or not executable")
+            return
+        if self.dry_run:
+            self.line("would", "module", f"run {shlex.join(m.build_command)} once and report the module's sha256")
+            return
+        user = self.profile.layout.service_user if self.profile.layout.scope == "system" else None
+        command = (["runuser", "-u", user, "--"] if user else []) + list(m.build_command)
+        env = ["env", f"PYTHONPATH={m.directory}"]
+        status, output = self._run([*env, *command], timeout_s=600)
+        if status != 0:
+            self.line("FAIL", "module", f"the build failed (exit {status}): {output.strip()[-300:]}")
+            return
+        status, output = self._run(["sha256sum", m.path])
+        built = output.split()[0] if status == 0 and output.split() else None
+        if built is None:
+            self.line("FAIL", "module", f"the build left no {m.path}")
+        elif built == m.sha256:
+            self.line("ok", "module", f"built {m.path}: sha256 {built}, as the profile pins")
+        else:
+            self.line("done", "module", f"built {m.path}: sha256 {built}; the profile pins {m.sha256[:12]}...: pin it "
+                      f"with 'flatshare profiles pin-module --from-node {self.target.name}', commit, then release")
