@@ -133,3 +133,40 @@ def test_set_refuses_to_replace_a_table(checkout):
     result = run_cli("profiles", "set", "engine.make_room", "5", "--root", str(checkout))
     assert result.returncode == 2 and "engine.make_room: is a table; set one of its keys" in result.stderr
     assert snapshot(checkout) == before
+
+
+def test_a_placeholder_module_pin_warns_in_make_profiles_and_refuses_a_release_before_connecting(checkout):
+    rendered = run_cli("profiles", "render", "--root", str(checkout))
+    assert rendered.returncode == 0  # a warning, not drift
+    assert "warning: profiles/rtx-5060-ti-serve.toml pins a placeholder module hash" in rendered.stderr
+    # The production inventory's hosts do not resolve here: a refusal that had tried to connect would be exit 6.
+    result = run_cli("release", "--all", "--dry-run", "--root", str(checkout),
+                     "--inventory", str(checkout / "profiles/fleet.toml"))
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "the module pin is a placeholder (zeros) in the profile of cyan" in result.stderr
+    assert "flatshare profiles pin-module" in result.stderr
+
+
+def test_pin_module_sets_the_hash_keeps_comments_and_renders(checkout, tmp_path):
+    module = tmp_path / "flatshare_make_room_serve.py"
+    module.write_bytes(b"# a built module\n")
+    expected = hashlib.sha256(module.read_bytes()).hexdigest()  # the independent hash
+    profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+    before = profile.read_text()
+    result = run_cli("profiles", "pin-module", "--file", str(module), "--root", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert profile.read_text() == before.replace("0" * 64, expected)
+    serving = json.loads((checkout / "profiles/rtx-5060-ti-serve.serving.json").read_text())
+    assert serving["module"]["sha256"] == expected
+    assert f"`{expected}`" in (checkout / "PRODUCTION.md").read_text()
+    bad = run_cli("profiles", "pin-module", "--sha256", "XYZ", "--root", str(checkout))
+    assert bad.returncode == 2 and "is not a sha256" in bad.stderr
+
+
+def test_the_variant_renders_beside_production_and_is_drift_checked(checkout):
+    variant = checkout / "units/rtx-5060-ti-serve-vllm-0.33/flatshare-engine.service"
+    assert '"/opt/flatshare/engine-venv-0.33/bin/vllm" "serve"' in variant.read_text()
+    assert "engine-venv-0.33" not in (checkout / "units/flatshare-engine.service").read_text()
+    variant.write_text(variant.read_text() + "# hand edit\n")
+    result = run_cli("profiles", "render", "--root", str(checkout))
+    assert result.returncode == 1 and "units/rtx-5060-ti-serve-vllm-0.33/flatshare-engine.service" in result.stdout

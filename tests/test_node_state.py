@@ -558,9 +558,24 @@ def damage(fleet: Fleet, c: Case, path: Path, original: bytes) -> None:
         }[form])
 
 
-def repair(fleet: Fleet, c: Case, path: Path, kept: Kept) -> None:
+def keep_stored_releases(fleet: Fleet) -> Path:
+    """A copy of every stored release directory (a release with no history to keep it, e.g. when the
+    history is missing, is pruned by the next release: the repair puts it back)."""
+    copy = fleet.scratch / "stored-releases"
+    shutil.rmtree(copy, ignore_errors=True)
+    copy.mkdir()
+    for directory in fleet.releases().iterdir():
+        if re.fullmatch(r"[0-9a-f]{16}", directory.name) and directory.is_dir() and not directory.is_symlink():
+            shutil.copytree(directory, copy / directory.name, symlinks=True)
+    return copy
+
+
+def repair(fleet: Fleet, c: Case, path: Path, kept: Kept, stored: Path) -> None:
     """Undo the damage, keeping what the commands rightly did meanwhile (a new history record, a switched
     current link), then bring the node back to settled."""
+    for directory in stored.iterdir():
+        if not (fleet.releases() / directory.name).exists():
+            shutil.copytree(directory, fleet.releases() / directory.name, symlinks=True)
     if c.file == "history.jsonl":
         known = {r.get("switch") for r in json_lines(kept.data or b"")}
         new = [r for r in (json_lines(path.read_bytes()) if path.is_file() and not path.is_symlink() else [])
@@ -633,6 +648,7 @@ def test_every_node_file_is_read_defensively(fleet, c):
     path = locate(fleet, c.file)
     kept = Kept(path)
     original = os.readlink(path).encode() if kept.kind == "link" else (kept.data or b"")
+    stored = keep_stored_releases(fleet)
     try:
         damage(fleet, c, path, original)
         if c.file.startswith("voice."):
@@ -645,7 +661,7 @@ def test_every_node_file_is_read_defensively(fleet, c):
         if c.serving:
             failures += [f"after the commands the node does not take calls: {p}" for p in fleet.calls_problems()]
     finally:
-        repair(fleet, c, path, kept)
+        repair(fleet, c, path, kept, stored)
     assert not failures, "\n\n".join(failures)
 
 

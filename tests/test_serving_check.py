@@ -414,3 +414,14 @@ def test_an_e2_drop_in_linked_since_the_last_reload_is_a_warning(sandbox):
 def test_a_usage_error_is_unknown(sandbox):
     result = run_cli("--no-such-option", program="serving-check")
     assert result.returncode == 3 and result.stdout.startswith("SERVING-CHECK UNKNOWN")
+
+
+def test_a_serving_json_newer_than_the_check_knows_is_unknown_not_critical(tmp_path, sandbox):
+    release = tmp_path / "releases/r1"
+    release.mkdir(parents=True)
+    (tmp_path / "releases/current").symlink_to("r1")
+    (release / "serving.json").write_text(json.dumps({"schema": 2, "engine": {}}))
+    result = run_cli("--state-dir", str(tmp_path), "--runtime-dir", str(_node(sandbox).manager.runtime_dir),
+                     program="serving-check")
+    assert result.returncode == 3, result.stdout
+    assert "serving.json schema 2 is newer than this serving-check knows (1)" in result.stdout
