@@ -1,0 +1,186 @@
+"""What a release costs, side by side in one run on one sandbox node, against a bare shell script.
+
+The bare script (bench/bare_release.sh) does only what a release must: stop the
+gateway, install the units, daemon-reload, restart the engine, wait for
+/health, start the gateway. N times, alternating, on the same node:
+
+- `flatshare release --node cyan` over SSH (an engine flag change: the whole
+  switch, voice drain included), and the bare script installing the same kind
+  of change;
+- a monitor samples the node's gateway /health and its voice drain file every
+  10 ms: the node "does not take calls" while the gateway does not answer 200
+  or the drain file is present.
+
+Prints the medians and the ratios the fleet-safety issue sets targets for:
+release total (minus the preflight, which runs before the drain) <= 1.5x the
+bare script; time not taking calls <= the bare script's whole run + 0.3 s.
+Also what shipping the switcher adds (building the zip, sending it, unpacking
+it), as a share of the release.
+
+Run: .venv/bin/python bench/release_cost.py [N]   (about 10 s a round; one heavy job at a time)
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+import urllib.request
+from pathlib import Path
+
+REPO = Path(__file__).resolve().parent.parent
+sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from conftest import copy_checkout  # noqa: E402
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up  # noqa: E402
+
+ADDRESSES = {"cyan": "127.0.8.2", "peacock": "127.0.8.3"}
+BIN = Path(sys.executable).parent
+
+
+class Monitor:
+    """Samples whether the node takes calls every 10 ms; sums the time it does not."""
+
+    def __init__(self, node: SandboxNode) -> None:
+        self.node, self.url = node, f"http://{node.address}:8080/health"
+        self.down_s, self._stop = 0.0, threading.Event()
+
+    def _serving(self) -> bool:
+        if (self.node.run_dir / "voice.drain").exists():
+            return False
+        try:
+            with urllib.request.urlopen(self.url, timeout=0.5) as answer:
+                return answer.status == 200
+        except OSError:
+            return False
+
+    def __enter__(self):
+        def run():
+            last = time.monotonic()
+            while not self._stop.is_set():
+                serving = self._serving()
+                now = time.monotonic()
+                if not serving:
+                    self.down_s += now - last
+                last = now
+                time.sleep(0.01)
+        self._thread = threading.Thread(target=run, daemon=True)
+        self._thread.start()
+        return self
+
+    def __exit__(self, *_exc) -> None:
+        self._stop.set()
+        self._thread.join()
+
+
+def timed(argv: list[str], env: dict | None = None) -> float:
+    start = time.monotonic()
+    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    elapsed = time.monotonic() - start
+    if result.returncode != 0:
+        raise SystemExit(f"{argv[0]} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    return elapsed
+
+
+def preflight_s(node: SandboxNode, argv: list[str], runs: int = 5) -> float:
+    """The preflight's own cost: the engine venv's parse of the command line (it runs before the drain)."""
+    from flatshare_ops.node.preflight import parse_with_venv
+
+    samples = []
+    for _ in range(runs):
+        start = time.monotonic()
+        assert parse_with_venv(node.venv, argv[2:])["ok"]
+        samples.append(time.monotonic() - start)
+    return statistics.median(samples)
+
+
+def shipping_s(checkout: Path, inventory: Path) -> tuple[float, int]:
+    """(seconds shipping adds to one release, bytes shipped): zipping the switcher in a new process,
+    sending it over SSH, unpacking it on the node."""
+    code = ("import time, sys; from pathlib import Path; t = time.monotonic(); "
+            "from flatshare_ops.control.bundle import source, switcher; "
+            f"s = switcher(source(Path({str(checkout)!r}))); print(time.monotonic() - t, len(s['zip_b64']))")
+    build, size = map(float, subprocess.check_output([sys.executable, "-c", code], text=True).split())
+    from flatshare_ops.control.targets import targets
+
+    (target,) = targets(inventory, ["cyan"], False)
+    conn = target.connect()
+    try:
+        payload = os.urandom(int(size * 3 / 4))
+        start = time.monotonic()
+        result = conn.run(["sh", "-c", "cat > /dev/null"], stdin=payload, timeout_s=60)
+        send = time.monotonic() - start
+        start = time.monotonic()
+        conn.run(["true"], timeout_s=30)
+        send -= time.monotonic() - start  # the command's own round trip is paid anyway
+        assert result.status == 0
+    finally:
+        conn.close()
+    from flatshare_ops.control.bundle import source, switcher
+    from flatshare_ops.node.entry import unpack
+
+    with tempfile.TemporaryDirectory() as scratch:
+        start = time.monotonic()
+        unpack(Path(scratch), switcher(source(checkout)))
+        unpacked = time.monotonic() - start
+    return build + max(0.0, send) + unpacked, int(size)
+
+
+def main() -> None:
+    runs = int(sys.argv[1]) if len(sys.argv) > 1 else 5
+    with tempfile.TemporaryDirectory(prefix="flatshare-bench-") as scratch:
+        root = Path(scratch)
+        checkout = copy_checkout(REPO, root / "checkout")
+        base = root / "sandbox"
+        up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+        node = SandboxNode("cyan", ADDRESSES["cyan"], base.resolve())
+        inventory = base / "fleet.toml"
+        release_times, release_down, bare_times, bare_down = [], [], [], []
+        try:
+            staged = root / "units-next"
+            for i in range(runs):
+                value = "0" if i % 2 == 0 else "48"
+                subprocess.run([str(BIN / "flatshare"), "profiles", "set", "engine.make_room.decode_hold_tokens",
+                                value, "--root", str(checkout)], check=True, capture_output=True)
+                with Monitor(node) as monitor:
+                    release_times.append(timed([str(BIN / "flatshare"), "release", "--node", "cyan", "--inventory",
+                                                str(inventory), "--root", str(checkout)]))
+                release_down.append(monitor.down_s)
+                # The bare script installs the same kind of change: the engine unit with the other value.
+                staged.mkdir(exist_ok=True)
+                engine = (node.manager.unit_dir / "flatshare-engine.service").read_text()
+                flag = '"--additional-config.make_room.decode_hold_tokens" '
+                other = "48" if f'{flag}"0"' in engine else "0"
+                (staged / "flatshare-engine.service").write_text(
+                    engine.replace(f'{flag}"{value}"', f'{flag}"{other}"'))
+                with Monitor(node) as monitor:
+                    bare_times.append(timed(["bash", str(REPO / "bench/bare_release.sh"), str(staged),
+                                             str(node.manager.unit_dir), f"http://{node.address}:8000"],
+                                            {"XDG_RUNTIME_DIR": str(node.manager.runtime_dir)}))
+                bare_down.append(monitor.down_s)
+            argv = json.loads((node.state_dir / "releases/current/serving.json").read_text())["engine"]["argv"]
+            preflight = preflight_s(node, argv)
+            ship, size = shipping_s(checkout, inventory)
+            # Leave the node on its release (the bare script changed its units behind the release's back).
+            subprocess.run([str(BIN / "flatshare"), "release", "--node", "cyan", "--inventory", str(inventory),
+                            "--root", str(checkout)], capture_output=True)
+        finally:
+            down(base, echo=lambda _l: None)
+    release, bare = statistics.median(release_times), statistics.median(bare_times)
+    down_release, down_bare = statistics.median(release_down), statistics.median(bare_down)
+    print(f"medians of {runs} runs on one sandbox node (release over SSH; bare script local)")
+    print(f"  release total {release:.2f} s, of which preflight {preflight:.2f} s; bare script {bare:.2f} s")
+    print(f"  ratio (release - preflight) / bare = {(release - preflight) / bare:.2f}   (target <= 1.5)")
+    print(f"  not taking calls: release {down_release:.2f} s, bare script {down_bare:.2f} s; "
+          f"release - bare run = {down_release - bare:+.2f} s   (target <= +0.30 s)")
+    print(f"  shipping the switcher ({size / 1e6:.2f} MB base64): {ship:.3f} s = {ship / release:.1%} of the release")
+
+
+if __name__ == "__main__":
+    main()
