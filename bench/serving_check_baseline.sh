@@ -5,12 +5,19 @@
 set -u
 state=$1 units=$2 venv=$3 url=$4
 cat "$state/releases/current/serving.json" >/dev/null
+cat /proc/locks >/dev/null
+test -e "$state/releases/switching.json"
+all="flatshare-engine.service flatshare-gateway.service flatshare-voice.service flatshare.target serving-check.service serving-check.timer"
+systemctl --user show -p DropInPaths,NeedDaemonReload $all >/dev/null
+systemctl --user show -p ActiveState flatshare-engine.service flatshare-gateway.service flatshare-voice.service >/dev/null
+systemctl --user show -p UnitPath >/dev/null
 pid=$(systemctl --user show -p MainPID --value flatshare-engine.service)
-systemctl --user show -p ActiveState,LoadState,ExecMainStartTimestamp,DropInPaths,NeedDaemonReload \
-  flatshare-engine.service flatshare-gateway.service flatshare-voice.service >/dev/null
+systemctl --user show -p LoadState,ActiveState,ExecMainStartTimestamp flatshare-engine.service >/dev/null
 tr '\0' ' ' < "/proc/$pid/cmdline" >/dev/null
 curl -s "$url/health" >/dev/null
 curl -s "$url/version" >/dev/null
 curl -s "$url/metrics" >/dev/null
-sha256sum "$state"/module/*.py "$units"/* >/dev/null
+sha256sum "$state"/module/*.py "$units"/*.service "$units"/*.target "$units"/*.timer >/dev/null
+stat -c %Y "$state"/module/*.py >/dev/null
+ls -d "$units"/*.d "$units"/*-.service.d "$units"/service.d 2>/dev/null >/dev/null
 cat "$venv"/lib/python*/site-packages/vllm-*.dist-info/METADATA >/dev/null
