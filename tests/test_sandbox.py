@@ -252,16 +252,17 @@ def test_down_stops_every_process_it_started(tmp_path):
     base = tmp_path / "sb"
     up(base, REPO / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
     state = json.loads((base / "state.json").read_text())
-    pids = [pid for record in state["nodes"].values() for pid in record.values()]
-    groups = [Path(f"/sys/fs/cgroup/systemd/flatshare-{SandboxNode(n, a, base.resolve()).manager.name}")
-              for n, a in addresses.items()]
+    pids = [record[k] for record in state["nodes"].values() for k in ("manager_pid", "sshd_pid")]
+    groups = [Path(f"/sys/fs/cgroup/{hierarchy}/flatshare-{SandboxNode(n, a, base.resolve()).manager.name}")
+              for n, a in addresses.items() for hierarchy in ("systemd", "unified")
+              if Path(f"/sys/fs/cgroup/{hierarchy}/cgroup.procs").exists()]
+    assert groups and all(g.is_dir() for g in groups)
     down(base, echo=lambda _l: None)
     for pid in pids:
         stat = Path(f"/proc/{pid}/stat")
         assert not stat.exists() or stat.read_text().split(")")[1].split()[0] == "Z", f"pid {pid} still runs"
     for group in groups:
-        leftover = [p for procs in group.rglob("cgroup.procs") for p in procs.read_text().split()]
-        assert leftover == [], f"{group} still holds {leftover}"
+        assert not group.exists(), f"{group} is left behind"  # its processes gone and the directory removed
     assert status(base) == {}
 
 

@@ -17,6 +17,7 @@ import tomlkit.exceptions
 from tomlkit.items import Table
 
 from ..common import durable
+from ..common.text import control_character
 from ..errors import ProfileError
 from .profile import LoadedProfile, load_document, read_toml, validate
 
@@ -29,7 +30,7 @@ def parse_value(text: str, path: Path, key: str) -> Any:
     Raises:
         ProfileError: VALUE spans lines, holds a control character, or carries a comment.
     """
-    if any(ord(c) < 0x20 or ord(c) == 0x7F for c in text):
+    if control_character(text):
         raise ProfileError(f"{path}: {key}: VALUE must be one value on one line, without control characters")
     try:
         document = tomlkit.parse(f"v = {text}")

@@ -21,10 +21,10 @@ from __future__ import annotations
 import json
 import sys
 import threading
-import time
 import uuid
 from pathlib import Path
 
+from ..common.poll import poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.cli import PROTOCOL
 from ..node.output import ReleaseOutput
@@ -252,22 +252,21 @@ class Rollout:
     def follow_up(self, target: NodeTarget, switch_id: str) -> int:
         """After a lost or stalled connection: reconnect (bounded) and report what the node says of the switch."""
         bound = self.settings.transport.reconnect_s
-        deadline = time.monotonic() + bound
-        last_error = None
-        answer = None
-        while True:
+        seen: dict = {"answer": None, "error": None}
+
+        def settled() -> bool:
             try:
                 result = self.connection(target).run(commands.status(target.spec, switch_id),
                                                      timeout_s=self.settings.transport.command_timeout_s)
-                answer = json.loads(result.output)
-                if answer.get("state") != "switching":
-                    break
+                seen["answer"] = json.loads(result.output)
+                return seen["answer"].get("state") != "switching"
             except (TransportError, ValueError) as err:
-                last_error = err
+                seen["error"] = err
                 self.drop(target)
-            if time.monotonic() >= deadline:
-                break
-            time.sleep(1.0)
+                return False
+
+        poll_until(settled, bound, 1.0)
+        answer, last_error = seen["answer"], seen["error"]
         if answer is None:
             self.out.line(f"{target.name}: could not ask the node what became of switch {switch_id} within "
                           f"{bound:g} s (the reconnect bound): {last_error}. Its outcome is unknown: run "
