@@ -528,14 +528,18 @@ def status(
 
 @app.command("releases")
 def releases(node: NodesOption = None, inventory: InventoryOption = None) -> None:
-    """The release history of each node (default: every node): what ran, what failed, what was rolled back."""
+    """The release history of each node (default: every node): what ran, what failed, what was rolled back.
+
+    Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
     from .common.clock import utc_stamp
     from .control import commands
 
+    unknown = False
     for name, answer in _fleet_answers(node, inventory, lambda t: commands.history(t.spec)).items():
         typer.echo(f"{name}:")
         if "error" in answer:
             typer.echo(f"  UNKNOWN: {answer['error']}")
+            unknown = True
             continue
         for note in answer.get("skipped", []):
             typer.echo(f"  note: {note}")
@@ -549,6 +553,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
                        f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
                        + (f", rollout {r['rollout']}" if r.get("rollout") else "")
                        + (", forced" if r.get("forced") else "") + ")")
+    raise typer.Exit(1 if unknown else 0)
 
 
 def main() -> None:

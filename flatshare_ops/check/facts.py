@@ -12,7 +12,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
-from ..common.files import Damaged, read_json_object
+from ..common.locks import read_holder
 from ..common.node_files import LOCK_HOLDER
 
 
@@ -94,12 +94,9 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
-def lock_holder_record(releases: Path) -> dict:
-    """``lock.json``'s holder details (who, which release, since when), or {} when missing or damaged."""
-    try:
-        return read_json_object(releases / LOCK_HOLDER) or {}
-    except Damaged:
-        return {}
+def lock_holder_record(releases: Path) -> tuple[dict, str | None]:
+    """``lock.json``'s holder details (who, which release, since when) and its damage, if any."""
+    return read_holder(releases / LOCK_HOLDER)
 
 
 class SystemdFacts:

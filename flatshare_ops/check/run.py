@@ -18,6 +18,7 @@ import threading
 import time
 from pathlib import Path
 
+from ..common import serving_shape
 from ..common.files import Damaged, read_json_object
 from ..common.http import http_get
 from ..common.locks import held_by
@@ -27,8 +28,6 @@ from . import checks
 from .facts import installed_vllm, lock_holder_record, parse_metrics, systemd_facts
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, Report
 
-#: The serving.json keys a check reads (releases/README.md).
-SERVING_KEYS = ("engine", "vllm_release", "module", "units", "services", "layout", "voice")
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
 SERVING_SCHEMAS = (1,)
 #: A release holding the lock longer than this (seconds) no longer explains what it drains.
@@ -52,10 +51,11 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     in_progress = None
     pid = held_by(releases / LOCK)
     if pid is not None:
-        holder = lock_holder_record(releases)
+        holder, damage = lock_holder_record(releases)
         started = holder.get("started_at")
         age = time.time() - started if isinstance(started, (int, float)) else 0.0
-        who = f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}"
+        who = (f"pid {pid}; its record is damaged: {damage}" if damage else
+               f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}")
         in_progress = Finding("release", WARNING, f"release in progress ({who}, {age:.0f} s): the node may be "
                               "drained until it ends")
     unfinished = None
@@ -81,14 +81,18 @@ def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
     except Damaged as err:
         return None, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")
     if serving is None:
+        link = path.parent
+        if link.is_symlink():
+            return None, Finding("release", UNKNOWN, f"{link}: points at release {link.readlink()}, which is not "
+                                 f"stored on {node}; run 'flatshare release' to switch it to a stored release")
         return None, Finding("release", UNKNOWN, f"{path} not found: no active release on {node}")
     schema = serving.get("schema")
     if isinstance(schema, int) and schema > max(SERVING_SCHEMAS):
         return None, Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
                              f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
-    missing = [k for k in SERVING_KEYS if k not in serving]
-    if missing:
-        return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json (no {', '.join(missing)}); "
+    wrong = serving_shape.problem(serving)
+    if wrong:
+        return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json ({wrong}); "
                              "reinstall the release (flatshare release)")
     return serving, None
 
@@ -199,7 +203,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
 def _explained_by_release(findings: list[Finding], first: int, releases: Path) -> None:
     """While a release holds the lock, a drained or half-switched node is what it does: CRITICAL findings
     become WARNINGs (never OK) that say so, unless the release has held the lock for over an hour."""
-    holder = lock_holder_record(releases)
+    holder, _damage = lock_holder_record(releases)
     started = holder.get("started_at")
     if isinstance(started, (int, float)) and time.time() - started > STALE_LOCK_S:
         return

@@ -11,6 +11,25 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .files import Damaged, read_json_object
+
+
+def read_holder(path: Path) -> tuple[dict, str | None]:
+    """``lock.json``'s details of who holds the lock, for people: (record, damage or None).
+
+    A missing record is ``({}, None)``; a damaged one ``({}, "lock.json: empty")`` and the like, so
+    that a message can name the damage instead of printing its garbage.
+    """
+    try:
+        record = read_json_object(path) or {}
+    except Damaged as err:
+        return {}, f"{Path(path).name}: {err.form}"
+    fields = {"host": str, "pid": int, "user": str, "release": str, "started_at": (int, float)}
+    for key, kind in fields.items():
+        if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool)):
+            return {}, f"{Path(path).name}: {key} is {type(record[key]).__name__} (the wrong shape)"
+    return record, None
+
 
 def held_by(lock_path: Path) -> int | None:
     """The pid holding ``flock`` on ``lock_path`` according to ``/proc/locks``, or None when it is free.

@@ -175,16 +175,19 @@ class Bootstrap:
         n, t = self.target.node, self.target.settings.transport
         path = self._known_hosts_path()
         label = known_hosts_file.host_label(n.host, n.port)
+        transport = None
         try:
             sock = socket.create_connection((n.host, n.port), timeout=t.connect_timeout_s)
             transport = paramiko.Transport(sock)
             transport.banner_timeout = t.connect_timeout_s
             transport.start_client(timeout=t.connect_timeout_s)
             key = transport.get_remote_server_key()
-            transport.close()
         except (OSError, paramiko.SSHException, EOFError) as err:
+            if transport is not None:
+                transport.close()
             self.line("FAIL", "ssh", f"cannot reach {label} within {t.connect_timeout_s:g} s ({err})")
             return False
+        transport.close()
         fingerprint = known_hosts_file.fingerprint(key.asbytes())
         known = known_hosts_file.read(path) if path.exists() else known_hosts_file.KnownHosts(path)
         try:

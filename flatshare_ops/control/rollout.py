@@ -65,6 +65,7 @@ class Rollout:
         self._connections: dict[str, Connection] = {}
         self._lock = threading.Lock()
         self.switching: set[str] = set()
+        self.asking: set[str] = set()  # nodes waiting for our admission answer right now
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -151,7 +152,10 @@ class Rollout:
 
     def _summary(self, interrupted: bool = False) -> None:
         for t in self.chosen:
-            if t.result is None and t.name in self.switching:
+            if t.result is None and t.name in self.asking:
+                label = ("was asking for admission to drain: without an answer it refuses and changes nothing "
+                         "('flatshare status' shows it)")
+            elif t.result is None and t.name in self.switching:
                 label = "switching on the node when interrupted (it carries on: 'flatshare status' follows it)"
             elif t.result is None:
                 label = "not started"
@@ -192,8 +196,10 @@ class Rollout:
                 except ValueError:
                     continue
                 if kind == "admit":
+                    self.asking.add(target.name)
                     reason = self.admission(target)
                     session.send((json.dumps({"admit": reason is None, "reason": reason}) + "\n").encode())
+                    self.asking.discard(target.name)
                 elif kind == "outcome":
                     outcome = document
             status = session.exit_status(10.0)

@@ -11,6 +11,7 @@ caller (:meth:`Session.lines`). Commands are argv lists joined with
 
 from __future__ import annotations
 
+import logging
 import select
 import shlex
 import socket
@@ -23,6 +24,12 @@ import paramiko
 from ..errors import TransportError
 from . import known_hosts
 from .connection import Connection, Lost, Session
+
+# paramiko's transport thread logs its own tracebacks (a banner that never comes, a reset connection);
+# every failure reaches the operator as one TransportError line instead.
+_paramiko_log = logging.getLogger("paramiko")
+_paramiko_log.addHandler(logging.NullHandler())
+_paramiko_log.propagate = False
 
 
 @dataclass(frozen=True)
@@ -140,10 +147,10 @@ class SSHConnection(Connection):
         try:
             try:
                 transport.start_client(timeout=t.connect_timeout_s)
+                server = transport.get_remote_server_key()  # raises when start_client gave up quietly
             except (paramiko.SSHException, EOFError, OSError) as err:
                 raise TransportError(f"{t.node}: no SSH handshake with {label} within {t.connect_timeout_s:g} s "
                                      f"({err or type(err).__name__})") from None
-            server = transport.get_remote_server_key()
             known_hosts.verify(known, t.node, t.host, t.port, server.get_name(), server.asbytes())
             for key in keys:
                 try:

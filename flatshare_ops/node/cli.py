@@ -150,6 +150,9 @@ def switch(args) -> int:
         out.line(f"{ctx.node}: asking the operator's side for admission to drain")
         _emit("admit", {"node": ctx.node, "switch": request.switch, "dry_run": args.dry_run})
         answer = stdin.line(ADMISSION_TIMEOUT_S)
+        if answer is None and stdin.closed:
+            return ("the operator's side went away before answering the admission request (interrupted, or "
+                    "not run through 'flatshare release', which asks the other nodes)")
         if answer is None:
             return (f"no answer to the admission request within {ADMISSION_TIMEOUT_S:g} s "
                     "(run releases through 'flatshare release', which asks the other nodes)")

@@ -92,8 +92,30 @@ def read_history(path: Path) -> History:
         if not isinstance(record, dict):
             skipped.append(f"{path.name}:{number}: not a record (a {type(record).__name__}); skipped")
             continue
-        records.append(upgrade(record))
+        record = upgrade(record)
+        wrong = _wrong_types(record)
+        if wrong:
+            skipped.append(f"{path.name}:{number}: a record of the wrong types ({wrong}); skipped")
+            continue
+        records.append(record)
     return History(records, skipped)
+
+
+#: A record's fields the node reads, and the types they may have.
+_FIELDS = {"switch": (str, type(None)), "rollout": (str, type(None)), "result": (str,), "before": (str, type(None)),
+           "after": (str, type(None)), "target": (str, type(None)), "served": (bool,), "step": (str, type(None)),
+           "started_at": (int, float)}
+
+
+def _wrong_types(record: dict) -> str | None:
+    for key, types in _FIELDS.items():
+        if key in record and not isinstance(record[key], types):
+            return f"{key} is {type(record[key]).__name__}"
+        if key in record and isinstance(record[key], bool) and bool not in types:
+            return f"{key} is bool"
+    if record.get("result") not in RESULTS:
+        return f"result {record.get('result')!r} is not one of {', '.join(RESULTS)}"
+    return None
 
 
 def append(path: Path, record: dict) -> None:

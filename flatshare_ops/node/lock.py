@@ -20,26 +20,25 @@ from filelock import FileLock, Timeout
 
 from ..common import durable
 from ..common.clock import utc_stamp
-from ..common.files import Damaged, read_json_object
-from ..common.locks import held_by
+from ..common.locks import held_by, read_holder
 from ..errors import Refused
 from .context import NodeContext
 
 
-def holder_record(ctx: NodeContext) -> dict:
-    """``lock.json``'s details (who, which release, since when), or {} when missing or damaged."""
-    try:
-        return read_json_object(ctx.holder_path) or {}
-    except Damaged:
-        return {}
-
-
-def describe_holder(record: dict, pid: int | None) -> str:
-    """``root@host pid 123 (release X, since 2026-...)`` for messages."""
+def describe_holder(record: dict, pid: int | None, damage: str | None = None) -> str:
+    """``root@host pid 123 (release X, since 2026-...)`` for messages; a damaged record is named, not printed."""
+    if damage:
+        return f"pid {pid} (the holder's record is damaged: {damage})"
     since = record.get("started_at")
     when = utc_stamp(since) if isinstance(since, (int, float)) else "unknown time"
     return (f"{record.get('user', '?')}@{record.get('host', '?')} pid {pid if pid is not None else record.get('pid')} "
             f"(release {record.get('release', '?')}, since {when})")
+
+
+def describe_lock(ctx: NodeContext, pid: int | None) -> str:
+    """Who holds the node's lock: the kernel's pid, and ``lock.json``'s details (or its damage)."""
+    record, damage = read_holder(ctx.holder_path)
+    return describe_holder(record, pid, damage)
 
 
 @contextmanager
@@ -58,7 +57,7 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
     try:
         lock.acquire(timeout=0)
     except Timeout:
-        who = describe_holder(holder_record(ctx), held_by(ctx.lock_path))
+        who = describe_lock(ctx, held_by(ctx.lock_path))
         raise Refused(f"{action} refused: {ctx.node} is being released by {who}; wait for it to finish") from None
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
               "release": release, "started_at": time.time()}

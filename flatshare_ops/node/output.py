@@ -41,10 +41,12 @@ class ReleaseOutput:
         self._log = None
         self._fd = None
         if log_path is not None:
-            try:
-                self._log = open(log_path, "a", encoding="utf-8")
+            try:  # never through a link: release.log is the node's own record
+                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+                self._log = os.fdopen(fd, "a", encoding="utf-8")
             except OSError as err:
-                self.log_error = f"{log_path}: {err.strerror or err}"
+                reason = "a symlink, not followed" if err.errno == 40 else (err.strerror or str(err))  # ELOOP
+                self.log_error = f"{log_path}: {reason}"
         if nonblocking:
             try:
                 fd = self.stream.fileno()

@@ -13,7 +13,7 @@ import os
 
 from ..errors import NodeStateError
 from .context import NodeContext
-from .lock import describe_holder, held_by, holder_record
+from .lock import describe_lock, held_by
 
 
 def built_module(ctx: NodeContext, path: str | None = None) -> dict:
@@ -57,4 +57,4 @@ def probe(ctx: NodeContext) -> dict:
     except NodeStateError as err:
         problems = [str(err)]
     return {"node": ctx.node, "takes_calls": not problems, "problems": problems, "locked": pid is not None,
-            "holder": describe_holder(holder_record(ctx), pid) if pid is not None else None}
+            "holder": describe_lock(ctx, pid) if pid is not None else None}

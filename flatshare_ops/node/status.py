@@ -10,9 +10,10 @@ from __future__ import annotations
 from .. import systemd
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
-from . import journal as journals
+from . import history as histories, journal as journals
+from .store import is_stored
 from .context import NodeContext
-from .lock import describe_holder, held_by, holder_record
+from .lock import describe_lock, held_by
 
 
 def switch_state(ctx: NodeContext, switch_id: str) -> dict:
@@ -65,9 +66,13 @@ def node_status(ctx: NodeContext) -> dict:
         status["release"] = current_release(ctx.state_dir)
     except NodeStateError as err:
         status["damaged"].append(str(err))
+    link = ctx.releases / "current"
+    if status["release"] is not None and not is_stored(ctx.state_dir, status["release"]):
+        status["damaged"].append(f"{link}: points at release {status['release']}, which is not stored on the node; "
+                                 "run 'flatshare release' to switch the node to a stored release")
     pid = held_by(ctx.lock_path)
     if pid is not None:
-        status["in_progress"] = describe_holder(holder_record(ctx), pid)
+        status["in_progress"] = describe_lock(ctx, pid)
     try:
         pending = journals.read_journal(ctx.state_dir)
         status["switching"] = journals.journal_summary(pending) if pending else None
@@ -85,6 +90,10 @@ def node_status(ctx: NodeContext) -> dict:
         hist = read_history(ctx)
         status["last"] = hist.last()
         status["damaged"] += [f"{ctx.releases}/{note}" for note in hist.skipped]
+        served = histories.served_releases(hist)
+        if status["release"] is None and served and not status["damaged"]:
+            status["damaged"].append(f"{link}: missing, though the history says release {served[0]} served last; "
+                                     "run 'flatshare release' to point it at the checkout's release")
     except FlatshareError as err:
         status["damaged"].append(str(err))
     return status

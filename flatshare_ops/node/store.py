@@ -46,10 +46,12 @@ def release_id(files: dict[str, str]) -> str:
     return digest.hexdigest()[:16]
 
 
-def store_release(state_dir: Path, rid: str, files: dict[str, str]) -> Path:
+def store_release(state_dir: Path, rid: str, files: dict[str, str], replace: bool = False) -> Path:
     """Write release ``rid`` once (a temporary directory renamed into place); returns its directory.
 
-    An existing release directory of that id is left as it is: releases are immutable.
+    An existing release directory of that id is left as it is (releases are immutable), unless
+    ``replace``: a stored copy found damaged is swapped for a whole new one (the old moved aside,
+    then removed).
 
     Raises:
         OSError: the disk is full or read-only; no partial release directory stays.
@@ -57,7 +59,7 @@ def store_release(state_dir: Path, rid: str, files: dict[str, str]) -> Path:
     root = releases_dir(state_dir)
     root.mkdir(parents=True, exist_ok=True)
     target = root / rid
-    if target.is_dir() and not target.is_symlink():
+    if target.is_dir() and not target.is_symlink() and not replace:
         return target
     scratch = Path(tempfile.mkdtemp(prefix=f".{rid}.", dir=root))
     try:
@@ -66,6 +68,10 @@ def store_release(state_dir: Path, rid: str, files: dict[str, str]) -> Path:
             path = scratch / name
             path.parent.mkdir(parents=True, exist_ok=True)
             durable.write_atomic(path, text.encode())
+        if target.exists() or target.is_symlink():
+            aside = root / f".damaged-{rid}-{os.getpid()}"
+            durable.rename(target, aside)
+            shutil.rmtree(aside, ignore_errors=True)
         durable.rename(scratch, target)
     except BaseException:
         shutil.rmtree(scratch, ignore_errors=True)

@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import errno
 import getpass
+import hashlib
 import json
 import os
 import socket
@@ -37,7 +38,8 @@ from typing import Callable
 
 from .. import systemd
 from ..common import drop_ins
-from ..common.files import Damaged, read_json_object
+from ..common import serving_shape
+from ..common.files import Damaged, read_bytes, read_json_object
 from ..common.http import HTTP_TIMEOUT_S, http_get
 from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
@@ -120,8 +122,9 @@ def validate_bundle(bundle: object) -> dict:
         serving = json.loads(bundle["files"]["serving.json"])
     except ValueError:
         raise FlatshareError("node switch: the bundle's serving.json is not JSON") from None
-    if not isinstance(serving, dict) or not isinstance(serving.get("engine"), dict):
-        raise FlatshareError("node switch: the bundle's serving.json is not a release's serving.json")
+    if not isinstance(serving, dict) or serving_shape.problem(serving):
+        raise FlatshareError("node switch: the bundle's serving.json is not a release's serving.json "
+                             f"({serving_shape.problem(serving) if isinstance(serving, dict) else 'not an object'})")
     if bundle.get("commit") is not None and not isinstance(bundle["commit"], str):
         raise FlatshareError("node switch: the bundle's commit must be a string")
     return bundle
@@ -144,11 +147,18 @@ def load_view(ctx: NodeContext, rid: str) -> ReleaseView:
         serving = read_json_object(directory / "serving.json")
         if serving is None:
             raise Damaged(directory / "serving.json", "missing")
+        wrong = serving_shape.problem(serving)
+        if wrong:
+            raise Damaged(directory / "serving.json", f"not a release's serving.json ({wrong})")
         units = {}
-        for path in sorted((directory / "units").iterdir()):
-            if path.is_symlink() or not path.is_file():
-                raise Damaged(path, "is not a regular file")
-            units[path.name] = path.read_text(encoding="utf-8")
+        for name, digest in sorted(serving["units"].items()):
+            path = directory / "units" / name
+            text = read_bytes(path)
+            if text is None:
+                raise Damaged(path, "missing")
+            if hashlib.sha256(text).hexdigest() != digest:
+                raise Damaged(path, "does not match serving.json's sha256 (truncated or edited)")
+            units[name] = text.decode("utf-8")
     except Damaged as err:
         raise NodeStateError(f"{err}: release {rid} is damaged on {ctx.node}; remove its directory "
                              f"(rm -r {directory}) and release it again ('flatshare release')") from None
@@ -156,6 +166,18 @@ def load_view(ctx: NodeContext, rid: str) -> ReleaseView:
         raise NodeStateError(f"{directory}: release {rid} is damaged on {ctx.node} ({err}); remove its directory "
                              f"(rm -r {directory}) and release it again ('flatshare release')") from None
     return ReleaseView(rid, units, serving)
+
+
+def stored_matches(ctx: NodeContext, bundle: dict) -> bool:
+    """Whether the stored release of the bundle's id holds exactly the bundle's files (not damaged since)."""
+    directory = ctx.releases / bundle["id"]
+    for name, text in bundle["files"].items():
+        try:
+            if read_bytes(directory / name) != text.encode():
+                return False
+        except Damaged:
+            return False
+    return True
 
 
 def bundle_view(bundle: dict) -> ReleaseView:
@@ -315,21 +337,33 @@ def _record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: s
 _SUCCESS = {"release": "released", "rollback": "rolled back", "repair": "repaired"}
 
 
-def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal: journals.Journal) -> None:
+def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal: journals.Journal,
+        abandon: journals.Journal | None = None) -> None:
     """Carry out plan ``p``: journal each step, and on any early end apply the early-end rule.
 
+    Args:
+        abandon: an interrupted switch this one replaces (a rollback): its journal is superseded by
+            this switch's first journal write, and only then recorded as abandoned.
+
     Raises:
+        Refused: the journal could not be written at all (nothing was changed).
         SwitchFailed: a step failed, a write failed, or a signal ended the switch.
     """
     sw = Switch(ctx, p, new, out)
-    step = "journal"
     try:
         journals.write_journal(ctx.state_dir, journal)
+    except OSError as err:
+        raise Refused(f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was changed; "
+                      "free the space or fix the filesystem, then run the command again") from None
+    step = "journal"
+    try:
+        if abandon is not None:
+            record_abandoned(ctx, abandon, out)
         for number, step in enumerate(p.steps, 1):
             out.line(f"step {number}/{len(p.steps)} {step}")
             journals.mark(ctx.state_dir, journal, step, "running")
             if step == "record-history":
-                record_success(ctx, journal, new.id)
+                record_success(ctx, journal, new.id, out)
                 continue
             STEP_BY_NAME[step].run(sw)
             journals.mark(ctx.state_dir, journal, step, "done")
@@ -360,12 +394,21 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def record_success(ctx: NodeContext, journal: journals.Journal, release: str) -> None:
-    """The last step: append the success record (once per switch id) and remove the journal."""
+def record_success(ctx: NodeContext, journal: journals.Journal, release: str, out: ReleaseOutput | None = None) -> None:
+    """The last step: append the success record (once per switch id) and remove the journal.
+
+    Once the record is written the switch is done: a journal that cannot be removed then is only
+    reported (the next run finds its switch recorded and removes it), never an early end.
+    """
     result = _SUCCESS[journal.kind]
     if not read_history(ctx).has(journal.switch, result):
         histories.append(ctx.history_path, _record(ctx, journal, result, after=release, served=True))
-    journals.remove_journal(ctx.state_dir)
+    try:
+        journals.remove_journal(ctx.state_dir)
+    except OSError as err:
+        if out is not None:
+            out.line(f"  note: the switch is recorded, but its journal could not be removed ({describe_failure(err)}); "
+                     "the next release removes it")
 
 
 def early_end(sw: Switch, journal: journals.Journal, step: str, reason: str) -> None:
@@ -432,7 +475,8 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
 
 
 def _prune_switchers(ctx: NodeContext) -> None:
-    """Remove unpacked switchers no stored release names (and bundles an interrupted entry left behind)."""
+    """Remove unpacked switchers no stored release names and unused for an hour (and bundles an
+    interrupted entry left behind)."""
     import shutil
 
     wanted = {os.environ.get("FLATSHARE_SWITCHER")}
@@ -442,7 +486,12 @@ def _prune_switchers(ctx: NodeContext) -> None:
         except OSError:
             continue
     for directory in (ctx.releases / ".switchers").glob("*"):
-        if directory.name not in wanted:
+        try:
+            # Unpacked in the last hour: a release on this node may be starting from it right now.
+            recent = time.time() - directory.stat().st_mtime < 3600
+        except OSError:
+            continue
+        if directory.name not in wanted and not recent:
             shutil.rmtree(directory, ignore_errors=True)
     for leftover in (ctx.releases / ".incoming").glob("bundle.*.json"):
         try:
@@ -524,7 +573,11 @@ def _decide(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admis
     if dry_run:
         out.line("dry run: nothing changed")
         return Exit.OK
-    return _carry_out(ctx, request, out, work, pending, hist)
+    try:
+        return _carry_out(ctx, request, out, work, pending, hist)
+    except Refused:
+        give_calls_back(ctx, active_serving(ctx, current) or bundle_serving, out)
+        raise
 
 
 @dataclass
@@ -553,10 +606,10 @@ def _work(ctx, request: Request, out, current, pending, hist) -> list[_Work]:
     target = request.bundle["id"]
     if pending is not None:
         out.line(f"an interrupted {journals.journal_summary(pending)} is finished first")
-        if stored(pending.to):
+        if pending.to == target:
+            new = bundle_view(request.bundle)  # the bundle is the release itself (a damaged stored copy is replaced)
+        elif stored(pending.to):
             new = load_view(ctx, pending.to)
-        elif pending.to == target:
-            new = bundle_view(request.bundle)
         else:
             raise Refused(f"release refused: {ctx.node}'s interrupted switch's release {pending.to} is no longer "
                           f"stored; run 'flatshare rollback --node {ctx.node}' to abandon it")
@@ -573,13 +626,36 @@ def _work(ctx, request: Request, out, current, pending, hist) -> list[_Work]:
             return []
         out.line(f"{ctx.node}: already on {target}, but it does not serve ({'; '.join(problems)}): "
                  "switching again to repair it")
-        new = load_view(ctx, target) if stored(target) else bundle_view(request.bundle)
+        new = bundle_view(request.bundle)
         work.append(_Work(plan(ctx.node, new, new, "repair", _flag_changes), new))
         return work
     new = bundle_view(request.bundle)
     old = _old_view(ctx, current, out)
     work.append(_Work(plan(ctx.node, old, new, "release", _flag_changes), new))
     return work
+
+
+def _store(ctx: NodeContext, request: Request, out: ReleaseOutput) -> None:
+    """Store the bundle's release before anything else changes (a copy found damaged is stored again).
+
+    Raises:
+        Refused: it could not be stored (a full or read-only disk): nothing was changed.
+    """
+    bundle = request.bundle
+    stored = is_stored(ctx.state_dir, bundle["id"])
+    damaged = stored and not stored_matches(ctx, bundle)
+    if stored and not damaged:
+        return
+    if damaged:
+        out.line(f"note: the stored copy of release {bundle['id']} differs from the bundle (damaged): storing it again")
+    running = os.environ.get("FLATSHARE_SWITCHER")  # the shipped switcher running this (node/entry.py)
+    files = {**bundle["files"], **({"switcher": running + "\n"} if running else {})}
+    try:
+        store_release(ctx.state_dir, bundle["id"], files, replace=damaged)
+    except OSError as err:
+        raise Refused(f"release refused: {ctx.node} could not store release {bundle['id']} "
+                      f"({describe_failure(err)}): nothing was changed; free the space or fix the filesystem, "
+                      "then release again") from None
 
 
 def _rollback_work(ctx, request: Request, out, current, pending, hist) -> list[_Work]:
@@ -669,18 +745,14 @@ def _refuse(ctx, request: Request, out, work: list[_Work], dry_run: bool, admit:
 
 
 def _carry_out(ctx, request: Request, out, work: list[_Work], pending, hist) -> int:
+    if request.bundle is not None:
+        _store(ctx, request, out)
     for item in work:
-        if item.abandon is not None:
-            abandon(ctx, item.abandon, out)
-        if request.bundle and item.new.id == request.bundle["id"]:
-            running = os.environ.get("FLATSHARE_SWITCHER")  # the shipped switcher running this (node/entry.py)
-            files = {**request.bundle["files"], **({"switcher": running + "\n"} if running else {})}
-            store_release(ctx.state_dir, item.new.id, files)
         p = item.plan
         out.line(f"{ctx.node}: switching {p.from_id or '(no release)'} -> {p.to_id}{title(p)}")
         switch_id = request.switch if item is work[-1] else uuid.uuid4().hex[:16]
         journal = _new_journal(ctx, p, request, item.forced, switch_id, item.resumed)
-        run(ctx, p, item.new, out, journal)
+        run(ctx, p, item.new, out, journal, abandon=item.abandon)
         out.line(f"{ctx.node}: {_SUCCESS[p.kind]} {p.to_id}")
     try:
         for removed in prune(ctx, read_history(ctx)):
@@ -690,9 +762,8 @@ def _carry_out(ctx, request: Request, out, work: list[_Work], pending, hist) -> 
     return Exit.OK
 
 
-def abandon(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput) -> None:
-    """Record an interrupted switch as abandoned and remove its journal (a rollback that will go ahead)."""
+def record_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput) -> None:
+    """Record an interrupted switch as abandoned (a rollback that replaced its journal with its own)."""
     out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
     if pending.switch is None or not read_history(ctx).has(pending.switch, "abandoned"):
         histories.append(ctx.history_path, _record(ctx, pending, "abandoned", reason="abandoned by rollback"))
-    journals.remove_journal(ctx.state_dir)
