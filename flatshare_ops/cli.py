@@ -496,14 +496,15 @@ def status(
 ) -> None:
     """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
 
-    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file or a unit that is not active."""
+    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file, a unit that is not active, or a
+    voice drain file left with no release running."""
     import json as _json
 
     from .control import commands
 
     reports = _fleet_answers(node, inventory, lambda t: commands.status(t.spec))
-    healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and r.get("units")
-                  and set(r["units"].values()) == {"active"} for r in reports.values())
+    healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
+                  and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
         raise typer.Exit(0 if healthy else 1)
@@ -521,6 +522,8 @@ def status(
         elif report.get("in_progress"):
             switching = f"IN PROGRESS ({report['in_progress']})"
         typer.echo(f"{name}: release {report.get('release')}; " + (f"{switching}; " if switching else "") + units)
+        if report.get("drain_left"):
+            typer.echo(f"  not taking calls: {report['drain_left']}")
         for damage in report.get("damaged", []):
             typer.echo(f"  damaged: {damage}")
     raise typer.Exit(0 if healthy else 1)

@@ -28,6 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
+from .common import poll
 from .errors import Exit, SystemdError
 
 #: The default bound of one exchange with the manager (seconds).
@@ -302,8 +303,8 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
                 answer = {"job_failed": str(err)}
             except SystemdError as err:
                 answer = {"error": str(err)}
-            except Exception as err:  # pystemd's DBusError and anything else: the manager's answer
-                answer = {"error": f"{type(err).__name__}: {err}"}
+            except Exception as err:  # pystemd's DBusError and anything else: the manager's answer (one line)
+                answer = {"error": " ".join(f"{type(err).__name__}: {err}".split())}
             try:
                 data = json.dumps(answer).encode()
             except (TypeError, ValueError) as err:
@@ -318,7 +319,7 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
     chunks: list[bytes] = []
     started = time.monotonic()
     deadline = started + timeout_s
-    next_progress = started + 10.0
+    next_progress = started + poll.progress_every()
     try:
         while True:
             now = time.monotonic()
@@ -326,7 +327,7 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
                 raise SystemdError(f"no answer from {address.describe()} within {timeout_s:g} s ({what})")
             if progress is not None and now >= next_progress:
                 progress(now - started)
-                next_progress = now + 10.0
+                next_progress = now + poll.progress_every()
             ready, _, _ = select.select([read_fd], [], [], min(deadline - now, max(0.0, next_progress - now), 1.0))
             if ready:
                 chunk = os.read(read_fd, 65536)
@@ -395,7 +396,7 @@ def job(address: ManagerAddress, verb: str, unit: str, timeout_s: float, progres
 
     Args:
         timeout_s: the job's bound in seconds; the exchange gets 10 s more for the connection.
-        progress: called with the seconds waited so far, every 10 s.
+        progress: called with the seconds waited so far, every :func:`common.poll.progress_every` (10 s by default).
 
     Returns:
         ``"done"``.

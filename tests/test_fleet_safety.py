@@ -18,6 +18,7 @@ import json
 import os
 import random
 import re
+import shutil
 import signal
 import socket
 import subprocess
@@ -30,8 +31,8 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-
 from conftest import BIN, REPO, copy_checkout
+
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle
@@ -112,7 +113,7 @@ def _http_status(url: str, method: str = "GET", timeout_s: float = 2.0) -> int |
 
 def _serving_status_line(name: str, release: str, text: str) -> bool:
     """``flatshare status`` says NAME runs RELEASE and each of its four units is active."""
-    match = re.search(rf"^{name}: release {release}; (.*)$", text, re.M)
+    match = re.search(rf"^{name}: release {release}; (.*)$", text, re.MULTILINE)
     units = ("flatshare.target", "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")
     return bool(match) and all(f"{u} active" in match.group(1) for u in units)
 
@@ -170,10 +171,10 @@ class Fleet:
     def cli(self, *args: str, env: dict | None = None, timeout: float = 240, program: str = "flatshare"):
         clean = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
         return subprocess.run([str(BIN / program), *args], capture_output=True, text=True,
-                              env={**clean, **(env or {})}, timeout=timeout)
+                              env={**clean, **(env or {})}, timeout=timeout, check=False)
 
     def argv(self, kind: str, name: str, inventory: Path | None = None, *extra: str) -> tuple[list[str], dict]:
-        """(argv, extra env) of ``release --node``, a local release, ``rollback --node`` or a local rollback."""
+        """(argv, extra env) of ``release --node NAME``, a local release on NAME, or ``rollback --node NAME``."""
         inv = ["--inventory", str(inventory or self.inventory), "--root", str(self.checkout)]
         if kind == "release":
             return [str(BIN / "flatshare"), "release", "--node", name, *inv, *extra], {}
@@ -286,7 +287,7 @@ class Fleet:
                  timeout_s: float = 90) -> str:
         """Wait until the node's release.log (past ``offset``) shows ``pattern``; fail with the operator's output
         if it ends first."""
-        found = _poll(lambda: re.search(pattern, self.log_since(name, offset), re.M)
+        found = _poll(lambda: re.search(pattern, self.log_since(name, offset), re.MULTILINE)
                       or (operator is not None and operator.poll() is not None), timeout_s, 0.02)
         if not isinstance(found, re.Match):
             said = ""
@@ -317,8 +318,7 @@ class Fleet:
         of the node-side switch."""
         listener = self.sandbox_state()[name]["sshd_pid"]
         switches = self.switch_pids(name)
-        assert len(switches) == 1, (switches, [(p, _ppid(p), _cmdline(p)) for p in _pids()
-                                               if any("flatshare" in a for a in _cmdline(p))])
+        assert len(switches) == 1, f"{name}: node-side switch processes {switches}"
         (switch,) = switches
         pid = switch
         while pid and _ppid(pid) not in (listener, None, 0, 1):
@@ -329,10 +329,26 @@ class Fleet:
         return pid
 
 
+def run_at_once(fleet: Fleet, commands: dict[str, tuple[list[str], str]], timeout: float = 120) -> dict:
+    """Run independent commands at once (key -> (args, program)); key -> CompletedProcess."""
+    results: dict = {}
+    threads = [threading.Thread(target=lambda k=k, a=a, p=p: results.__setitem__(
+        k, fleet.cli(*a, program=p, timeout=timeout))) for k, (a, p) in commands.items()]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    return results
+
+
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     root = tmp_path_factory.mktemp("safety")
     checkout = copy_checkout(REPO, root / "checkout")
+    # The checkout's own flatshare_ops is the switcher a release ships (control/bundle.py): a snapshot, so that
+    # every release of this module ships the same switcher.
+    shutil.copytree(REPO / "flatshare_ops", checkout / "flatshare_ops",
+                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
     base = root / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
     try:
@@ -390,18 +406,6 @@ class CallsMonitor(threading.Thread):
     def nobody_serving(self) -> list[str]:
         return [f"{_stamp(t)}: " + ", ".join(f"{n} {why}" for n, (_, why) in state.items())
                 for t, state in self.samples if not any(ok for ok, _ in state.values())]
-
-    def down_intervals(self, name: str) -> list[tuple[float, float]]:
-        intervals, start = [], None
-        for t, state in self.samples:
-            if not state[name][0] and start is None:
-                start = t
-            elif state[name][0] and start is not None:
-                intervals.append((start, t))
-                start = None
-        if start is not None:
-            intervals.append((start, self.samples[-1][0]))
-        return intervals
 
 
 _LOG_LINE = re.compile(r"^(\d{4}-\d\d-\d\dT\d\d:\d\d:\d\dZ) (.*)$")
@@ -468,7 +472,6 @@ def _hashed(line: str, tmp: Path) -> str:
 def _known_hosts_form(form: str, fleet: Fleet, tmp: Path) -> list[str]:
     good = _known_hosts_lines(fleet)
     kind, other = _other_key(tmp)
-    cyan_kind, cyan_blob = good["cyan"].split()[1:3]
     truncated = other[: (len(other) // 2) // 4 * 4]  # still base64, but the key blob is cut short
     forms = {
         "truncated key for another host": [f"[127.61.0.9]:2222 {kind} {truncated}", f"other.example {kind} {other[:-7]}"],
@@ -492,18 +495,22 @@ def test_known_hosts_lines_openssh_skips_or_handles_never_stop_a_good_connection
     (fleet.base / "ssh/known_hosts-variant").write_text("\n".join(_known_hosts_form(form, fleet, tmp_path)) + "\n")
     inventory = fleet.variant("known-hosts", nodes={n: {"known_hosts": "ssh/known_hosts-variant"} for n in NODES})
 
-    status = fleet.cli("status", "--inventory", str(inventory))
+    before = fleet.current("cyan")
+    results = run_at_once(fleet, {
+        "status": (["status", "--inventory", str(inventory)], "flatshare"),
+        "check": (["check", "--node", "cyan", "--inventory", str(inventory)], "flatshare"),
+        # A release connects (a dry run: it reaches the node's side and plans, changing nothing).
+        "release": (["release", "--node", "cyan", "--dry-run", "--inventory", str(inventory),
+                     "--root", str(fleet.checkout)], "flatshare"),
+    })
+    status, check, release = results["status"], results["check"], results["release"]
     assert status.returncode == 0, status.stdout + status.stderr
     for name in NODES:
-        assert re.search(rf"^{name}: release {fleet.current(name)};", status.stdout, re.M), status.stdout
-    check = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory))
+        assert re.search(rf"^{name}: release {fleet.current(name)};", status.stdout, re.MULTILINE), status.stdout
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.startswith("SERVING-CHECK OK - cyan"), check.stdout
-    # A release connects (a dry run: it reaches the node's side and plans, changing nothing).
-    before = fleet.current("cyan")
-    release = fleet.release("--node", "cyan", "--dry-run", inventory=inventory)
     assert release.returncode in (0, 4), release.stdout + release.stderr
-    assert re.search(r"^\[cyan\] (plan for cyan|cyan: already on)", release.stdout, re.M), release.stdout
+    assert re.search(r"^\[cyan\] (plan for cyan|cyan: already on)", release.stdout, re.MULTILINE), release.stdout
     assert fleet.current("cyan") == before
     _no_traceback(status.stdout, status.stderr, check.stdout, check.stderr, release.stdout, release.stderr)
 
@@ -517,7 +524,7 @@ def test_a_revoked_target_key_is_refused_by_name(fleet):
     before = fleet.current("cyan")
 
     status = fleet.cli("status", "--node", "cyan", "--inventory", str(inventory))
-    assert status.returncode == 1 and re.search(r"^cyan: UNKNOWN: .*revoked", status.stdout, re.M), status.stdout
+    assert status.returncode == 1 and re.search(r"^cyan: UNKNOWN: .*revoked", status.stdout, re.MULTILINE), status.stdout
     check = fleet.cli("check", "--node", "cyan", "--inventory", str(inventory))
     assert check.returncode == 3 and "revoked" in check.stdout, check.stdout
     fleet.new_hold("cyan")
@@ -550,7 +557,7 @@ def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
     lines = status.stdout.splitlines()
     assert len([line for line in lines if re.match(r"^(cyan|peacock): ", line)]) == 2, status.stdout
     assert _serving_status_line("cyan", fleet.current("cyan"), status.stdout), status.stdout
-    assert re.search(rf"^peacock: UNKNOWN: peacock: .*{re.escape(reason)}", status.stdout, re.M), status.stdout
+    assert re.search(rf"^peacock: UNKNOWN: peacock: .*{re.escape(reason)}", status.stdout, re.MULTILINE), status.stdout
     assert status.returncode == 1
 
     text = history.stdout
@@ -559,6 +566,7 @@ def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
     last = fleet.history("cyan")[-1]
     assert f"{last['before']} -> {last['target']}: {last['result']}" in cyan_part, text
     assert re.fullmatch(rf"  UNKNOWN: peacock: .*{re.escape(reason)}.*\n", peacock_part), text
+    assert history.returncode == 1, text
 
 
 @contextmanager
@@ -576,10 +584,6 @@ def test_fleet_commands_report_a_node_on_a_closed_port_by_name_and_the_other_in_
     fleet.settled("peacock")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: an sshd that accepts but never sends its banner: paramiko's start_client "
-                   "returns at its timeout without raising, get_remote_server_key's SSHException escapes "
-                   "SSHConnection._open (a traceback, the node reported as 'no answer'), and paramiko's own "
-                   "thread logs a traceback to stderr")
 def test_fleet_commands_report_a_node_whose_sshd_is_stopped_by_name_and_the_other_in_full(fleet):
     inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
     with _stopped(fleet.sandbox_state()["peacock"]["sshd_pid"]):
@@ -587,9 +591,6 @@ def test_fleet_commands_report_a_node_whose_sshd_is_stopped_by_name_and_the_othe
     fleet.settled("peacock")
 
 
-@pytest.mark.xfail(strict=True, reason="BUG: the admission probe of a node whose sshd never sends its banner raises "
-                   "paramiko's SSHException past Rollout.admission: the operator dies with a traceback and exit 1 "
-                   "('failed mid-switch') while the node refused the release")
 def test_a_release_whose_other_node_has_a_stopped_sshd_is_refused_and_told_so(fleet):
     inventory = fleet.variant("stopped-sshd", transport={"connect_timeout_s": 3})
     fleet.new_hold("cyan")
@@ -601,7 +602,8 @@ def test_a_release_whose_other_node_has_a_stopped_sshd_is_refused_and_told_so(fl
     assert fleet.current("cyan") == before
     fleet.settled("cyan")
     _no_traceback(result.stdout, result.stderr)
-    assert re.search(r"^peacock: UNKNOWN: peacock: no SSH handshake", result.stdout, re.M), result.stdout
+    assert re.search(r"^peacock: UNKNOWN: peacock: no SSH handshake with \[127.61.0.3\]:2222 within 3 s",
+                     result.stdout, re.MULTILINE), result.stdout
     assert result.returncode == 3, result.stdout + result.stderr
     assert "cyan may not drain now" in result.stdout
 
@@ -631,7 +633,7 @@ class HungManager:
             try:
                 conn, _ = self.sock.accept()
                 self.accepted.append(conn)  # kept open, never read, never answered
-            except (TimeoutError, socket.timeout):
+            except TimeoutError:
                 continue
             except OSError:
                 return
@@ -642,8 +644,6 @@ class HungManager:
         for conn in self.accepted:
             conn.close()
         self.sock.close()
-        import shutil
-
         shutil.rmtree(self.runtime_dir, ignore_errors=True)
 
 
@@ -678,13 +678,7 @@ def test_a_manager_that_never_answers_is_unknown_within_the_bounds(fleet, tmp_pa
             "check": (["check", "--node", "cyan", "--node", "peacock", "--inventory", str(inventory)], "flatshare"),
             "status": (["status", "--inventory", str(inventory)], "flatshare"),
         }
-        results: dict = {}
-        threads = [threading.Thread(target=lambda k=k, a=a, p=p: results.__setitem__(
-            k, fleet.cli(*a, program=p, timeout=90))) for k, (a, p) in commands.items()]
-        for thread in threads:
-            thread.start()
-        for thread in threads:
-            thread.join()
+        results = run_at_once(fleet, commands)
     direct, check_all, status = results["direct"], results["check"], results["status"]
     _no_traceback(*(r.stdout + r.stderr for r in (direct, check_all, status)))
 
@@ -754,13 +748,18 @@ def _run_at_once(fleet: Fleet, commands: list[tuple[str, str]], rng: random.Rand
 def test_concurrent_releases_and_rollbacks_always_leave_a_node_taking_calls(fleet):
     seed = int(os.environ.get("FLEET_SAFETY_SEED", "20261130"))
     rng = random.Random(seed)
-    offsets = {n: fleet.log_size(n) for n in NODES}
     history_lengths = {n: len(fleet.history(n)) for n in NODES}
     monitor = CallsMonitor(fleet)
     problems: list[str] = []
     summary: list[str] = []
     # A 2.5 s engine load: a switch's drain lasts seconds, so racing releases would overlap if let through.
     with fleet.node_profile(NODES, load="2.5"):
+        # Both nodes on the slower engine first, released over SSH (so a release of theirs names the shipped
+        # switcher: see test_a_switcher_in_use_is_not_pruned_by_another_switch).
+        fleet.set_hold(HOLDS[-1])
+        seed_release = fleet.release("--all")
+        assert seed_release.returncode in (0, 4), seed_release.stdout + seed_release.stderr
+        offsets = {n: fleet.log_size(n) for n in NODES}
         monitor.start()
         try:
             for number in range(ROUNDS):
@@ -802,8 +801,8 @@ def test_concurrent_releases_and_rollbacks_always_leave_a_node_taking_calls(flee
         assert not log_problems, f"{name}: {log_problems}"
     both = overlaps(intervals["cyan"], intervals["peacock"])
     assert not both, f"drains overlapped (release.log, UTC seconds): {both}"
-    # The drain files the monitor saw never overlapped either (to the 10 ms).
-    assert not overlaps(monitor.down_intervals("cyan"), monitor.down_intervals("peacock"))
+    for name in NODES:
+        assert "Traceback" not in fleet.log_since(name, offsets[name]), f"{name}'s release.log has a traceback"
     switched = {n: [r for r in fleet.history(n)[history_lengths[n]:] if r.get("served")] for n in NODES}
     assert all(switched.values()), f"a node never switched in {ROUNDS} rounds: {summary}"
     assert any(": exit 3" in line for line in summary), f"no release was ever refused: the races never met {summary}"
@@ -859,7 +858,7 @@ def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_no
             assert operator.returncode == 0, out
         else:  # the engine loads for 40 s: the node is still switching when the reconnect bound ends
             assert re.search(rf"^{name}: the node is still switching after 20 s \(the reconnect bound\): "
-                             rf"switch \S+ -> {expected} ", out, re.M), out
+                             rf"switch \S+ -> {expected} ", out, re.MULTILINE), out
             assert operator.returncode == 7, out
             assert fleet.lock_holder(name) is not None  # true: the node's side still holds its lock
         # What the node did, from its own history.
@@ -906,7 +905,7 @@ def test_a_killed_ssh_session_is_followed_up_and_the_node_released_is_reported_r
     _no_traceback(out)
     assert f"{name}: the node says: released {expected}" in out, out
     assert operator.returncode == 0, out
-    assert not re.search(r"^(\[peacock\] )?peacock: .*\bfailed\b", out, re.M), out
+    assert not re.search(r"^(\[peacock\] )?peacock: .*\bfailed\b", out, re.MULTILINE), out
     last = fleet.history(name)[-1]
     assert (last["target"], last["result"]) == (expected, "released")
     fleet.settled(name)
@@ -940,8 +939,8 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     assert operator.returncode == code, out
     said = [line for line in out.splitlines() if line.startswith("interrupted:")]
     assert len(said) == 1 and word in said[0] and "carries on" in said[0], out
-    assert re.search(r"^cyan: switching on the node when interrupted \(it carries on", out, re.M), out
-    assert re.search(r"^peacock: not started$", out, re.M), out
+    assert re.search(r"^cyan: switching on the node when interrupted \(it carries on", out, re.MULTILINE), out
+    assert re.search(r"^peacock: not started$", out, re.MULTILINE), out
     # cyan finishes its switch on its own; peacock was never touched.
     assert _poll(lambda: (fleet.history("cyan")[-1]["target"], fleet.history("cyan")[-1]["result"])
                  == (expected, "released"), 60), fleet.history("cyan")[-1]
@@ -1078,3 +1077,157 @@ def test_rollback_all_leaves_alone_a_node_that_never_switched_in_the_rollout(fle
     assert fleet.current("peacock") == before["peacock"] and len(fleet.history("peacock")) == peacock_records
     for name in NODES:
         fleet.settled(name)
+
+
+# =====================================================================================================
+# The shipped switcher of a release that has not taken the lock yet
+# =====================================================================================================
+
+
+def _entry_point(fleet: Fleet, name: str) -> int | None:
+    """The node's ``flatshare-node switch`` entry point while it still reads the bundle (before it runs the switcher)."""
+    state_dir = str(fleet.node(name).state_dir)
+    for pid in _pids():
+        argv = _cmdline(pid)
+        if "switch" in argv and state_dir in argv and any(a.endswith("/flatshare-node") for a in argv):
+            return pid
+    return None
+
+
+@pytest.mark.parametrize("unpacked_when", [
+    "just now",
+    "two hours ago",
+])
+def test_a_switcher_in_use_is_not_pruned_by_another_switch(fleet, tmp_path, unpacked_when):
+    from conftest import faults
+
+    from flatshare_ops.control.bundle import source, switcher
+
+    name = "peacock"
+    fleet.new_hold(name)
+    # Another checkout of the same release whose code differs (one more file): a switcher no stored release names.
+    other = shutil.copytree(fleet.checkout, tmp_path / "other-checkout")
+    (other / "flatshare_ops" / "MARKER").write_text(f"{time.time()}\n")
+    digest = switcher(source(other))["sha256"]
+    unpacked = fleet.releases(name) / ".switchers" / digest
+    release_from_other = [str(BIN / "flatshare"), "release", "--node", name, "--inventory", str(fleet.inventory),
+                          "--root", str(other)]
+    if unpacked_when == "two hours ago":
+        # A dry run from that checkout unpacks its switcher on the node (and stores nothing)...
+        dry = fleet.cli(*release_from_other[1:], "--dry-run")
+        assert dry.returncode == 0 and unpacked.is_dir(), dry.stdout + dry.stderr
+        old = time.time() - 7200  # ...two hours ago
+        for path in [unpacked, *unpacked.rglob("*")]:
+            os.utime(path, (old, old), follow_symlinks=False)
+    offset = fleet.log_size(name)
+    # A: a local release that holds the node's lock for a while (its serving-check step waits 12 s).
+    argv, env = fleet.argv("local-release", name)
+    first = fleet.popen(argv, {**env, **faults(sleep_in_step="serving-check", seconds=12)})
+    second = stopped = None
+    try:
+        fleet.wait_log(name, offset, STEP + "serving-check", first)
+        # B: a release of the same node over SSH, from the other checkout; stopped as soon as its entry point
+        # has unpacked the switcher and runs it (before it reaches the lock).
+        second = fleet.popen(release_from_other)
+        entry = _poll(lambda: _entry_point(fleet, name), 60, 0.005)
+        assert entry, "the second release's entry point never started"
+        assert _poll(lambda: any("flatshare_ops.node.cli" in a for a in _cmdline(entry)) or not _alive(entry),
+                     60, 0.0005)
+        os.kill(entry, signal.SIGSTOP)
+        stopped = entry
+        assert unpacked.is_dir() and _cmdline(entry), "the second release was not caught running its switcher"
+        out = _finish(first, 120)
+        assert first.returncode == 0, out
+        # B still lives, stopped, and runs from its unpacked switcher: it must still be there.
+        assert _alive(stopped)
+        assert (unpacked / "flatshare_ops" / "node" / "switch.py").is_file(), \
+            f"{unpacked} was removed while a release ran from it"
+    finally:
+        _signal(stopped, signal.SIGCONT)
+        if first.poll() is None:
+            first.communicate(timeout=120)
+        if second is not None:
+            said = _finish(second, 120)
+            assert "Traceback" not in said and second.returncode in (0, 3, 4), said
+    fleet.settled(name)
+
+
+def test_ctrl_c_while_a_node_waits_for_admission_says_what_the_node_will_do(fleet):
+    name = "cyan"
+    fleet.new_hold(name)
+    before = fleet.current(name)
+    records = len(fleet.history(name))
+    offset = fleet.log_size(name)
+    operator = fleet.popen(fleet.argv("release", name)[0], new_session=True)
+    manager = fleet.sandbox_state()["peacock"]["manager_pid"]
+    try:
+        fleet.wait_log(name, offset, "asking the operator's side for admission", operator)
+        with _stopped(manager):  # the probe of peacock waits for its manager (5 s): cyan waits for the answer
+            time.sleep(1.0)
+            os.killpg(operator.pid, signal.SIGINT)
+            out = _finish(operator, 60)
+            refusal = fleet.wait_log(name, offset, r"^.*release refused: cyan may not drain now: .*$")
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    _no_traceback(out)
+    assert operator.returncode == 130, out
+    assert fleet.current(name) == before and len(fleet.history(name)) == records  # nothing changed
+    fleet.settled(name)
+    summary = [line for line in out.splitlines() if line.startswith(f"{name}: ")]
+    assert summary and "carries on" not in summary[-1], out
+    assert summary[-1].startswith(f"{name}: was asking for admission to drain: without an answer it refuses"), out
+    assert "within 60 s" not in refusal and "the operator's side went away" in refusal, refusal
+
+
+def test_sigterm_after_the_switch_is_recorded_does_not_unsay_the_release(fleet):
+    name = "cyan"
+    fleet.new_hold(name)
+    expected = fleet.expected_id(name)
+    # Unpacked switchers left over from long ago, that the prune at the end of the switch removes (it takes a while).
+    leftovers = fleet.releases(name) / ".switchers"
+    old = time.time() - 7200
+    for n in range(300):
+        directory = leftovers / f"{n:064x}"
+        directory.mkdir(parents=True)
+        for f in range(200):
+            (directory / f"m{f}.py").touch()
+        os.utime(directory, (old, old))
+    offset = fleet.log_size(name)
+    argv, env = fleet.argv("local-release", name)
+    operator = fleet.popen(argv, env)
+    try:
+        fleet.wait_log(name, offset, rf"{name}: released {expected}$", operator)
+        (switch,) = fleet.switch_pids(name)
+        assert any(leftovers.glob("0" * 60 + "*")), "the prune was already over"
+        os.kill(switch, signal.SIGTERM)  # the switch is recorded; the node is pruning
+        out = _finish(operator, 120)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+        shutil.rmtree(leftovers / ("0" * 64), ignore_errors=True)
+        for directory in leftovers.glob("0" * 40 + "*"):
+            shutil.rmtree(directory, ignore_errors=True)
+    _no_traceback(out)
+    last = fleet.history(name)[-1]
+    assert (last["target"], last["result"]) == (expected, "released")
+    fleet.settled(name)
+    assert "nothing was changed" not in fleet.log_since(name, offset), out
+    assert operator.returncode == 0, out
+
+
+SLOW_PARSE = Path(__file__).resolve().parent / "test_fleet_safety_slow"
+
+
+def test_a_slow_preflight_is_not_taken_for_a_stalled_session(fleet):
+    name = "cyan"
+    inventory = fleet.variant("slow-preflight", transport={"silence_s": 5})
+    fleet.new_hold(name)
+    expected = fleet.expected_id(name)
+    argv, env = fleet.argv("local-release", name, inventory)
+    result = fleet.cli(*argv[1:], env={**env, "PYTHONPATH": str(SLOW_PARSE), "FLEET_SAFETY_SLOW_PARSE_S": "12"})
+    _no_traceback(result.stdout, result.stderr)
+    fleet.settled(name)
+    assert "silence bound" not in result.stdout, result.stdout
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert fleet.current(name) == expected

@@ -82,7 +82,7 @@ def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
         return None, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")
     if serving is None:
         link = path.parent
-        if link.is_symlink():
+        if link.is_symlink() and not link.exists():
             return None, Finding("release", UNKNOWN, f"{link}: points at release {link.readlink()}, which is not "
                                  f"stored on {node}; run 'flatshare release' to switch it to a stored release")
         return None, Finding("release", UNKNOWN, f"{path} not found: no active release on {node}")

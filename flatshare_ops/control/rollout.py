@@ -24,7 +24,7 @@ import threading
 import uuid
 from pathlib import Path
 
-from ..common.poll import poll_until
+from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.cli import PROTOCOL
 from ..node.output import ReleaseOutput
@@ -175,6 +175,7 @@ class Rollout:
         switch_id = uuid.uuid4().hex[:16]
         try:
             payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
+            payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
             conn = self.connection(target)
             session = conn.start(commands.switch(
                 target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
@@ -205,6 +206,7 @@ class Rollout:
             status = session.exit_status(10.0)
         except (Silence, Lost) as err:
             echo(f"flatshare: {err}")
+            session.close()  # before following up: a node waiting for our answer then sees us gone
             self.drop(target)
             return self.follow_up(target, switch_id)
         finally:
@@ -293,9 +295,9 @@ class Rollout:
                           f"(switch {switch_id}); the next 'flatshare release' finishes it")
             return Exit.FAILED
         if state == "switching":
-            self.out.line(f"{name}: the node is still switching after {bound:g} s (the reconnect bound): "
-                          f"{answer.get('journal')}; follow it with 'flatshare status --node {name}' "
-                          "(or the node's releases/release.log)")
+            self.out.line(f"{name}: the node is still switching after {bound:g} s (the reconnect bound)"
+                          + (f": {answer['journal']}" if answer.get("journal") else " (it holds its release lock)")
+                          + f"; follow it with 'flatshare status --node {name}' (or the node's releases/release.log)")
             return Exit.STILL_SWITCHING
         if state == "interrupted":
             self.out.line(f"{name}: the node says the switch was interrupted: {answer.get('journal')}; "
@@ -304,6 +306,18 @@ class Rollout:
         self.out.line(f"{name}: the node has no record of switch {switch_id}: it was refused or never began "
                       "(its releases/release.log says which)")
         return Exit.UNREACHABLE
+
+
+def progress_cadence(silence_s: float) -> float:
+    """How often the node should report progress in a wait (seconds), for a silence bound of ``silence_s``.
+
+    A third of the bound (so two reports can be lost to scheduling before it fires), at most the
+    node's default of 10 s, at least 0.2 s.
+
+    >>> progress_cadence(30.0), progress_cadence(5.0), progress_cadence(0.3), progress_cadence(600.0)
+    (10.0, 1.6667, 0.2, 10.0)
+    """
+    return round(min(PROGRESS_EVERY_S, max(0.2, silence_s / 3)), 4)
 
 
 def last_rollout(histories: dict[str, list[dict]], pending: dict[str, str | None]) -> str | None:

@@ -139,6 +139,13 @@ def switch(args) -> int:
         bundle = json.loads(first) if first else None
     except ValueError:
         raise FlatshareError('node switch: stdin is not JSON; expected a release bundle {"id", "files"}') from None
+    if isinstance(bundle, dict) and "progress_every_s" in bundle:
+        from ..common import poll
+
+        try:
+            poll.set_progress_every(bundle["progress_every_s"])
+        except ValueError as err:
+            raise FlatshareError(f"node switch: {err}") from None
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
                       dry_run=args.dry_run,
                       switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout)

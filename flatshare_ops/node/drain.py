@@ -92,8 +92,8 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
     """
     seen: dict = {"calls": None}
     path = drain.status_file
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+    if not path.is_symlink() and path.exists() and not path.is_file():
+        kind = "a directory" if path.is_dir() else "not a regular file"
         raise DrainError(f"{path}: is {kind}: the voice worker cannot write its status there, so no drain can be "
                          f"confirmed; remove it (rm -r {path}) and release again")
 

@@ -89,6 +89,7 @@ def unpack(releases: Path, switcher: dict) -> Path:
         raise ValueError(f"the shipped switcher's sha256 is {digest}, not {switcher.get('sha256')}")
     target = releases / ".switchers" / digest
     if (target / "flatshare_ops" / "node" / "cli.py").is_file():
+        _touch(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.", dir=target.parent))
@@ -106,6 +107,14 @@ def unpack(releases: Path, switcher: dict) -> Path:
     return target
 
 
+def _touch(directory: Path) -> None:
+    """Mark a switcher as in use now: a prune never removes one used in the last hour."""
+    try:
+        os.utime(directory)
+    except OSError:
+        pass
+
+
 def active_switcher(releases: Path) -> Path | None:
     """The switcher the active release was switched with (``releases/current/switcher``), if still unpacked."""
     try:
@@ -113,7 +122,10 @@ def active_switcher(releases: Path) -> Path | None:
     except OSError:
         return None
     directory = releases / ".switchers" / digest
-    return directory if len(digest) == 64 and (directory / "flatshare_ops").is_dir() else None
+    if len(digest) == 64 and (directory / "flatshare_ops").is_dir():
+        _touch(directory)
+        return directory
+    return None
 
 
 def _run(switcher: Path | None, argv: list[str]) -> None:

@@ -128,12 +128,19 @@ def append(path: Path, record: dict) -> None:
 
 
 def served_releases(history: History) -> list[str]:
-    """Releases that were active and passed serving-check, newest first, each once."""
+    """Releases that were active and passed serving-check, newest first, each once.
+
+    A release whose latest switch failed or was abandoned is left out until it serves again: it is
+    no longer known to start on this node.
+    """
     seen: list[str] = []
+    distrusted: set[str] = set()
     for record in reversed(history.records):
-        after = record.get("after")
-        if record.get("result") in SERVED_RESULTS and record.get("served") and isinstance(after, str) \
-                and after not in seen:
+        after, target = record.get("after"), record.get("target")
+        if record.get("result") in ("failed", "abandoned") and isinstance(target, str) and target not in seen:
+            distrusted.add(target)
+        elif record.get("result") in SERVED_RESULTS and record.get("served") and isinstance(after, str) \
+                and after not in seen and after not in distrusted:
             seen.append(after)
     return seen
 

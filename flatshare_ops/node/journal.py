@@ -55,7 +55,7 @@ class Journal(BaseModel):
     started_at: float
     forced: bool = False
     resumed: int = 0
-    kind: Literal["release", "rollback", "repair", "resume"] = "release"
+    kind: Literal["release", "rollback", "repair"] = "release"
     steps: list[StepRecord]
 
     def step(self, name: str) -> StepRecord:

@@ -21,7 +21,7 @@ from filelock import FileLock, Timeout
 from ..common import durable
 from ..common.clock import utc_stamp
 from ..common.locks import held_by, read_holder
-from ..errors import Refused
+from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
 
@@ -51,14 +51,23 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
 
     Raises:
         Refused: another live process holds it (the message gives its details).
+        NodeStateError: ``releases/.lock`` is a link, a directory or otherwise cannot be locked.
     """
     ctx.releases.mkdir(parents=True, exist_ok=True)
-    lock = FileLock(str(ctx.lock_path))
+    path = ctx.lock_path
+    if path.is_symlink() or (path.exists() and not path.is_file()):
+        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+        raise NodeStateError(f"{path}: is {kind}, not the lock file; no release can hold it: remove it "
+                             f"(rm -r {path}) and run the command again")
+    lock = FileLock(str(path))
     try:
         lock.acquire(timeout=0)
-    except Timeout:
+    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError, hence an OSError
         who = describe_lock(ctx, held_by(ctx.lock_path))
         raise Refused(f"{action} refused: {ctx.node} is being released by {who}; wait for it to finish") from None
+    except OSError as err:
+        raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
+                             "the command again") from None
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
               "release": release, "started_at": time.time()}
     try:

@@ -29,12 +29,15 @@ PARSE_TIMEOUT_S = 180.0
 PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
 
 
-def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S) -> dict:
+def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S, progress=None) -> dict:
     """Parse ``vllm serve WORDS`` with the vLLM installed in ``venv``.
 
     Args:
         venv: the engine venv (its ``bin/python`` runs the parse script).
         words: the words after ``serve``, model first.
+
+    Args:
+        progress: called with the seconds waited, every 10 s (vLLM's import takes several).
 
     Returns:
         The script's result: ``{"ok": True, "namespace": {...}}`` or ``{"ok": False, "error": MESSAGE}``;
@@ -44,25 +47,40 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
     python = Path(venv) / "bin" / "python"
     if not os.access(python, os.X_OK):
         return {"ok": False, "preflight": True, "error": f"{python} is not an executable interpreter"}
+    import tempfile
+
+    from ..common.poll import poll_until
+
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+        try:
+            process = subprocess.Popen([str(python), str(PARSE_SCRIPT), "parse"], stdin=subprocess.PIPE,
+                                       stdout=stdout, stderr=stderr, text=True,
+                                       env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+        except OSError as err:
+            return {"ok": False, "preflight": True, "error": f"cannot run {python}: {err.strerror or err}"}
+        try:
+            process.stdin.write(json.dumps(words))
+            process.stdin.close()
+            if poll_until(lambda: process.poll() is not None, timeout_s, 0.02, progress) is None:
+                return {"ok": False, "preflight": True, "error": f"vLLM's parser did not answer within {timeout_s:g} s"}
+        finally:
+            if process.poll() is None:
+                process.kill()
+            process.wait()
+        stdout.seek(0)
+        stderr.seek(0)
+        output, errors = stdout.read(), stderr.read()
     try:
-        result = subprocess.run([str(python), str(PARSE_SCRIPT), "parse"], input=json.dumps(words),
-                                capture_output=True, text=True, timeout=timeout_s,
-                                env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    except subprocess.TimeoutExpired:
-        return {"ok": False, "preflight": True, "error": f"vLLM's parser did not answer within {timeout_s:g} s"}
-    except OSError as err:
-        return {"ok": False, "preflight": True, "error": f"cannot run {python}: {err.strerror or err}"}
-    try:
-        answer = json.loads(result.stdout)
+        answer = json.loads(output)
         if not isinstance(answer, dict) or "ok" not in answer:
             raise ValueError("not a parse result")
         return answer
     except ValueError:
-        tail = (result.stderr.strip().splitlines() or ["no output"])[-1]
-        return {"ok": False, "preflight": True, "error": f"the parse script exited {result.returncode}: {tail}"}
+        tail = (errors.strip().splitlines() or ["no output"])[-1]
+        return {"ok": False, "preflight": True, "error": f"the parse script exited {process.returncode}: {tail}"}
 
 
-def problems(serving: dict) -> list[str]:
+def problems(serving: dict, progress=None) -> list[str]:
     """Why the release's engine cannot start on this node (empty when it can), one line each."""
     engine = serving.get("engine", {})
     argv = list(engine.get("argv", []))
@@ -85,7 +103,7 @@ def problems(serving: dict) -> list[str]:
     build = (serving.get("module") or {}).get("build_command") or []
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")
-    answer = parse_with_venv(venv, words)
+    answer = parse_with_venv(venv, words, progress=progress)
     if not answer.get("ok"):
         if answer.get("preflight"):
             found.append(f"vLLM's parser in {venv} could not check the command line: {answer['error']}")

@@ -7,6 +7,8 @@ status`` always has an answer for each node.
 
 from __future__ import annotations
 
+import os
+
 from .. import systemd
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
@@ -73,6 +75,14 @@ def node_status(ctx: NodeContext) -> dict:
     pid = held_by(ctx.lock_path)
     if pid is not None:
         status["in_progress"] = describe_lock(ctx, pid)
+    status["drain_left"] = None
+    if pid is None and status["release"] is not None:
+        from .switch import active_serving
+
+        drain = ((active_serving(ctx, status["release"]) or {}).get("voice") or {}).get("drain_file")
+        if isinstance(drain, str) and os.path.exists(drain):  # a dangling link drains nobody
+            status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
+                                    "calls; 'flatshare release' to this node gives them back")
     try:
         pending = journals.read_journal(ctx.state_dir)
         status["switching"] = journals.journal_summary(pending) if pending else None

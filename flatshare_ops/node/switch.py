@@ -242,19 +242,23 @@ def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) 
     try:
         state = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
         if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:
-            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60)
+            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60,
+                        lambda waited: out.line(f"  still waiting for {GATEWAY_UNIT} to start ({waited:.0f} s of 60 s)"))
             out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
     except SystemdError as err:
         out.line(f"{ctx.node}: could not check or start {GATEWAY_UNIT}: {err}")
 
 
 def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
+    """The active release's serving.json, or None when there is none or it is damaged or of the wrong shape
+    (the callers fall back to the bundle's, or to nothing; the damage is named where it is read in full)."""
     if current is None:
         return None
     try:
-        return read_json_object(ctx.releases / current / "serving.json")
+        serving = read_json_object(ctx.releases / current / "serving.json")
     except Damaged:
         return None
+    return serving if serving is not None and not serving_shape.problem(serving) else None
 
 
 # --- refusals -----------------------------------------------------------------------------------------
@@ -430,7 +434,7 @@ def early_end(sw: Switch, journal: journals.Journal, step: str, reason: str) -> 
             url = sw.serving["engine"]["url"] + "/health"
             if http_get(url, HTTP_TIMEOUT_S)[0] == 200:
                 try:
-                    systemd.job(ctx.address, "start", GATEWAY_UNIT, 60)
+                    systemd.job(ctx.address, "start", GATEWAY_UNIT, 60, sw.progress(f"{GATEWAY_UNIT} to start", 60))
                     out.line(f"  {GATEWAY_UNIT} started again (the engine answers /health)")
                 except SystemdError as err:
                     out.line(f"  could not start {GATEWAY_UNIT} again: {err}")
@@ -460,6 +464,8 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
     """
     current = current_release(ctx.state_dir)
     served = histories.served_releases(hist)
+    if len(served) < 2:
+        return []  # the history knows too little (lost, or new): every stored release may be a rollback's target
     target = histories.rollback_target(hist, current, lambda r: is_stored(ctx.state_dir, r))
     keep_ids = {current, target, *served[:keep]}
     pending = journals.read_journal(ctx.state_dir)
@@ -725,7 +731,8 @@ def _refuse(ctx, request: Request, out, work: list[_Work], dry_run: bool, admit:
         item.forced = refusals(ctx, item.new.serving, request.force, out, _action(request)) or item.forced
         if "restart-engine" in item.plan.steps:
             out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM's own parser in the engine venv)")
-            found = preflight.problems(item.new.serving)
+            found = preflight.problems(item.new.serving, lambda waited: out.line(
+                f"  still waiting for vLLM's parser ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
             if found:
                 raise Refused(f"{_action(request)} refused before draining: {ctx.node}: {'; '.join(found)}")
             out.line(f"{ctx.node}: preflight passed")
@@ -757,7 +764,7 @@ def _carry_out(ctx, request: Request, out, work: list[_Work], pending, hist) -> 
     try:
         for removed in prune(ctx, read_history(ctx)):
             out.line(f"removed old release {removed}")
-    except (OSError, FlatshareError) as err:
+    except (OSError, FlatshareError, Interrupted, KeyboardInterrupt) as err:
         out.line(f"note: old releases were not pruned ({describe_failure(err)}); the switch itself is done")
     return Exit.OK
 

@@ -1,1 +1,0 @@
-"""flatshare-ops: render, release and check Flatshare's GPU serving fleet."""
