@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 import os
 import re
+import signal
 import subprocess
 import time
 from pathlib import Path
@@ -20,7 +21,7 @@ from conftest import BIN, faults, loopback_pair, run_cli
 from release_fleet import ENGINE, HOLD_FLAG, Fleet, sandbox_fleet  # noqa: F401
 from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.node.drain import DrainError, begin, wait_drained
-from flatshare_ops.systemd import connect, daemon_reload, run_job
+from flatshare_ops.systemd import connect, daemon_reload, run_job, unit_property
 
 ADDRESSES = loopback_pair(3)
 
@@ -236,10 +237,13 @@ def test_a_drain_that_times_out_removes_the_drain_file_and_keeps_the_journal(fle
     original = profile.read_text()
     profile.write_text(original.replace("drain_timeout_s = 20", "drain_timeout_s = 2"))
     fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    # The worker stays active (a stopped one has no calls to drain and is not waited for) but is frozen:
+    # it will never confirm the drain.
     with connect(fleet.address(name)) as bus:
-        run_job(bus, "stop", "flatshare-voice.service", 30)  # it will never confirm the drain
+        worker = unit_property(bus, "flatshare-voice.service", "Service", "MainPID")
     stale = {"schema": 1, "state": "drained", "drain_id": "earlier", "written_at": time.time(), "calls_in_progress": 0}
     (node.run_dir / "voice.status").write_text(json.dumps(stale))
+    os.kill(worker, signal.SIGSTOP)
     try:
         result = fleet.release("--node", name)
         assert result.returncode == 1, result.stdout
@@ -249,9 +253,8 @@ def test_a_drain_that_times_out_removes_the_drain_file_and_keeps_the_journal(fle
         journal = json.loads(fleet.journal(name).read_text())
         assert journal["steps"][0] == {**journal["steps"][0], "name": "drain-voice", "state": "failed"}
     finally:
+        os.kill(worker, signal.SIGCONT)
         profile.write_text(original)
-        with connect(fleet.address(name)) as bus:
-            run_job(bus, "start", "flatshare-voice.service", 30)
     finished = fleet.release("--node", name)
     assert finished.returncode == 0, finished.stdout
     fleet.settled(name)

@@ -112,3 +112,27 @@ def test_escaping_refuses_control_characters(bad):
         exec_command(["/bin/true", bad])
     with pytest.raises(UnsafeValueError):
         environment_assignment("X", bad)
+
+
+def test_the_unit_reader_splits_commands_where_systemd_does(user_manager):
+    """common.unit_file reads Exec lines as systemd does: a bare ';' separates commands, a quoted or
+    escaped one is an argument (checked against systemd's own reading over D-Bus)."""
+    from flatshare_ops.common import unit_file
+
+    text = ("[Service]\nType=oneshot\n"
+            "ExecStart=/bin/true \";\" a ; /bin/true \\; 'b c' ;x y; \"\" %%\n"
+            "ExecStart=/bin/echo ';'\n")
+    name = "flatshare-reader-probe.service"
+    (user_manager.unit_dir / name).write_text(text)
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    try:
+        with connect(address) as bus:
+            daemon_reload(bus)
+            systemd_reads = exec_start_argv(bus, name)
+    finally:
+        (user_manager.unit_dir / name).unlink()
+        with connect(address) as bus:
+            daemon_reload(bus)
+    ours = [argv for line in unit_file.meaning(text)[("Service", "ExecStart")] for _prefix, argv in line]
+    assert [list(a) for a in ours] == systemd_reads
+    assert len(systemd_reads) == 3  # the bare ';' made two commands of the first line

@@ -95,13 +95,19 @@ def split_words(value: str) -> list[str]:
     Raises:
         UnitSyntaxError: an unterminated quote or a trailing backslash.
     """
-    words: list[str] = []
+    return [word for word, _raw in _words(value)]
+
+
+def _words(value: str) -> list[tuple[str, str]]:
+    """:func:`split_words`, each word with its text as written (a separator ``;`` is one written bare)."""
+    words: list[tuple[str, str]] = []
     i, n = 0, len(value)
     while True:
         while i < n and value[i] in " \t\n":
             i += 1
         if i >= n:
             return words
+        start = i
         word: list[str] = []
         quote = None
         while i < n:
@@ -124,7 +130,7 @@ def split_words(value: str) -> list[str]:
             i += 1
         if quote is not None:
             raise UnitSyntaxError(f"unterminated {quote} quote in {value!r}")
-        words.append("".join(word))
+        words.append(("".join(word), value[start:i]))
 
 
 def _c_escape(value: str, i: int) -> tuple[str, int]:
@@ -143,7 +149,10 @@ def _c_escape(value: str, i: int) -> tuple[str, int]:
 
 
 def exec_commands(value: str) -> list[tuple[str, list[str]]]:
-    """An ``Exec*=`` value as ``[(prefixes, argv)]``, one per command (a lone ``;`` separates commands).
+    """An ``Exec*=`` value as ``[(prefixes, argv)]``, one per command.
+
+    A ``;`` written bare as a word of its own separates commands; a quoted ``";"`` or an
+    escaped ``\\;`` is an argument (systemd.service(5), "Command lines").
 
     ``$$`` becomes ``$`` and ``%%`` becomes ``%`` (systemd.service(5)); ``$VAR`` is kept as written,
     since it is expanded at exec time the same way for both sides of a comparison.
@@ -151,11 +160,11 @@ def exec_commands(value: str) -> list[tuple[str, list[str]]]:
     Raises:
         UnitSyntaxError: a quoting error.
     """
-    words = split_words(_unescape_specifiers(value))
+    words = _words(_unescape_specifiers(value))
     commands: list[tuple[str, list[str]]] = []
     current: list[str] = []
-    for word in words + [";"]:
-        if word == ";":
+    for word, raw in words + [(";", ";")]:
+        if raw == ";":
             if current:
                 prefix = re.match(r"^[-@:+!]*", current[0]).group()
                 argv = [current[0][len(prefix):], *current[1:]]
