@@ -22,6 +22,7 @@ import json
 import sys
 import threading
 import uuid
+from concurrent.futures import Future
 from pathlib import Path
 
 from ..common.poll import PROGRESS_EVERY_S, poll_until
@@ -63,22 +64,56 @@ class Rollout:
         self.id = uuid.uuid4().hex[:12]
         self.settings = chosen[0].settings
         self._connections: dict[str, Connection] = {}
+        self._opening: dict[str, Future] = {}
+        self._closed = False
         self._lock = threading.Lock()
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
+    def prefetch(self, targets: list[NodeTarget]) -> None:
+        """Start opening these nodes' connections in the background (each bounded by the connect bound).
+
+        A release waits for two connections in turn (its node's, then the others' for the
+        admission probe); opened at once, the second costs nothing by the time it is needed.
+        Opening a connection runs nothing on the node. A failure is kept for the first use.
+        """
+        for target in targets:
+            with self._lock:
+                if self._closed or target.name in self._connections or target.name in self._opening:
+                    continue
+                future: Future = Future()
+                self._opening[target.name] = future
+            threading.Thread(target=self._open, args=(target, future), daemon=True,
+                             name=f"connect-{target.name}").start()
+
+    def _open(self, target: NodeTarget, future: Future) -> None:
+        try:
+            conn = target.connect()
+        except BaseException as err:
+            future.set_exception(err)
+            return
+        with self._lock:
+            closed = self._closed
+        if closed:
+            conn.close()
+            future.set_exception(TransportError(f"{target.name}: the run ended while connecting"))
+        else:
+            future.set_result(conn)
+
     def connection(self, target: NodeTarget) -> Connection:
-        """The node's connection (opened on first use).
+        """The node's connection (opened on first use, or taken from :meth:`prefetch`).
 
         Raises:
-            TransportError: the node could not be reached within the connect bound.
+            TransportError: the node could not be reached within the connect bound (a
+                background attempt's failure is raised once; the next use tries again).
         """
         with self._lock:
             conn = self._connections.get(target.name)
+            opening = self._opening.pop(target.name, None) if conn is None else None
         if conn is None:
-            conn = target.connect()
+            conn = opening.result() if opening is not None else target.connect()
             with self._lock:
                 self._connections[target.name] = conn
         return conn
@@ -94,9 +129,15 @@ class Rollout:
                 pass
 
     def close(self) -> None:
-        """Close every connection."""
+        """Close every connection (one still being opened is closed when it opens)."""
+        with self._lock:
+            self._closed = True
+            opening, self._opening = list(self._opening.values()), {}
         for target in list(self.everyone):
             self.drop(target)
+        for future in opening:
+            if future.done() and future.exception() is None:
+                future.result().close()
 
     # --- the run ------------------------------------------------------------------------------------
 
@@ -118,6 +159,8 @@ class Rollout:
                           + (" (dry run)" if self.dry_run else ""))
         worst = None
         try:
+            # The first batch, and the nodes its admission probes.
+            self.prefetch(self.chosen[: self.batch_size] + [t for t in self.everyone if t not in self.chosen])
             for i in range(0, len(self.chosen), self.batch_size):
                 batch = self.chosen[i : i + self.batch_size]
                 self._run_batch(batch)

@@ -61,14 +61,26 @@ def _option(argv: list[str], name: str) -> str | None:
 
 
 def _first_line() -> bytes:
-    """stdin's first line, read without buffering past it (the admission answers come later on stdin)."""
-    data = b""
-    while not data.endswith(b"\n"):
-        chunk = os.read(0, 1)
+    """stdin's first line (the bundle), read in large chunks.
+
+    The operator's side sends nothing after it until the switch asks for admission, so
+    nothing read past the newline can be an answer; bytes there break the protocol and
+    are refused (they could not be handed to the switcher, which reads stdin after this
+    process is replaced).
+    """
+    chunks: list[bytes] = []
+    while True:
+        chunk = os.read(0, 1 << 20)
         if not chunk:
-            break
-        data += chunk
-    return data
+            return b"".join(chunks)
+        end = chunk.find(b"\n")
+        if end < 0:
+            chunks.append(chunk)
+            continue
+        if end + 1 < len(chunk):
+            _refuse("node switch: input came after the bundle's line before the switch asked for any", BAD_INPUT)
+        chunks.append(chunk)
+        return b"".join(chunks)
 
 
 def _refuse(message: str, code: int = REFUSED) -> None:

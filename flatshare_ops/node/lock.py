@@ -16,8 +16,6 @@ import time
 from contextlib import contextmanager
 from typing import Iterator
 
-from filelock import FileLock, Timeout
-
 from ..common import durable
 from ..common.clock import utc_stamp
 from ..common.locks import held_by, read_holder
@@ -53,6 +51,8 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         Refused: another live process holds it (the message gives its details).
         NodeStateError: ``releases/.lock`` is a link, a directory or otherwise cannot be locked.
     """
+    from filelock import FileLock, Timeout  # here: status and the admission probe only read the lock table
+
     ctx.releases.mkdir(parents=True, exist_ok=True)
     path = ctx.lock_path
     if path.is_symlink() or (path.exists() and not path.is_file()):

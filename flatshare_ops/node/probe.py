@@ -25,7 +25,7 @@ def built_module(ctx: NodeContext, path: str | None = None) -> dict:
     """
     from ..common.hashing import sha256_file
     from .store import current_release
-    from .switch import active_serving
+    from .calls import active_serving
 
     if path is None:
         try:
@@ -48,7 +48,7 @@ def probe(ctx: NodeContext) -> dict:
         ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``.
     """
     from .store import current_release
-    from .switch import active_serving, takes_calls
+    from .calls import active_serving, takes_calls
 
     pid = held_by(ctx.lock_path)
     try:

@@ -77,7 +77,7 @@ def node_status(ctx: NodeContext) -> dict:
         status["in_progress"] = describe_lock(ctx, pid)
     status["drain_left"] = None
     if pid is None and status["release"] is not None:
-        from .switch import active_serving
+        from .calls import active_serving
 
         drain = ((active_serving(ctx, status["release"]) or {}).get("voice") or {}).get("drain_file")
         if isinstance(drain, str) and os.path.exists(drain):  # a dangling link drains nobody

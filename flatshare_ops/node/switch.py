@@ -47,6 +47,7 @@ from ..errors import Exit
 from . import drain, history as histories, hold, journal as journals, preflight
 from .context import NodeContext
 from .lock import node_lock
+from .calls import active_serving, takes_calls  # noqa: F401  (named here by callers)
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView, describe, plan, title
 from .steps import STEP_BY_NAME, Switch
@@ -200,30 +201,6 @@ def read_history(ctx: NodeContext) -> histories.History:
                              "a new history, and rollbacks have nothing to return to until a release serves") from None
 
 
-def takes_calls(ctx: NodeContext, serving: dict | None) -> list[str]:
-    """Why this node does not take calls right now (empty when it does): its services are active,
-    its engine answers /health and no voice drain file is present."""
-    if serving is None:
-        return ["no active release"]
-    problems = []
-    try:
-        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
-    except SystemdError as err:
-        return [str(err)]
-    problems += [f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS if states[f"{u}/ActiveState"] != "active"]
-    try:
-        url = serving["engine"]["url"] + "/health"
-        drain_file = Path(serving["voice"]["drain_file"])
-    except (KeyError, TypeError):
-        return ["the active release's serving.json is damaged"]
-    status = http_get(url, HTTP_TIMEOUT_S)[0]
-    if status != 200:
-        problems.append(f"{url} answered {status or 'nothing'}")
-    if drain_file.exists():
-        problems.append(f"{drain_file} is present (the voice worker is drained)")
-    return problems
-
-
 def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) -> None:
     """With no switch running: remove a voice drain file left behind, and start a stopped gateway
     whose engine answers /health. Never raises: it only ever gives calls back."""
@@ -247,18 +224,6 @@ def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) 
             out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
     except SystemdError as err:
         out.line(f"{ctx.node}: could not check or start {GATEWAY_UNIT}: {err}")
-
-
-def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
-    """The active release's serving.json, or None when there is none or it is damaged or of the wrong shape
-    (the callers fall back to the bundle's, or to nothing; the damage is named where it is read in full)."""
-    if current is None:
-        return None
-    try:
-        serving = read_json_object(ctx.releases / current / "serving.json")
-    except Damaged:
-        return None
-    return serving if serving is not None and not serving_shape.problem(serving) else None
 
 
 # --- refusals -----------------------------------------------------------------------------------------

@@ -70,7 +70,8 @@ def main(argv: list[str] | None = None) -> None:
         ("GET", "/health"): health,
         ("GET", "/stats"): lambda _q: json_body(200, state.stats()),
     })
-    threading.Thread(target=server.serve_forever, daemon=True).start()
+    # poll_interval: shutdown() waits up to one interval for the loop to notice (0.5 s by default).
+    threading.Thread(target=server.serve_forever, kwargs={"poll_interval": 0.05}, daemon=True).start()
     print(f"gateway: serving on {host}:{port}", flush=True)
     signal.sigwait({signal.SIGTERM, signal.SIGINT})
 
