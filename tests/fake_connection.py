@@ -56,6 +56,7 @@ class FakeNode:
         reachable: False makes every connect fail.
         commands: every argv it was given.
         stdin: everything sent to its switch.
+        other_output: what any other command prints (its exit status 0).
     """
 
     probe: dict = field(default_factory=lambda: {"takes_calls": True, "locked": False, "problems": [],
@@ -66,6 +67,7 @@ class FakeNode:
     reachable: bool = True
     commands: list = field(default_factory=list)
     stdin: list = field(default_factory=list)
+    other_output: bytes = b"{}"
 
 
 class FakeConnection(Connection):
@@ -84,7 +86,7 @@ class FakeConnection(Connection):
             answers = self.fake.status_answers
             output = json.dumps(answers.pop(0) if len(answers) > 1 else answers[0]).encode()
         else:
-            output = b"{}"
+            output = self.fake.other_output
         return FakeSession(self.node_name, [output], 0, [])
 
 

@@ -85,3 +85,18 @@ def test_a_command_that_ends_without_its_outcome_asks_the_node():
     targets = fleet(cyan=cyan, peacock=FakeNode())
     code, text = run(targets, chosen=targets[:1])
     assert code == Exit.FAILED and "failed at restart-engine: boom" in text, text
+
+
+def test_a_fleet_answer_that_is_not_json_is_named_with_its_first_and_last_lines():
+    from flatshare_ops.control import commands
+    from flatshare_ops.control.fleet import ask
+
+    record = json.dumps({"records": [{"result": "released"}] * 40, "skipped": []})
+    targets = fleet(cyan=FakeNode(other_output=f"a stray warning\n{record}\n".encode()),
+                    peacock=FakeNode(other_output=f"{record}\n".encode()))
+    answers = ask(targets, lambda t: commands.history(t.spec))
+    error = answers["cyan"]["error"]
+    assert error.startswith("exit 0: {") and "the first: a stray warning" in error, error
+    assert "not a JSON answer: Expecting value: line 1 column 1" in error and f"({len(record)} characters)" in error, error
+    assert "\n" not in error and len(error) < 800
+    assert answers["peacock"] == json.loads(record)

@@ -36,9 +36,8 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
             try:
                 document = json.loads(result.output)
                 answers[target.name] = document if isinstance(document, dict) else {"answer": document}
-            except ValueError:
-                tail = result.output.strip().splitlines()[-1:] or ["no output"]
-                answers[target.name] = {"error": f"exit {result.status}: {tail[0]}"}
+            except ValueError as err:
+                answers[target.name] = {"error": _not_an_answer(result.status, result.output, err)}
         except TransportError as err:
             answers[target.name] = {"error": str(err)}
         finally:
@@ -53,3 +52,19 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
         if thread.is_alive():
             answers[target.name] = {"error": f"{target.name}: no answer within {bound:g} s"}
     return {t.name: answers.get(t.name, {"error": f"{t.name}: no answer"}) for t in targets}
+
+
+def _not_an_answer(status: int | None, output: str, err: ValueError) -> str:
+    """One line for output that is not a JSON answer: the exit status and the last line (a node-side error is
+    printed last), shortened to 300 characters, with the first line and the parser's complaint when more came."""
+    lines = output.strip().splitlines() or ["no output"]
+
+    def short(line: str) -> str:
+        return line if len(line) <= 300 else line[:300] + f"... ({len(line)} characters)"
+
+    message = f"exit {status}: {short(lines[-1])}"
+    if len(lines) > 1:
+        message += f" (after {len(lines) - 1} other line(s), the first: {short(lines[0])})"
+    if status == 0:
+        message += f" (not a JSON answer: {err})"
+    return message
