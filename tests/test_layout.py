@@ -64,3 +64,24 @@ def test_each_step_is_defined_once_and_the_plan_reads_the_table():
     for cls_steps in plan._CLASS_STEPS.values():  # noqa: SLF001 (the plan's rules as data)
         assert set(cls_steps) <= set(names)
     assert all(callable(s.run) and s.description for s in steps.STEPS)
+
+
+def test_the_readmes_layout_section_names_every_module_under_its_folder():
+    readme = (REPO / "README.md").read_text()
+    section = readme[readme.index("## Layout"):]
+    section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
+    # Each folder's bullet: from "- `flatshare_ops/FOLDER/`" to the next bullet.
+    bullets = {}
+    for bullet in section.split("\n- ")[1:]:
+        if bullet.startswith("`flatshare_ops/"):
+            bullets[bullet.split("`")[1].rstrip("/")] = bullet
+    missing = []
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(REPO)
+        if path.name in ("__init__.py", "__main__.py") or "sandbox" in relative.parts:
+            continue
+        folder = "/".join(relative.parts[:-1])
+        where = section if folder == "flatshare_ops" else bullets.get(folder, "")  # top-level: anywhere
+        if f"`{path.name}`" not in where and f"`{folder}/{path.name}`" not in where:
+            missing.append(str(relative))
+    assert not missing, f"README.md's Layout section does not name: {missing}"
