@@ -22,6 +22,7 @@ import os
 import re
 import subprocess
 import sys
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -418,7 +419,9 @@ def test_reading_of_the_production_render():
     reading = _read(*P)
     assert reading.ok and not reading.warnings and not reading.unverified
     assert reading.model == M
-    assert reading.values["additional_config"]["make_room"]["decode_hold_tokens"] == 48
+    profile = tomllib.loads((REPO / "profiles/rtx-5060-ti-serve.toml").read_text())  # the operator's values
+    assert reading.values["additional_config"]["make_room"]["decode_hold_tokens"] == \
+        profile["engine"]["make_room"]["decode_hold_tokens"]
     assert reading.values["additional_config"]["make_room"]["take_reservations"] is True
     assert reading.values["served_model_name"] == ["flatshare-chat"]
     assert reading.values["kv_offloading_size"] == 24.0

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import re
+import tomllib
 from pathlib import Path
 
 import pytest
@@ -75,7 +76,9 @@ def test_extends_overrides_only_what_the_child_states(checkout):
     loaded = load_profile(child)
     assert loaded.profile.layout.unit_dir == "/srv/units"
     assert loaded.profile.layout.service_user == "flatshare"  # the child's [layout] merges key by key...
-    assert loaded.profile.engine.make_room.decode_hold_tokens == 48  # ...and the rest is inherited
+    parent = tomllib.loads((checkout / "profiles/rtx-5060-ti-serve.toml").read_text())
+    inherited = parent["engine"]["make_room"]["decode_hold_tokens"]
+    assert loaded.profile.engine.make_room.decode_hold_tokens == inherited  # ...and the rest is inherited
 
 
 def _render_error(checkout: Path, profile: Path) -> tuple[int, str, str]:
