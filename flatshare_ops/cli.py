@@ -350,24 +350,31 @@ def lock_acquire(
     import getpass
     import socket
 
+    from .common.text import hold_message
+
+    wrong = hold_message(message)
+    if wrong:
+        raise FlatshareError(f"lock acquire: -m: {wrong}")
     answer = _hold([node], inventory, acquire=message, who=f"{getpass.getuser()}@{socket.gethostname()}")[node]
     if "error" in answer or not answer.get("held"):
         typer.echo(f"{node}: {answer.get('error') or answer}", err=True)
         raise typer.Exit(3)
-    typer.echo(f"{node}: held by {answer['hold']['who']}: {answer['hold']['message']}")
+    typer.echo(f"{node}: held by {answer['hold']['who']}: {answer['hold']['message']}")  # checked above
 
 
 @lock_app.command("status")
 def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
     """Who holds each node, and why (default: every node)."""
     from .common.clock import utc_stamp
+    from .common.text import one_line
 
     for name, answer in _hold(node, inventory).items():
         if "error" in answer:
             typer.echo(f"{name}: UNKNOWN: {answer['error']}")
         elif answer.get("held"):
             hold = answer["hold"]
-            typer.echo(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: {hold.get('message')}")
+            typer.echo(one_line(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: "
+                                f"{hold.get('message')}"))
         else:
             typer.echo(f"{name}: not held")
 

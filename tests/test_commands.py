@@ -35,3 +35,10 @@ def test_serving_check():
                                             "/var/lib/flatshare", "--node-name", "cyan"]
     assert commands.serving_check(USER) == ["/bin/serving-check", "--json", "--state-dir", "/s", "--node-name",
                                             "peacock", "--runtime-dir", "/run/u"]
+
+
+def test_hold_passes_the_message_as_one_word_even_when_it_looks_like_an_option():
+    base = ["--node", "cyan", "--state-dir", "/var/lib/flatshare", "--scope", "system"]
+    assert commands.hold(SPEC, acquire="--release", who="ops@laptop") == \
+        NODE + ["hold", *base, "--acquire=--release", "--who=ops@laptop"]
+    assert commands.hold(SPEC, release=True) == NODE + ["hold", *base, "--release"]

@@ -121,7 +121,10 @@ def test_the_unit_reader_splits_commands_where_systemd_does(user_manager):
 
     text = ("[Service]\nType=oneshot\n"
             "ExecStart=/bin/true \";\" a ; /bin/true \\; 'b c' ;x y; \"\" %%\n"
-            "ExecStart=/bin/echo ';'\n")
+            "ExecStart=/bin/echo ';'\n"
+            # Unicode line separators are no line end and no space to systemd (Python's splitlines and
+            # strip would make them both).
+            "ExecStart=/bin/echo a\u2028b \u0085c \u2029\n")
     name = "flatshare-reader-probe.service"
     (user_manager.unit_dir / name).write_text(text)
     address = ManagerAddress("user", user_manager.runtime_dir)
@@ -135,4 +138,5 @@ def test_the_unit_reader_splits_commands_where_systemd_does(user_manager):
             daemon_reload(bus)
     ours = [argv for line in unit_file.meaning(text)[("Service", "ExecStart")] for _prefix, argv in line]
     assert [list(a) for a in ours] == systemd_reads
-    assert len(systemd_reads) == 3  # the bare ';' made two commands of the first line
+    assert len(systemd_reads) == 4  # the bare ';' made two commands of the first line
+    assert systemd_reads[-1] == ["/bin/echo", "a\u2028b", "\u0085c", "\u2029"]

@@ -93,11 +93,19 @@ def _main(argv: list[str] | None) -> None:
     from .report import UNKNOWN, Finding, Report, write_textfile
     from .run import run_checks
 
-    node = args.node_name or os.environ.get("FLATSHARE_NODE") or os.uname().nodename
+    from ..common.text import one_line
+
+    given = args.node_name or os.environ.get("FLATSHARE_NODE") or os.uname().nodename
+    # The name goes into the Nagios line and a Prometheus label: a control character or a byte that is
+    # not UTF-8 (argv keeps it as a surrogate) is shown escaped, and named as the check's own trouble.
+    node = one_line(given).encode("utf-8", "backslashreplace").decode("utf-8")
     if args.state_dir.exists() and not args.state_dir.is_dir():
         report = Report(node, [Finding("release", UNKNOWN, f"--state-dir {args.state_dir} is not a directory")])
     else:
         report = run_checks(args.state_dir, node, args.runtime_dir, deadline_s=max(0.1, args.deadline))
+    if node != given:
+        report.findings.append(Finding("node-name", UNKNOWN, f"the node name {node} holds control characters or "
+                                                             "bytes that are not UTF-8; give --node-name as text"))
     if args.textfile:
         try:
             write_textfile(args.textfile, report)

@@ -52,6 +52,20 @@ def read_bytes(path: Path, allow_symlink: bool = False) -> bytes | None:
         raise Damaged(path, f"unreadable ({err.strerror or err})") from None
 
 
+def _no_constant(name: str):
+    raise ValueError(f"{name} is not a JSON number")
+
+
+def loads(text: str | bytes):
+    """``json.loads`` as RFC 8259 reads JSON: ``NaN``, ``Infinity`` and ``-Infinity`` (which Python's
+    json accepts and writes) are refused, so no bound or timestamp read from a file is NaN or infinite.
+
+    Raises:
+        ValueError: not JSON (``json.JSONDecodeError``), or one of those constants.
+    """
+    return json.loads(text, parse_constant=_no_constant)
+
+
 def parse_json_object(path: Path, raw: bytes) -> dict:
     """Parse ``raw`` (the bytes of ``path``) as one JSON object.
 
@@ -62,11 +76,13 @@ def parse_json_object(path: Path, raw: bytes) -> dict:
     if not raw.strip():
         return _raise(path, "empty")
     try:
-        document = json.loads(raw.decode("utf-8"))
+        document = loads(raw.decode("utf-8"))
     except UnicodeDecodeError:
         return _raise(path, "not UTF-8 text")
     except json.JSONDecodeError as err:
         return _raise(path, f"not JSON ({err.msg} at line {err.lineno} column {err.colno}; torn or overwritten?)")
+    except ValueError as err:
+        return _raise(path, f"not JSON ({err})")
     if not isinstance(document, dict):
         return _raise(path, f"JSON of the wrong shape (a {type(document).__name__}, not an object)")
     return document

@@ -9,6 +9,15 @@ because serving-check may not import it (adr/0006-serving-check-cost.md).
 
 from __future__ import annotations
 
+import math
+import re
+
+#: A unit name the node may install (systemd.unit(5): a name, a dot, the type; no path).
+UNIT_NAME = re.compile(r"^[A-Za-z0-9@._-]+\.(service|target|timer)$")
+SHA256 = re.compile(r"^[0-9a-f]{64}$")
+#: Bounds (seconds) the node waits for: each a finite number above zero (NaN or infinity would be no bound).
+BOUNDS = ("engine.start_timeout_s", "engine.stop_timeout_s", "voice.drain_timeout_s", "gateway.drain_timeout_s")
+
 NUMBER = (int, float)
 #: dotted key -> the type(s) its value must have (bool is not a number here).
 KEYS: dict[str, tuple] = {
@@ -73,4 +82,17 @@ def problem(document: dict) -> str | None:
             return f"{key}: must be a list of strings"
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in document["units"].items()):
         return "units: must map unit names to sha256 strings"
+    for name, digest in document["units"].items():
+        if not UNIT_NAME.match(name):
+            return f"units: {name!r} is not a unit name (NAME.service, .target or .timer; no path)"
+        if not SHA256.match(digest):
+            return f"units: {name}: {digest!r} is not a sha256"
+    for key in ("engine.unit", *[f"services[{i}]" for i in range(len(document["services"]))]):
+        name = document["engine"]["unit"] if key == "engine.unit" else document["services"][int(key[9:-1])]
+        if not UNIT_NAME.match(name):
+            return f"{key}: {name!r} is not a unit name"
+    for key in BOUNDS:
+        value = _get(document, key)
+        if value is not _MISSING and not (math.isfinite(value) and value > 0):
+            return f"{key}: must be a finite number of seconds above 0, got {value}"
     return None

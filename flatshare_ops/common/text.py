@@ -17,3 +17,24 @@ def control_character(value: str) -> str | None:
     """The first control character (U+0000-U+001F, U+007F) in ``value``, or None."""
     match = _CONTROL.search(value)
     return match.group() if match else None
+
+
+def one_line(value: object) -> str:
+    """``value`` as text safe to print on one line of output: control characters (and the line
+    separators U+0085, U+2028, U+2029) shown as escapes (``\\n``, ``\\x1b``), so a value read from a
+    file can never start a line of its own or pose as a protocol line."""
+    return _SHOWN.sub(lambda m: m.group().encode("unicode_escape").decode(), str(value))
+
+
+_SHOWN = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+
+
+def hold_message(value: str) -> str | None:
+    """Why a hold message (``flatshare lock acquire -m``) cannot be used, or None: it must be one line of
+    text, not empty, with no control character."""
+    if not value.strip():
+        return "the message is empty; say why the node is held"
+    bad = control_character(value) or next((c for c in value if c in "\x85\u2028\u2029"), None)
+    if bad is not None:
+        return f"the message holds control character {bad!r}; give one line of text"
+    return None

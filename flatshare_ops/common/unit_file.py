@@ -35,6 +35,12 @@ _TIME_UNITS = {"us": 1, "usec": 1, "ms": 1000, "msec": 1000, "s": 10**6, "sec": 
 _C_ESCAPES = {"a": "\a", "b": "\b", "f": "\f", "n": "\n", "r": "\r", "t": "\t", "v": "\v", "\\": "\\", '"': '"',
               "'": "'", "s": " "}
 
+#: What systemd strips and splits on (its WHITESPACE: space, tab, newline, carriage return): not Python's
+#: Unicode whitespace, which also holds U+0085, U+2028 and U+2029 (fileio.c read_line, docs/reference/systemd.md).
+WHITESPACE = " \t\n\r"
+#: systemd's line ends: newline, carriage return, CR LF, NUL.
+_LINES = re.compile(r"\r\n|[\r\n\0]")
+
 
 class UnitSyntaxError(ValueError):
     """A unit file systemd would not read the way it looks (an unterminated quote, a key outside a section)."""
@@ -53,8 +59,8 @@ def parse(text: str) -> list[tuple[str, str, str]]:
     entries: list[tuple[str, str, str]] = []
     section: str | None = None
     pending = ""
-    for raw in text.splitlines():
-        line = raw.strip()
+    for raw in _LINES.split(text):
+        line = raw.strip(WHITESPACE)
         if pending:
             if line.startswith(("#", ";")):
                 continue
@@ -72,12 +78,12 @@ def parse(text: str) -> list[tuple[str, str, str]]:
         if not eq:
             continue  # systemd logs and ignores a line without '='
         if section is None:
-            raise UnitSyntaxError(f"assignment {key.strip()}= before any [section]")
-        entries.append((section, key.strip(), value.strip()))
+            raise UnitSyntaxError(f"assignment {key.strip(WHITESPACE)}= before any [section]")
+        entries.append((section, key.strip(WHITESPACE), value.strip(WHITESPACE)))
     if pending:
-        key, eq, value = pending.strip().partition("=")
+        key, eq, value = pending.strip(WHITESPACE).partition("=")
         if eq and section is not None:
-            entries.append((section, key.strip(), value.strip()))
+            entries.append((section, key.strip(WHITESPACE), value.strip(WHITESPACE)))
     return entries
 
 
@@ -103,7 +109,7 @@ def _words(value: str) -> list[tuple[str, str]]:
     words: list[tuple[str, str]] = []
     i, n = 0, len(value)
     while True:
-        while i < n and value[i] in " \t\n":
+        while i < n and value[i] in WHITESPACE:
             i += 1
         if i >= n:
             return words
@@ -112,7 +118,7 @@ def _words(value: str) -> list[tuple[str, str]]:
         quote = None
         while i < n:
             c = value[i]
-            if quote is None and c in " \t\n":
+            if quote is None and c in WHITESPACE:
                 break
             if c in "\"'" and quote is None:
                 quote = c
@@ -177,7 +183,7 @@ def exec_commands(value: str) -> list[tuple[str, list[str]]]:
 
 def time_span_us(value: str) -> int | None:
     """A systemd time span (``90``, ``90s``, ``1min 30s``, ``infinity``) in microseconds; None if it is not one."""
-    text = value.strip()
+    text = value.strip(WHITESPACE)
     if text == "infinity":
         return -1
     total, found = 0, False

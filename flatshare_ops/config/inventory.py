@@ -44,7 +44,9 @@ class Transport(StrictModel):
 
     connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
     keepalive_s: float = Field(default=5.0, ge=1, le=600)
-    silence_s: float = Field(default=30.0, gt=0, le=3600)
+    # At least 2 s: a node's first line comes after sshd's exec and two Python starts (about 0.5 s on an idle
+    # node), and a node reports every third of this bound (0.2 s at the least); less could never release.
+    silence_s: float = Field(default=30.0, ge=2, le=3600)
     reconnect_s: float = Field(default=30.0, gt=0, le=3600)
     command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
 

@@ -15,7 +15,7 @@ import hashlib
 import json
 import re
 from dataclasses import dataclass, field
-from pathlib import Path
+from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
 
 import tomlkit
@@ -48,7 +48,9 @@ def _absolute(value: str) -> str:
 Text = Annotated[str, Field(min_length=1), AfterValidator(_no_control_chars)]
 AbsPath = Annotated[Text, AfterValidator(_absolute)]
 Command = Annotated[list[Text], Field(min_length=1)]
-Seconds = Annotated[float, Field(gt=0, le=86400)]
+#: A time span: at least 1 ms (systemd reads a span that renders as 0 as "no timeout": systemd.service(5),
+#: docs/reference/systemd.md), at most a day.
+Seconds = Annotated[float, Field(ge=0.001, le=86400)]
 #: Counts (tokens, sequences, milliseconds): non-negative and within a 32-bit int.
 Count = Annotated[int, Field(ge=0, le=2**31 - 1)]
 Positive = Annotated[int, Field(gt=0, le=2**31 - 1)]
@@ -151,6 +153,15 @@ class Engine(StrictModel):
     speculative: Speculative | None = None
 
     @model_validator(mode="after")
+    def _environment_leaves_what_the_renderer_sets(self) -> "Engine":
+        # The engine unit sets PYTHONPATH to the serve module's directory (render/units.py): a profile value
+        # would be silently overridden, so it is refused.
+        if "PYTHONPATH" in self.environment:
+            raise ValueError("environment: PYTHONPATH is set by the renderer (to module.directory, where the "
+                             "serve module is built); remove it, or change module.directory")
+        return self
+
+    @model_validator(mode="after")
     def _batch_holds_every_sequence(self) -> "Engine":
         # vLLM's scheduler config refuses max_num_batched_tokens < max_num_seqs at start.
         if self.max_num_batched_tokens < self.max_num_seqs:
@@ -230,6 +241,25 @@ class Layout(StrictModel):
     state_dir: AbsPath
     run_dir: AbsPath
     service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
+
+    @model_validator(mode="after")
+    def _run_dir_is_what_runtime_directory_makes(self) -> "Layout":
+        # The units recreate run_dir at boot with RuntimeDirectory=NAME (its last component), which systemd
+        # makes under /run for the system manager and under $XDG_RUNTIME_DIR for a user manager
+        # (systemd.exec(5), docs/reference/systemd.md): the path must be normalized, its name one plain
+        # word (systemd splits the setting at spaces), and a system node's run_dir /run/NAME.
+        path = PurePosixPath(self.run_dir)
+        parts = self.run_dir.split("/")[1:]
+        if not parts or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"run_dir: {self.run_dir!r} is not a normalized path (no '.', '..', '//' or "
+                             "trailing '/'); write it as /run/NAME")
+        if not re.fullmatch(r"[A-Za-z0-9_][A-Za-z0-9._-]*", path.name):
+            raise ValueError(f"run_dir: its last part {path.name!r} must be one plain word ([A-Za-z0-9._-]): "
+                             "it is the units' RuntimeDirectory= name")
+        if self.scope == "system" and str(path.parent) != "/run":
+            raise ValueError(f"run_dir: {self.run_dir!r} is not /run/{path.name}: the system manager makes "
+                             f"RuntimeDirectory={path.name} as /run/{path.name}")
+        return self
 
 
 class Card(StrictModel):

@@ -77,7 +77,8 @@ def hold(spec: NodeSpec, acquire: str | None = None, who: str | None = None, rel
     """``flatshare-node hold``: an operator's hold on the node (status; ``--acquire MESSAGE``; ``--release``)."""
     argv = _node(spec, "hold")
     if acquire is not None:
-        argv += ["--acquire", acquire] + (["--who", who] if who else [])
+        # --acquire=VALUE: a message that starts with '-' is still the message, never an option.
+        argv += [f"--acquire={acquire}"] + ([f"--who={who}"] if who else [])
     elif release:
         argv.append("--release")
     return argv

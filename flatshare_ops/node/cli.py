@@ -25,6 +25,7 @@ import sys
 import time
 from pathlib import Path
 
+from ..common.files import loads
 from ..errors import Exit, FlatshareError
 
 #: Protocol lines start with this (the operator's side reads them; people never see them).
@@ -136,9 +137,10 @@ def switch(args) -> int:
     if mode == "release" and not first:
         raise FlatshareError("node switch: a release needs its bundle as the first line of stdin")
     try:
-        bundle = json.loads(first) if first else None
-    except ValueError:
-        raise FlatshareError('node switch: stdin is not JSON; expected a release bundle {"id", "files"}') from None
+        bundle = loads(first) if first else None
+    except ValueError as err:
+        raise FlatshareError('node switch: stdin is not JSON; expected a release bundle {"id", "files"} '
+                             f"({err})") from None
     if isinstance(bundle, dict) and "progress_every_s" in bundle:
         from ..common import poll
 

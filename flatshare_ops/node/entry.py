@@ -107,9 +107,12 @@ def unpack(releases: Path, switcher: dict) -> Path:
     scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.", dir=target.parent))
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for name in archive.namelist():
+            for info in archive.infolist():
+                name = info.filename
                 if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):
                     raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
+                if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000, 0o040000):
+                    raise ValueError(f"the shipped switcher holds {name!r}, which is not a file or a directory")
             archive.extractall(scratch)
         os.replace(scratch, target)
     except BaseException:
@@ -163,7 +166,9 @@ def main() -> None:
     if not isinstance(bundle, dict):
         _refuse('node switch: the release bundle must be {"id": ..., "files": {...}}', BAD_INPUT)
     protocol = bundle.get("protocol", 1)
-    if not isinstance(protocol, int) or protocol > PROTOCOL:
+    if not isinstance(protocol, int) or isinstance(protocol, bool):
+        _refuse(f"node switch: the bundle's protocol must be an integer, got {protocol!r}", BAD_INPUT)
+    if protocol > PROTOCOL:
         _refuse(f"release refused: the release's switcher speaks protocol {protocol}, this node's entry point "
                 f"runs protocol {PROTOCOL} at most; update the node: 'flatshare node bootstrap --node NAME' "
                 "from that checkout")

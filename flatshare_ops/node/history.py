@@ -17,7 +17,7 @@ import json
 from pathlib import Path
 
 from ..common import durable
-from ..common.files import read_bytes
+from ..common.files import loads, read_bytes
 
 HISTORY_SCHEMA = 2
 #: Results of a switch that ended with its release active and serving-check passed.
@@ -85,8 +85,8 @@ def read_history(path: Path) -> History:
         if not line.strip():
             continue
         try:
-            record = json.loads(line)
-        except json.JSONDecodeError:
+            record = loads(line)
+        except ValueError:
             skipped.append(f"{path.name}:{number}: not JSON (a torn or damaged line); skipped")
             continue
         if not isinstance(record, dict):

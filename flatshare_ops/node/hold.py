@@ -16,7 +16,8 @@ import time
 from ..common import durable
 from ..common.clock import utc_stamp
 from ..common.files import Damaged, read_json_object
-from ..errors import NodeStateError, Refused
+from ..common.text import hold_message, one_line
+from ..errors import FlatshareError, NodeStateError, Refused
 from .context import NodeContext
 
 HOLD = "hold.json"
@@ -41,16 +42,20 @@ def describe(hold: dict) -> str:
     """``root@laptop since 2026-...: E2 benchmark``."""
     since = hold.get("since")
     when = utc_stamp(since) if isinstance(since, (int, float)) else "?"
-    return f"{hold.get('who', '?')} since {when}: {hold.get('message', '')}"
+    return one_line(f"{hold.get('who', '?')} since {when}: {hold.get('message', '')}")
 
 
 def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     """Record a hold on the node.
 
     Raises:
+        FlatshareError (exit 2): a message (or who) that is empty or holds a control character.
         Refused: the node is already held (the message names the hold).
         OSError: the record could not be written.
     """
+    wrong = hold_message(message) or (hold_message(who) if who is not None else None)
+    if wrong:
+        raise FlatshareError(f"flatshare-node hold: {wrong}")
     current = read_hold(ctx)
     if current is not None:
         raise Refused(f"lock refused: {ctx.node} is already held by {describe(current)}")

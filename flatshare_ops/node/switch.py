@@ -39,7 +39,7 @@ from typing import Callable
 from .. import systemd
 from ..common import drop_ins
 from ..common import serving_shape
-from ..common.files import Damaged, read_bytes, read_json_object
+from ..common.files import Damaged, loads, read_bytes, read_json_object
 from ..common.http import HTTP_TIMEOUT_S, http_get
 from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
@@ -51,7 +51,7 @@ from .calls import active_serving, takes_calls  # noqa: F401  (named here by cal
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView, describe, plan, title
 from .steps import STEP_BY_NAME, Switch
-from .store import current_release, is_stored, remove_release, store_release, stored_releases
+from .store import current_release, is_stored, release_id, remove_release, store_release, stored_releases
 
 #: How many releases that served a node keeps (besides the active one and a rollback's target).
 KEEP_RELEASES = 5
@@ -120,14 +120,25 @@ def validate_bundle(bundle: object) -> dict:
     if "serving.json" not in bundle["files"]:
         raise FlatshareError("node switch: the release bundle has no serving.json")
     try:
-        serving = json.loads(bundle["files"]["serving.json"])
-    except ValueError:
-        raise FlatshareError("node switch: the bundle's serving.json is not JSON") from None
+        serving = loads(bundle["files"]["serving.json"])
+    except ValueError as err:
+        raise FlatshareError(f"node switch: the bundle's serving.json is not JSON ({err})") from None
     if not isinstance(serving, dict) or serving_shape.problem(serving):
         raise FlatshareError("node switch: the bundle's serving.json is not a release's serving.json "
                              f"({serving_shape.problem(serving) if isinstance(serving, dict) else 'not an object'})")
+    for name, digest in serving["units"].items():
+        text = bundle["files"].get(f"units/{name}")
+        if text is None or hashlib.sha256(text.encode()).hexdigest() != digest:
+            raise FlatshareError(f"node switch: the bundle's units/{name} is "
+                                 f"{'missing' if text is None else 'not the file serving.json names (sha256)'}")
     if bundle.get("commit") is not None and not isinstance(bundle["commit"], str):
         raise FlatshareError("node switch: the bundle's commit must be a string")
+    digest = release_id(bundle["files"])
+    if bundle["id"] != digest:
+        # A release is named by what it renders (releases/README.md): a stored release of that
+        # name must never be replaced by other files.
+        raise FlatshareError(f"node switch: the bundle's id {bundle['id']} is not the digest of its files "
+                             f"({digest}); make the bundle with 'flatshare release'")
     return bundle
 
 

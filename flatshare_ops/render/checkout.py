@@ -73,8 +73,18 @@ def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path,
     production = _document(root, "PRODUCTION.md")
     outputs[Path("PRODUCTION.md")] = replace_block(production, "nodes", node_rows(by_node), "PRODUCTION.md")
     if profile_path == DEFAULT_PROFILE:
+        owner = {path: profile_path for path in outputs}
         for variant in variants(root):
-            outputs.update(variant_outputs(root, variant))
+            mine = variant_outputs(root, variant)
+            for path in mine:
+                clash = next(((p, o) for p, o in owner.items() if p == path or path in p.parents
+                              or p in path.parents), None)
+                if clash:
+                    raise ProfileError(
+                        f"{variant}: name: its rendered file {path} collides with {clash[0]} of {clash[1]}; "
+                        "give the variant a name of its own (not another profile's, not a unit's file name)")
+                owner[path] = variant
+            outputs.update(mine)
     return outputs
 
 

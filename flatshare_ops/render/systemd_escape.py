@@ -83,6 +83,15 @@ def environment_assignment(name: str, value: str) -> str:
     return _quote(f"{name}={value}").replace("%", "%%")
 
 
+def number(value: float) -> str:
+    """A number as decimal text, exactly as the profile holds it (Python's shortest round-trip form,
+    never an exponent, no trailing ``.0``): ``0.12345678``, ``86399.99``, ``30``."""
+    from decimal import Decimal
+
+    text = format(Decimal(repr(float(value))), "f")
+    return text.rstrip("0").rstrip(".") if "." in text else text
+
+
 def seconds(value: float) -> str:
     """A time span for ``TimeoutStartSec=`` and friends, in seconds, without exponent notation."""
     text = f"{value:.6f}".rstrip("0").rstrip(".")

@@ -62,12 +62,12 @@ def _context(profile: Profile) -> dict:
     engine = profile.engine
     engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
     common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
-    gateway_env = [*common, ("FLATSHARE_DRAIN_TIMEOUT_S", f"{profile.gateway.drain_timeout_s:g}")]
+    gateway_env = [*common, ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
     voice_env = [
         *common,
         ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
-        ("FLATSHARE_ENDPOINTING_MIN_S", f"{profile.voice.endpointing_min_s:g}"),
-        ("FLATSHARE_ENDPOINTING_MAX_S", f"{profile.voice.endpointing_max_s:g}"),
+        ("FLATSHARE_ENDPOINTING_MIN_S", systemd_escape.number(profile.voice.endpointing_min_s)),
+        ("FLATSHARE_ENDPOINTING_MAX_S", systemd_escape.number(profile.voice.endpointing_max_s)),
         ("FLATSHARE_DRAIN_FILE", drain_file(profile)),
         ("FLATSHARE_DRAIN_STATUS", drain_status_file(profile)),
     ]

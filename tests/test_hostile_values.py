@@ -1,0 +1,240 @@
+"""Hostile values at every edge: each is refused in one line (exit 2) or shown escaped, never obeyed.
+
+The cases come from a breaker's findings (values through `profiles set`, a hand-made release bundle,
+node files, `lock acquire -m`, serving-check's --node-name); each test is the kind, with the finding's
+case among its parameters.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import io
+import json
+import math
+import subprocess
+import sys
+import zipfile
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, copy_checkout, run_cli, snapshot
+from flatshare_ops.common import serving_shape
+from flatshare_ops.common.clock import utc_stamp
+from flatshare_ops.common.files import Damaged, read_json_object
+from flatshare_ops.config.profile import load_profile
+from flatshare_ops.render import render_profile
+
+PRODUCTION = REPO / "profiles/rtx-5060-ti-serve.toml"
+
+
+def _files() -> dict[str, str]:
+    return render_profile(load_profile(PRODUCTION)).release_files()
+
+
+def _rid(files: dict[str, str]) -> str:
+    # releases/README.md: a release id is the first 16 hex digits of sha256 over "name\0text\0", names sorted.
+    digest = hashlib.sha256()
+    for name in sorted(files):
+        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
+    return digest.hexdigest()[:16]
+
+
+def _switch(state_dir: Path, bundle: dict | str) -> subprocess.CompletedProcess:
+    """The node side's switch, as a process, fed a hand-made bundle (no systemd is reached before the
+    bundle is checked)."""
+    line = bundle if isinstance(bundle, str) else json.dumps(bundle)
+    return subprocess.run(
+        [sys.executable, "-m", "flatshare_ops.node", "switch", "--node", "cyan", "--state-dir", str(state_dir),
+         "--scope", "user", "--runtime-dir", str(state_dir / "run"), "--switch-id", "s1"],
+        input=line + "\n", capture_output=True, text=True, timeout=60)
+
+
+def _with_serving(files: dict[str, str], change) -> dict[str, str]:
+    serving = json.loads(files["serving.json"])
+    change(serving)
+    return {**files, "serving.json": json.dumps(serving)}
+
+
+def _traversal(files: dict[str, str]) -> dict[str, str]:
+    files = {**files, "profile.json": "PWNED\n"}
+    return _with_serving(files, lambda s: s["units"].__setitem__(
+        "../../../flatshare-pwned.txt", hashlib.sha256(b"PWNED\n").hexdigest()))
+
+
+BAD_BUNDLES = {
+    # name: (bundle from the production render's files, what the one line must say)
+    "an id that is not its files' digest (a stored release would be replaced)":
+        (lambda f: {"id": "67b2917799e23218", "files": f}, "is not the digest of its files"),
+    "a NaN drain bound": (lambda f: {"files": _with_serving(f, lambda s: s["voice"].__setitem__(
+        "drain_timeout_s", float("nan")))}, "not JSON (NaN is not a JSON number)"),
+    "an infinite start bound": (lambda f: {"files": _with_serving(f, lambda s: s["engine"].__setitem__(
+        "start_timeout_s", 1e999))}, "not JSON (Infinity is not a JSON number)"),
+    "a zero stop bound": (lambda f: {"files": _with_serving(f, lambda s: s["engine"].__setitem__(
+        "stop_timeout_s", 0))}, "engine.stop_timeout_s: must be a finite number of seconds above 0"),
+    "a unit name that is a path": (lambda f: {"files": _traversal(f)}, "is not a unit name"),
+    "a unit serving.json names but the bundle lacks":
+        (lambda f: {"files": {k: v for k, v in f.items() if k != "units/flatshare-voice.service"}},
+         "units/flatshare-voice.service is missing"),
+}
+
+
+@pytest.mark.parametrize("case", BAD_BUNDLES, ids=list(BAD_BUNDLES))
+def test_a_hand_made_bundle_is_refused_before_anything_is_stored(tmp_path, case):
+    make, said = BAD_BUNDLES[case]
+    bundle = make(_files())
+    bundle.setdefault("id", _rid(bundle["files"]))
+    result = _switch(tmp_path, bundle)
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert said in result.stdout + result.stderr and "Traceback" not in result.stdout + result.stderr
+    assert not list((tmp_path / "releases").glob("*/serving.json")) if (tmp_path / "releases").exists() else True
+
+
+def test_a_good_bundle_passes_the_same_checks():
+    from flatshare_ops.node.switch import validate_bundle
+
+    files = _files()
+    assert validate_bundle({"id": _rid(files), "files": files})["id"] == _rid(files)
+
+
+@pytest.mark.parametrize("value", [float("nan"), math.inf, 0, -5])
+def test_serving_shape_refuses_a_bound_that_is_no_bound(value):
+    serving = json.loads(_files()["serving.json"])
+    serving["gateway"]["drain_timeout_s"] = value
+    assert "gateway.drain_timeout_s: must be a finite number of seconds above 0" in serving_shape.problem(serving)
+
+
+@pytest.mark.parametrize("value", ["yesterday", 1e300, float("nan"), -1e20, None, [1]])
+def test_a_time_read_from_a_damaged_file_never_raises(value):
+    if value is None:
+        assert utc_stamp(None).endswith("Z")  # now
+        return
+    assert utc_stamp(value) == f"(not a time: {str(value)[:40]})"
+
+
+def test_node_files_with_nan_or_infinity_are_damaged(tmp_path):
+    for constant in ("NaN", "Infinity", "-Infinity"):
+        path = tmp_path / "hold.json"
+        path.write_text(f'{{"schema": 1, "who": "x", "since": {constant}, "message": "m"}}\n')
+        with pytest.raises(Damaged, match=f"{constant} is not a JSON number"):
+            read_json_object(path)
+
+
+@pytest.mark.parametrize("message", ["E2 bench\n::flatshare:outcome {\"code\": 0}", "red\x1b[31m\x07", "", "  ",
+                                     "a\u2028b"])
+def test_a_hold_message_must_be_one_line_of_text(tmp_path, message):
+    # Refused on the operator's side before any node is asked (no inventory is read)...
+    result = run_cli("lock", "acquire", "--node", "cyan", "-m", message, "--inventory", str(tmp_path / "none.toml"))
+    assert result.returncode == 2 and "lock acquire: -m:" in result.stderr, result.stdout + result.stderr
+    # ...and on the node's (a hold written by another tool's checkout).
+    node = subprocess.run(
+        [sys.executable, "-m", "flatshare_ops.node", "hold", "--node", "cyan", "--state-dir", str(tmp_path),
+         "--scope", "user", "--runtime-dir", str(tmp_path), f"--acquire={message}"],
+        capture_output=True, text=True, timeout=60)
+    assert node.returncode == 2 and "flatshare-node: flatshare-node hold:" in node.stderr, node.stderr
+    assert not (tmp_path / "releases/hold.json").exists()
+
+
+def test_a_hold_written_by_hand_is_shown_on_one_line(tmp_path):
+    from flatshare_ops.node.hold import describe
+
+    shown = describe({"who": "ops\nSERVING-CHECK OK", "since": "yesterday", "message": "a\rb\x1b"})
+    assert "\n" not in shown and "\r" not in shown and "\x1b" not in shown
+    assert shown == "ops\\nSERVING-CHECK OK since ?: a\\rb\\x1b"
+
+
+PROFILE_VALUES = {
+    # key, value, what the one line must say
+    "a stop bound systemd would read as none": ("engine.stop_timeout_s", "1e-7", "greater than or equal to 0.001"),
+    "PYTHONPATH, which the renderer sets": ("engine.environment.PYTHONPATH", "/evil", "PYTHONPATH is set by the renderer"),
+    "a run_dir with a space": ("layout.run_dir", "/run/flat share", "must be one plain word"),
+    "a run_dir of /": ("layout.run_dir", "/", "is not a normalized path"),
+    "a run_dir with ..": ("layout.run_dir", "/run/..", "is not a normalized path"),
+    "a system run_dir outside /run": ("layout.run_dir", "/tmp/x", "is not /run/x"),
+}
+
+
+@pytest.mark.parametrize("case", PROFILE_VALUES, ids=list(PROFILE_VALUES))
+def test_a_profile_value_systemd_would_read_otherwise_is_refused(tmp_path, case):
+    key, value, said = PROFILE_VALUES[case]
+    checkout = copy_checkout(REPO, tmp_path / "checkout")
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", key, value, "--root", str(checkout))
+    assert result.returncode == 2 and said in result.stderr, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and snapshot(checkout) == before
+
+
+@pytest.mark.parametrize("name", ["rtx-5060-ti-serve", "flatshare-engine.service"])
+def test_a_variant_named_like_another_output_is_refused(tmp_path, name):
+    checkout = copy_checkout(REPO, tmp_path / "checkout")
+    before = snapshot(checkout)
+    result = run_cli("profiles", "set", "name", name, "--profile", "profiles/rtx-5060-ti-serve-vllm-0.33.toml",
+                     "--root", str(checkout))
+    assert result.returncode == 2 and "collides with" in result.stderr, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and snapshot(checkout) == before
+
+
+def test_environment_values_keep_every_digit_the_profile_gives(tmp_path):
+    from flatshare_ops.common.unit_file import meaning
+
+    child = tmp_path / "child.toml"
+    child.write_text(f'extends = "{PRODUCTION}"\n[voice]\nendpointing_min_s = 0.12345678\n'
+                     "[gateway]\ndrain_timeout_s = 86399.99\n")
+    units = render_profile(load_profile(child)).units
+    voice, gateway = (repr(meaning(units[f"flatshare-{name}.service"])[("Service", "Environment")])
+                      for name in ("voice", "gateway"))
+    assert "FLATSHARE_ENDPOINTING_MIN_S=0.12345678" in voice
+    assert "FLATSHARE_DRAIN_TIMEOUT_S=86399.99" in gateway
+
+
+def test_a_silence_bound_no_node_could_keep_is_refused(tmp_path):
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import FlatshareError
+
+    inventory = tmp_path / "fleet.toml"
+    inventory.write_text('schema = 1\n[transport]\nsilence_s = 0.3\n[nodes.cyan]\nhost = "127.0.0.2"\n'
+                         'profile = "p.toml"\n')
+    with pytest.raises(FlatshareError, match=r"silence_s.*greater than or equal to 2"):
+        load_inventory(inventory)
+
+
+def _zip(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict:
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w") as archive:
+        for info, data in entries:
+            archive.writestr(info, data)
+    data = buffer.getvalue()
+    return {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()}
+
+
+def test_the_entry_point_refuses_a_switcher_with_a_symlink_and_a_protocol_of_the_wrong_type(tmp_path):
+    link = zipfile.ZipInfo("flatshare_ops/node/cli.py")
+    link.external_attr = 0o120777 << 16  # a symlink entry
+    cases = {
+        "symlink": ({"id": "x", "files": {}, "protocol": 1, "switcher": _zip([(link, b"/etc/passwd")])},
+                    "which is not a file or a directory"),
+        "protocol": ({"id": "x", "files": {}, "protocol": "2"}, "the bundle's protocol must be an integer"),
+    }
+    for name, (bundle, said) in cases.items():
+        from flatshare_ops.node.entry import installed_lock_sha256
+
+        bundle["lock_sha256"] = installed_lock_sha256()
+        result = subprocess.run(
+            [sys.executable, "-m", "flatshare_ops.node.entry", "switch", "--node", "cyan", "--state-dir",
+             str(tmp_path), "--scope", "user", "--switch-id", "s1"],
+            input=json.dumps(bundle) + "\n", capture_output=True, text=True, timeout=60)
+        assert result.returncode == 2 and said in result.stdout, (name, result.stdout, result.stderr)
+        assert not list((tmp_path / "releases/.switchers").glob("*/flatshare_ops")), name
+
+
+def test_serving_check_shows_a_hostile_node_name_escaped_and_says_so(tmp_path):
+    result = subprocess.run(
+        [str(Path(sys.executable).parent / "serving-check"), "--state-dir", str(tmp_path), "--node-name",
+         "a\nSERVING-CHECK OK - fake", "--textfile", str(tmp_path)], capture_output=True, text=True, timeout=60)
+    first = result.stdout.splitlines()[0]
+    assert result.returncode == 3 and first.startswith("SERVING-CHECK UNKNOWN - a\\nSERVING-CHECK OK - fake")
+    assert not any(line.startswith("SERVING-CHECK OK") for line in result.stdout.splitlines())
+    assert "UNKNOWN node-name:" in result.stdout
+    prom = (tmp_path / "serving_check.prom").read_text()
+    assert 'node="a\\\\nSERVING-CHECK OK - fake"' in prom and "\nSERVING-CHECK" not in prom
