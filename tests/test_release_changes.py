@@ -4,6 +4,7 @@ and serving-check reads the engine's flags as vLLM reads them. On the sandbox, a
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import stat
@@ -17,6 +18,7 @@ import pytest
 from conftest import loopback_pair, run_cli
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
+from flatshare_ops.node.store import release_id
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.systemd import connect, daemon_reload, run_job, unit_property
 from release_fleet import ENGINE, GATEWAY, VOICE, HOLD_FLAG, sandbox_fleet
@@ -155,11 +157,12 @@ def test_a_release_whose_engine_vllm_rejects_is_refused_before_any_drain(fleet):
     argv = serving["engine"]["argv"]
     argv[argv.index("--served-model-name") + 1] = "--port"  # vLLM: expected at least one argument
     serving["engine"]["argv"] = argv
-    payload["files"]["serving.json"] = json.dumps(serving)
     unit = payload["files"][f"units/{ENGINE}"]
     line = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
-    payload["files"][f"units/{ENGINE}"] = unit.replace(line, "ExecStart=" + exec_command(argv))
-    payload["id"] = "rejected-by-vllm"
+    payload["files"][f"units/{ENGINE}"] = unit = unit.replace(line, "ExecStart=" + exec_command(argv))
+    serving["units"][ENGINE] = hashlib.sha256(unit.encode()).hexdigest()
+    payload["files"]["serving.json"] = json.dumps(serving)
+    payload["id"] = rejected = release_id(payload["files"])  # a consistent bundle: only vLLM refuses it
     before = fleet.invocations(name)
     states, stop = [], threading.Event()
 
@@ -181,7 +184,7 @@ def test_a_release_whose_engine_vllm_rejects_is_refused_before_any_drain(fleet):
     assert "argument --served-model-name: expected at least one argument" in result.stdout
     assert fleet.invocations(name) == before
     assert states and set(states) == {b"active"}
-    assert not (fleet.node(name).state_dir / "releases/rejected-by-vllm").exists()
+    assert not (fleet.node(name).state_dir / "releases" / rejected).exists()
     fleet.settled(name)
 
 
