@@ -238,3 +238,20 @@ def test_serving_check_shows_a_hostile_node_name_escaped_and_says_so(tmp_path):
     assert "UNKNOWN node-name:" in result.stdout
     prom = (tmp_path / "serving_check.prom").read_text()
     assert 'node="a\\\\nSERVING-CHECK OK - fake"' in prom and "\nSERVING-CHECK" not in prom
+
+
+def test_an_inventory_scope_that_is_not_the_profiles_is_named_for_that_node(tmp_path):
+    from flatshare_ops.control import commands
+    from flatshare_ops.control.fleet import ask
+    from flatshare_ops.control.targets import targets
+    from flatshare_ops.errors import FlatshareError
+
+    inventory = tmp_path / "fleet.toml"
+    inventory.write_text(f'schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "127.0.0.2"\nprofile = "{PRODUCTION}"\n'
+                         'scope = "user"\nruntime_dir = "/run/user/0"\n')
+    (target,) = targets(inventory, ["cyan"], False)
+    with pytest.raises(FlatshareError, match="nodes.cyan.scope is 'user' but its profile .* has layout.scope"):
+        target.spec
+    # A fleet answer names it as that node's answer (nothing is dialled), never a thread's traceback.
+    answers = ask([target], lambda t: commands.status(t.spec))
+    assert "nodes.cyan.scope is 'user'" in answers["cyan"]["error"]

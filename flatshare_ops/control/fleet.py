@@ -12,7 +12,7 @@ import json
 import threading
 from typing import Callable
 
-from ..errors import TransportError
+from ..errors import FlatshareError, TransportError
 from .targets import NodeTarget
 
 
@@ -27,12 +27,13 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
     def one(target: NodeTarget) -> None:
         bound = target.settings.transport.command_timeout_s
         try:
+            argv = argv_for(target)  # the node's profile is read here: its error is this node's answer
             conn = target.connect()
-        except TransportError as err:
+        except FlatshareError as err:
             answers[target.name] = {"error": str(err)}
             return
         try:
-            result = conn.run(argv_for(target), timeout_s=bound)
+            result = conn.run(argv, timeout_s=bound)
             try:
                 document = json.loads(result.output)
                 answers[target.name] = document if isinstance(document, dict) else {"answer": document}

@@ -55,8 +55,17 @@ class NodeTarget:
 
     @cached_property
     def spec(self) -> NodeSpec:
-        """How to run the node's side there (:mod:`.commands`)."""
+        """How to run the node's side there (:mod:`.commands`).
+
+        Raises:
+            ProfileError: the node's profile does not load.
+            FlatshareError: the inventory's scope for the node is not its profile's ``layout.scope``.
+        """
         profile = self.loaded.profile
+        if profile.layout.scope != self.node.scope:
+            raise FlatshareError(
+                f"{self.inventory}: nodes.{self.name}.scope is {self.node.scope!r} but its profile "
+                f"{self.profile_path} has layout.scope {profile.layout.scope!r}; make them agree")
         check = profile.check.command[0]
         if self.local:
             program = (sys.executable, "-m", "flatshare_ops.node")
