@@ -506,6 +506,31 @@ def write_system_bus(node: SandboxNode) -> None:
         wants.symlink_to(unit_dir / "dbus.socket")
 
 
+def _wait_for_system_bus(node: SandboxNode, timeout_s: float = 30.0) -> None:
+    """Wait (bounded) until a system-scope node's manager answers on its bus: it takes the name
+    org.freedesktop.systemd1 only once dbus.socket has started the bus, a moment after it starts.
+
+    Raises:
+        SandboxError: no answer there within ``timeout_s`` seconds.
+    """
+    def answers() -> bool:
+        saved = os.environ.get("DBUS_SYSTEM_BUS_ADDRESS")
+        os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = f"unix:path={node.bus}"  # what the forked query reads
+        try:
+            systemd.properties(ManagerAddress("system"), [("", "Manager", "Version")], timeout_s=5.0)
+            return True
+        except systemd.SystemdError:
+            return False
+        finally:
+            if saved is None:
+                os.environ.pop("DBUS_SYSTEM_BUS_ADDRESS", None)
+            else:
+                os.environ["DBUS_SYSTEM_BUS_ADDRESS"] = saved
+
+    if not poll_until(answers, timeout_s, 0.2):
+        raise SandboxError(f"{node.name}: its manager did not answer on its bus {node.bus} within {timeout_s:g} s")
+
+
 def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
     """Write the node's units (atomically, only those that changed); returns the names written."""
     written = []
@@ -580,6 +605,8 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
                 write_system_bus(node)
             record.manager_pid = start_manager(node.manager, _manager_env(node))
             _write_state(base, state)  # recorded at once, so 'down' can stop it whatever happens next
+            if node.scope == "system":
+                _wait_for_system_bus(node)
             echo(f"{node.name}: systemd user manager started (pid {record.manager_pid})")
         if not sshd_ok:
             if _listening(node.address, SSH_PORT):
