@@ -315,3 +315,28 @@ def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(
     assert not state.exists()
     group = Path(f"/sys/fs/cgroup/systemd/flatshare-{SandboxNode('cyan', '', base.resolve()).manager.name}")
     assert not group.exists() or not [p for f in group.rglob("cgroup.procs") for p in f.read_text().split()]
+
+
+def test_a_node_sandbox_up_made_is_enabled_and_comes_back_after_a_reboot(sandbox):
+    """`sandbox up` installs a node's first release as a release would, enablement included: a reboot
+    right after it (no release since) finds the node serving (systemd's own UnitFileState, then /health)."""
+    from flatshare_ops.sandbox.fleet import reboot
+
+    with connect(_address(sandbox, "cyan")) as bus:
+        for unit in ("flatshare.target", "serving-check.timer"):
+            assert unit_property(bus, unit, "Unit", "UnitFileState") == b"enabled", unit
+    reboot(sandbox, "cyan", echo=lambda _l: None)
+    address = TEST_ADDRESSES["cyan"]
+    _wait_for(lambda: _get(f"http://{address}:8000/health")[0] == 200, 60)
+    _wait_for(lambda: _get(f"http://{address}:8080/health")[0] == 200, 30)
+
+
+def test_a_running_node_is_not_remade_bare_in_place(sandbox):
+    from flatshare_ops.sandbox.fleet import SandboxError
+
+    profile = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).profile
+    before = profile.read_bytes()
+    with pytest.raises(SandboxError, match="already up as a user-scope node; bring the sandbox down first"):
+        up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None, bare=("cyan",))
+    assert profile.read_bytes() == before
+    assert _get(f"http://{TEST_ADDRESSES['cyan']}:8000/health")[0] == 200

@@ -570,6 +570,16 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with
         system_scope = tuple(system_scope) or tuple(n for n, r in recorded.items() if r.scope == "system")
         bare = tuple(bare) or tuple(n for n, r in recorded.items() if r.bare)
+        for name, record in recorded.items():
+            # A node that runs keeps what it was brought up as: remaking it in place would leave its
+            # services running against a profile and a layout of another kind.
+            want = ("system" if name in system_scope else "user", name in bare)
+            running = _owns_manager(SandboxNode(name, "", base, record.scope, record.bare), record.manager_pid)
+            if running and (record.scope, record.bare) != want:
+                raise SandboxError(
+                    f"{name}: already up as a {'bare ' if record.bare else ''}{record.scope}-scope node; bring "
+                    f"the sandbox down first ('flatshare sandbox down --dir {base}') to bring it up as a "
+                    f"{'bare ' if want[1] else ''}{want[0]}-scope node", exit_code=2)
         return _up(base, production, nodes(base, addresses, system_scope, bare), release, echo)
 
 
@@ -635,6 +645,9 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
         else:
             installed = None
         start_s = loaded.profile.engine.start_timeout_s
+        # Enabled as a release enables them (node/steps.py, apply-units), so a node 'up' made comes back
+        # after 'sandbox reboot' even if no release has run on it since.
+        systemd.enable(address, [TARGET_UNIT, CHECK_TIMER])
         systemd.job(address, "start", TARGET_UNIT, start_s)
         systemd.job(address, "start", CHECK_TIMER, 30)
         url = engine_url(loaded.profile) + "/health"
