@@ -100,3 +100,22 @@ def test_a_fleet_answer_that_is_not_json_is_named_with_its_first_and_last_lines(
     assert "not a JSON answer: Expecting value: line 1 column 1" in error and f"({len(record)} characters)" in error, error
     assert "\n" not in error and len(error) < 800
     assert answers["peacock"] == json.loads(record)
+
+
+def test_the_summary_says_what_the_node_did():
+    nodes = {name: FakeNode(switch_script=[f"{name}: {word} r1\n".encode(), outcome(Exit.OK)], switch_status=Exit.OK)
+             for name, word in (("cyan", "rolled back"), ("peacock", "repaired"))}
+    targets = fleet(**nodes)
+    code, text = run(targets)  # two nodes: a line each at the end
+    assert code == Exit.OK and text.splitlines()[-2:] == ["cyan: rolled back", "peacock: repaired"], text
+
+
+def test_a_node_without_the_node_side_command_is_named_at_once_and_nothing_is_followed_up():
+    cyan = FakeNode(switch_script=[b"bash: /opt/flatshare-ops/.venv/bin/flatshare-node: No such file or directory\n"],
+                    switch_status=127)
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets, chosen=targets[:1])
+    assert code == Exit.REFUSED, text
+    assert "flatshare-node could not be run on cyan (exit 127); nothing was changed there" in text
+    assert "'flatshare node bootstrap --node cyan'" in text
+    assert [argv[1] for argv in cyan.commands] == ["switch"]  # no status follow-up

@@ -38,7 +38,7 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
                 document = json.loads(result.output)
                 answers[target.name] = document if isinstance(document, dict) else {"answer": document}
             except ValueError as err:
-                answers[target.name] = {"error": _not_an_answer(result.status, result.output, err)}
+                answers[target.name] = {"error": not_an_answer(result.status, result.output, err)}
         except TransportError as err:
             answers[target.name] = {"error": str(err)}
         finally:
@@ -55,9 +55,18 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
     return {t.name: answers.get(t.name, {"error": f"{t.name}: no answer"}) for t in targets}
 
 
-def _not_an_answer(status: int | None, output: str, err: ValueError) -> str:
-    """One line for output that is not a JSON answer: the exit status and the last line (a node-side error is
-    printed last), shortened to 300 characters, with the first line and the parser's complaint when more came."""
+def not_an_answer(status: int | None, output: str, err: ValueError) -> str:
+    """One line for a node command's output that is not a JSON answer.
+
+    Args:
+        status: the command's exit status (None: none came).
+        output: what it printed (stdout and stderr).
+        err: the JSON parser's complaint.
+
+    Returns:
+        ``exit N: LAST LINE`` (a node-side error is printed last), each line shortened to 300 characters,
+        then the first line when more came, then the parser's complaint when the exit status was 0.
+    """
     lines = output.strip().splitlines() or ["no output"]
 
     def short(line: str) -> str:

@@ -19,6 +19,7 @@ connection per node for the whole command (:mod:`.targets`). This module:
 from __future__ import annotations
 
 import json
+import re
 import sys
 import threading
 import uuid
@@ -31,6 +32,7 @@ from ..node.cli import PROTOCOL
 from ..node.output import ReleaseOutput
 from . import commands
 from .connection import Connection, Lost, Silence
+from .fleet import not_an_answer
 from .targets import NodeTarget
 
 SUCCESS_RESULTS = ("released", "rolled back", "repaired")
@@ -69,6 +71,7 @@ class Rollout:
         self._lock = threading.Lock()
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
+        self.done_words: dict[str, str] = {}  # node -> what it said it did (released, rolled back, repaired)
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -204,6 +207,8 @@ class Rollout:
                 label = "not started"
             elif self.dry_run and t.result == Exit.OK:
                 label = "planned (dry run)"
+            elif t.result == Exit.OK and t.name in self.done_words:
+                label = self.done_words[t.name]  # what the node said it did: released, rolled back, repaired
             else:
                 label = EXIT_NAMES.get(t.result, f"exit {t.result}")
             self.out.line(f"{t.name}: {label}")
@@ -233,6 +238,9 @@ class Rollout:
             for line in session.lines(self.settings.transport.silence_s):
                 if not line.startswith(PROTOCOL):
                     echo(line)
+                    done = re.match(rf"{re.escape(target.name)}: ({'|'.join(SUCCESS_RESULTS)}) ", line)
+                    if done:
+                        self.done_words[target.name] = done.group(1)
                     continue
                 kind, _, rest = line[len(PROTOCOL):].partition(" ")
                 try:
@@ -254,6 +262,11 @@ class Rollout:
             return self.follow_up(target, switch_id)
         finally:
             session.close()
+        if outcome is None and status in (126, 127):
+            # The shell could not run the node's entry point (not installed, not executable): nothing ran there.
+            echo(f"flatshare: {target.spec.program[0]} could not be run on {target.name} (exit {status}); nothing "
+                 f"was changed there. Install flatshare-ops on it: 'flatshare node bootstrap --node {target.name}'")
+            return Exit.REFUSED
         if status is None or outcome is None:
             echo("flatshare: the node-side command ended without its outcome (killed, or the connection closed); "
                  "asking the node what became of the switch")
@@ -309,12 +322,20 @@ class Rollout:
             try:
                 result = self.connection(target).run(commands.status(target.spec, switch_id),
                                                      timeout_s=self.settings.transport.command_timeout_s)
-                seen["answer"] = json.loads(result.output)
-                return seen["answer"].get("state") != "switching"
-            except (TransportError, ValueError) as err:
+            except TransportError as err:
                 seen["error"] = err
                 self.drop(target)
                 return False
+            try:
+                answer = json.loads(result.output)
+            except ValueError as err:
+                seen["error"] = f"its status answer is not JSON: {not_an_answer(result.status, result.output, err)}"
+                return False
+            if not isinstance(answer, dict):
+                seen["error"] = f"its status answer is not an object: {result.output.strip()[:200]}"
+                return False
+            seen["answer"] = answer
+            return answer.get("state") != "switching"
 
         poll_until(settled, bound, 1.0)
         answer, last_error = seen["answer"], seen["error"]
