@@ -75,7 +75,14 @@ def profiles_set(
 
     path = root / (profile or DEFAULT_PROFILE)
     old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)), echo=report)
-    typer.echo(f"{path}: {key}: {old!r} -> {new!r}")
+    typer.echo(f"{path}: {key}: {_as_toml(old)} -> {_as_toml(new)}")
+
+
+def _as_toml(value: object) -> str:
+    """A value as the profile spells it (``true``, ``"text"``, ``48``); ``(unset)`` for a key that was not set."""
+    import tomlkit
+
+    return "(unset)" if value is None else tomlkit.item(value).as_string()
 
 
 @profiles_app.command("pin-module")
@@ -427,10 +434,10 @@ def release(
 
     out = terminal()
     refuse_drift(root)
-    warn_uncommitted(root, out)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
     refuse_placeholder_pins(chosen)
+    warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
     raise typer.Exit(Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run,
                              batch_size=batch_size).run())
@@ -559,7 +566,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
             what = r.get("result")
             if what == "failed":
                 what = f"failed at {r.get('step')}: {r.get('reason')}"
-            typer.echo(f"  {when} {r.get('before')} -> {r.get('target')}: {what} "
+            typer.echo(f"  {when} {r.get('before') or '(none)'} -> {r.get('target')}: {what} "
                        f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
                        + (f", rollout {r['rollout']}" if r.get("rollout") else "")
                        + (", forced" if r.get("forced") else "") + ")")

@@ -115,3 +115,20 @@ def test_the_policy_is_read_from_the_unit_itself(release):
     new = changed(release, "flatshare.target", "X-Flatshare-Change=start", "X-Flatshare-Change=switch")
     new.units["flatshare.target"] = new.units["flatshare.target"].replace("Wants=", "Wants=extra.service ")
     assert "restart-engine" in plan("cyan", release, new).steps
+
+
+def test_the_why_of_a_text_only_unit_matches_its_action(release):
+    """A gateway with a new Description= restarts all the same when the engine switches (the drain stops it);
+    the plan's 'why' must not say 'nothing restarts' for it then."""
+    new = changed(release, "flatshare-gateway.service", "Description=", "Description=New words for ")
+    serving = copy.deepcopy(release.serving)
+    serving["engine"]["argv"] = serving["engine"]["argv"] + ["--max-num-seqs", "31"]
+    new = ReleaseView("new", new.units, serving)
+    p = plan("cyan", release, new)
+    assert p.units["flatshare-gateway.service"] == "restart"
+    why = [r for r in p.reasons if r.startswith("flatshare-gateway.service:")]
+    assert why == ["flatshare-gateway.service: text only (comments or ignored keys); it restarts with the engine's "
+                   "switch all the same"], p.reasons
+    alone = plan("cyan", release, changed(release, "flatshare-gateway.service", "Description=", "Description=New "))
+    assert alone.units["flatshare-gateway.service"] == "update"
+    assert [r for r in alone.reasons if "gateway" in r][0].endswith("nothing restarts")

@@ -206,6 +206,10 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
         first = flatshare("release", "--node", "cyan")
         assert first.returncode == 0, first.stdout + first.stderr
         assert flatshare("check", "--node", "cyan").returncode == 0
+        # "Run it again at any time": on a serving node too, without rebuilding the module under the engine.
+        serving_again = flatshare("node", "bootstrap", "--node", "cyan")
+        assert serving_again.returncode == 0 and "(not rebuilt)" in serving_again.stdout, serving_again.stdout
+        assert flatshare("check", "--node", "cyan").returncode == 0
         reboot(base, "cyan", echo=lambda _l: None)
         assert wait_for_200(f"http://{node.address}:8000/health", 60) == 200
         assert poll_until(lambda: flatshare("check", "--node", "cyan").returncode == 0, 30)

@@ -76,6 +76,7 @@ print(json.dumps({
     "model": os.path.exists(want["model"]) if want["model"].startswith("/") else True,
     "vllm": vllm(want["venv"]),
     "build": os.path.isfile(build) and os.access(build, os.X_OK),
+    "module": os.path.isfile(want["module"]),
     "user_exists": user_exists,
     "installed_lock": lock(os.path.join(want["ops"], "requirements.lock")),
     "entry": os.access(os.path.join(want["ops"], ".venv/bin/flatshare-node"), os.X_OK),
@@ -158,7 +159,7 @@ class Bootstrap:
             self.echo(f"{self.target.name}: {self.failed} item(s) to fix first (see FAIL above); then run bootstrap again")
             return Exit.REFUSED
         self.echo(f"{self.target.name}: " + ("bootstrap would succeed" if self.dry_run else
-                                              "bootstrapped; the first 'flatshare release' installs the units"))
+                                              "bootstrapped; 'flatshare release' installs or updates the units"))
         return Exit.OK
 
     # --- 1. the host key ------------------------------------------------------------------------------
@@ -228,6 +229,7 @@ class Bootstrap:
         p = self.profile
         want = {"dirs": [p.layout.state_dir, p.layout.unit_dir, p.module.directory, str(self.ops)],
                 "model": p.engine.model, "venv": p.engine.venv, "build": p.module.build_command[0],
+                "module": p.module.path,
                 "user": p.layout.service_user if p.layout.scope == "system" else None, "ops": str(self.ops)}
         status, output = self._run(["python3", "-c", FACTS, json.dumps(want)])
         try:
@@ -359,6 +361,16 @@ class Bootstrap:
         m = self.profile.module
         if not facts["build"]:
             self.line("FAIL", "module", f"the build command {m.build_command[0]} is missing or not executable")
+            return
+        if facts.get("module"):
+            # Built already (by a bootstrap or the engine's own pre-start step): never rebuilt under a running
+            # engine, which serving-check would then rightly call CRITICAL (a module newer than the engine).
+            status, output = self._run(["sha256sum", m.path])
+            built = output.split()[0] if status == 0 and output.split() else "?"
+            pinned = "as the profile pins" if built == m.sha256 else (
+                f"the profile pins {m.sha256[:12]}...: pin it with 'flatshare profiles pin-module --from-node "
+                f"{self.target.name}', commit, then release")
+            self.line("ok", "module", f"{m.path} is built: sha256 {built}, {pinned} (not rebuilt)")
             return
         if self.dry_run:
             self.line("would", "module", f"run {shlex.join(m.build_command)} once and report the module's sha256")

@@ -181,7 +181,7 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
         else:
             actions[name] = "update" if change == "text" else "unchanged"
             if change == "text":
-                reasons.append(f"{name}: text only (comments or ignored keys); nothing restarts")
+                reasons.append(name)  # its words follow the final actions (below)
     for path in ENGINE_FIELDS:
         if _field(old.serving, path) != _field(new.serving, path):
             classes.add("switch")
@@ -189,6 +189,9 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
     if "switch" in classes:
         actions[ENGINE_UNIT] = "restart"
         actions[GATEWAY_UNIT] = "restart"
+    reasons = [f"{r}: text only (comments or ignored keys); "
+               + ("it restarts with the engine's switch all the same" if actions.get(r) == "restart"
+                  else "nothing restarts") if r in changes else r for r in reasons]
     steps = set(ALWAYS)
     for cls in classes:
         steps.update(_CLASS_STEPS[cls])
