@@ -564,7 +564,7 @@ def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
     assert text.index("cyan:\n") < text.index("peacock:\n"), text
     cyan_part, peacock_part = text.split("peacock:\n")
     last = fleet.history("cyan")[-1]
-    assert f"{last['before']} -> {last['target']}: {last['result']}" in cyan_part, text
+    assert f"{last['before'] or '(none)'} -> {last['target']}: {last['result']}" in cyan_part, text
     assert re.fullmatch(rf"  UNKNOWN: peacock: .*{re.escape(reason)}.*\n", peacock_part), text
     assert history.returncode == 1, text
 

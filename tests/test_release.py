@@ -432,3 +432,16 @@ def test_with_all_a_node_with_nothing_to_do_needs_no_gate_and_the_broken_one_is_
     assert "cyan: nothing to do" in result.stdout and "switching again to repair it" in result.stdout
     for name in ("cyan", "peacock"):
         fleet.settled(name)
+
+
+def test_a_bug_before_any_step_is_one_line_and_its_traceback_is_kept_in_the_log(fleet):
+    name = "cyan"
+    fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
+    result = fleet.local_release(name, env=faults(bug_in_plan=True))
+    out = result.stdout + result.stderr
+    assert result.returncode == 1 and "Traceback" not in out, out
+    assert "unexpected RuntimeError: injected bug (a bug in flatshare-ops; the traceback is in" in out, out
+    log = (fleet.node(name).state_dir / "releases/release.log").read_text()
+    assert "Traceback (most recent call last)" in log and "RuntimeError: injected bug" in log
+    assert fleet.release("--node", name).returncode == 0  # the node is fine: the next release goes ahead
+    fleet.settled(name)

@@ -179,6 +179,14 @@ def switch(args) -> int:
     except FlatshareError as err:
         out.line(f"flatshare: {err}")
         code, message = err.exit_code, str(err)
+    except Exception as err:  # a bug: one line for the operator, the traceback kept in release.log
+        import traceback
+
+        out.log_only(traceback.format_exc())
+        message = (f"unexpected {type(err).__name__}: {err} (a bug in flatshare-ops; the traceback is in "
+                   f"{ctx.log_path}; 'flatshare status --node {ctx.node}' shows the node's state)")
+        out.line(f"flatshare: {message}")
+        code = Exit.FAILED
     except BaseException as err:  # an interrupt before the switch began: nothing was changed
         from .switch import Interrupted
 

@@ -110,6 +110,11 @@ class ReleaseOutput:
         self._write_log(text)
         self._write_terminal(text)
 
+    def log_only(self, text: str) -> None:
+        """Write lines to the log only (a traceback kept for a bug report, never shown to the operator)."""
+        for piece in text.rstrip("\n").split("\n"):
+            self._write_log(f"{self.prefix}{piece}")
+
     def close(self) -> None:
         """Close the log (and give the terminal its blocking mode back)."""
         if self._fd is not None:

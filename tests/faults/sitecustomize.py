@@ -11,6 +11,7 @@ this file wraps the package's functions in the node-side process only
   primitive (``write_atomic``, ``append_line``, ``rename``, ``replace_symlink``, ``remove``, or
   ``any``: every primitive counted together) raises OSError(errno) instead of writing.
 - ``{"sleep_in_step": STEP, "seconds": S}``: the step waits S seconds first (to send signals during it).
+- ``{"bug_in_plan": true}``: planning raises RuntimeError, as a bug before any step would.
 """
 
 import json
@@ -66,6 +67,12 @@ def _install(spec: dict) -> None:
 
         for name in wanted:
             setattr(durable, name, wrap(name, getattr(durable, name)))
+
+    if spec.get("bug_in_plan"):
+        def buggy(*_args, **_kwargs):
+            raise RuntimeError("injected bug")
+
+        switch.plan = buggy
 
     if "sleep_in_step" in spec:
         step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
