@@ -340,3 +340,17 @@ def test_a_running_node_is_not_remade_bare_in_place(sandbox):
         up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None, bare=("cyan",))
     assert profile.read_bytes() == before
     assert _get(f"http://{TEST_ADDRESSES['cyan']}:8000/health")[0] == 200
+
+
+def test_up_refuses_a_directory_made_for_other_addresses_before_starting_anything(tmp_path):
+    from flatshare_ops.sandbox.fleet import SandboxError
+
+    base = tmp_path / "sb"
+    releases = SandboxNode("cyan", TEST_ADDRESSES["cyan"], base).state_dir / "releases"
+    (releases / "r1").mkdir(parents=True)
+    (releases / "r1/serving.json").write_text('{"engine": {"url": "http://127.99.0.2:8000"}}\n')
+    (releases / "current").symlink_to("r1")
+    with pytest.raises(SandboxError, match="holds a node made for address 127.99.0.2") as refused:
+        up(base, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None)
+    assert refused.value.exit_code == 2
+    assert not (base / "state.json").exists()  # nothing was started

@@ -580,7 +580,32 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
                     f"{name}: already up as a {'bare ' if record.bare else ''}{record.scope}-scope node; bring "
                     f"the sandbox down first ('flatshare sandbox down --dir {base}') to bring it up as a "
                     f"{'bare ' if want[1] else ''}{want[0]}-scope node", exit_code=2)
-        return _up(base, production, nodes(base, addresses, system_scope, bare), release, echo)
+        chosen = nodes(base, addresses, system_scope, bare)
+        _refuse_other_addresses(base, chosen)
+        return _up(base, production, chosen, release, echo)
+
+
+def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
+    """Refuse, before anything starts, a sandbox directory whose nodes were made for other addresses: their
+    installed release still serves on the old ones, and nothing would answer where 'up' then looks.
+
+    Raises:
+        SandboxError (exit 2): the message names the old address and the two ways out.
+    """
+    from urllib.parse import urlsplit
+
+    for node in sandbox_nodes:
+        path = node.state_dir / "releases/current/serving.json"
+        try:
+            url = json.loads(path.read_text())["engine"]["url"]
+            old = urlsplit(url).hostname
+        except (OSError, ValueError, KeyError, TypeError):
+            continue  # no release yet, or one 'up' does not read: the release's own checks speak for it
+        if old and old != node.address:
+            raise SandboxError(
+                f"{node.name}: {base} holds a node made for address {old} (its release serves {url}), not "
+                f"{node.address}; use the same addresses (FLATSHARE_SANDBOX_ADDRESSES={node.name}={old},...) or "
+                f"start afresh: 'flatshare sandbox down --dir {base}', then remove {base}", exit_code=2)
 
 
 def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
