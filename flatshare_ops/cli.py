@@ -8,6 +8,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import re
 import sys
 from pathlib import Path
 from typing import Annotated, Optional
@@ -101,9 +102,9 @@ def profiles_pin_module(
 
     Give exactly one of --sha256, --file, --from-node. The profile is --profile (default production; with
     --from-node, the profile the inventory names for that node)."""
+    import hashlib
     import re as _re
 
-    from .common.hashing import sha256_file
     from .config.edit import set_value
     from .render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
 
@@ -112,10 +113,15 @@ def profiles_pin_module(
         raise FlatshareError("profiles pin-module: give exactly one of --sha256 HEX, --file PATH, --from-node NAME")
     path = root / (profile or DEFAULT_PROFILE)
     if file is not None:
+        from .common.files import Damaged, read_bytes
+
         try:
-            sha256 = sha256_file(file)
-        except OSError as err:
-            raise FlatshareError(f"{file}: cannot read the module ({err.strerror or err})") from None
+            data = read_bytes(file, allow_symlink=True)  # a fifo or a device is refused, never waited on
+        except Damaged as err:
+            raise FlatshareError(f"{err}; give the built module file") from None
+        if not data:
+            raise FlatshareError(f"{file}: {'not found' if data is None else 'empty'}; give the built module file")
+        sha256 = hashlib.sha256(data).hexdigest()
     elif from_node is not None:
         sha256, node_profile = _module_on_node(from_node, inventory)
         path = node_profile if profile is None else path
@@ -322,6 +328,11 @@ def node_bootstrap(
     from .control.bootstrap import Bootstrap
     from .control.targets import targets
 
+    if accept_host_key is not None and not re.fullmatch(r"SHA256:[A-Za-z0-9+/]{43}", accept_host_key):
+        from .common.text import one_line
+
+        raise FlatshareError(f"--accept-host-key: {one_line(accept_host_key)!s} is not a fingerprint as "
+                             "'ssh-keygen -lf KEY.pub' prints it (SHA256: and 43 base64 characters, no '=')")
     (target,) = targets(inventory_path(inventory), [node], False)
     raise typer.Exit(Bootstrap(target, root, typer.echo, dry_run, accept_host_key).run())
 
@@ -357,12 +368,16 @@ def lock_acquire(
     import getpass
     import socket
 
-    from .common.text import hold_message
+    from .common.text import hold_message, one_line
 
     wrong = hold_message(message)
     if wrong:
         raise FlatshareError(f"lock acquire: -m: {wrong}")
-    answer = _hold([node], inventory, acquire=message, who=f"{getpass.getuser()}@{socket.gethostname()}")[node]
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    if hold_message(who):
+        raise FlatshareError(f"lock acquire: your user@host {one_line(who)} holds a control character; set LOGNAME "
+                             "(or USER) to a plain name")
+    answer = _hold([node], inventory, acquire=message, who=who)[node]
     if "error" in answer or not answer.get("held"):
         typer.echo(f"{node}: {answer.get('error') or answer}", err=True)
         raise typer.Exit(3)

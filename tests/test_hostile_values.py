@@ -12,6 +12,7 @@ import hashlib
 import io
 import json
 import math
+import re
 import subprocess
 import sys
 import zipfile
@@ -254,3 +255,94 @@ def test_an_inventory_scope_that_is_not_the_profiles_is_named_for_that_node(tmp_
     # A fleet answer names it as that node's answer (nothing is dialled), never a thread's traceback.
     answers = ask([target], lambda t: commands.status(t.spec))
     assert "nodes.cyan.scope is 'user'" in answers["cyan"]["error"]
+
+
+# --- round 2: files that are not regular files, odd options ------------------------------------------
+
+
+def test_a_host_key_is_added_on_a_line_of_its_own_and_a_fifo_is_never_read(tmp_path):
+    import os
+
+    from flatshare_ops.control.bootstrap import _with_entry
+    from flatshare_ops.control.known_hosts import read
+    from flatshare_ops.errors import TransportError
+
+    path = tmp_path / "known_hosts"
+    path.write_text("[127.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA")  # no newline at its end
+    text = _with_entry(path, "[127.0.0.3]:2222 ssh-ed25519 AAAAB\n")
+    assert text.splitlines() == ["[127.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA",
+                                 "[127.0.0.3]:2222 ssh-ed25519 AAAAB"]
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    for call in (lambda: read(fifo), lambda: _with_entry(fifo, "x\n")):
+        with pytest.raises(TransportError, match="is not a regular file"):
+            call()
+
+
+def _fleet_file(tmp_path: Path, cyan_scope: str = "user") -> Path:
+    inventory = tmp_path / "fleet.toml"
+    inventory.write_text(
+        f'schema = 1\n[transport]\nconnect_timeout_s = 2\n'
+        f'[nodes.cyan]\nhost = "127.76.0.2"\nport = 2299\nprofile = "{PRODUCTION}"\nscope = "{cyan_scope}"\n'
+        + ('runtime_dir = "/run/user/0"\n' if cyan_scope == "user" else "")
+        + f'[nodes.peacock]\nhost = "127.76.0.3"\nport = 2299\nprofile = "{PRODUCTION}"\n')
+    return inventory
+
+
+def test_doctor_names_a_scope_mismatch_for_its_node_and_goes_on_to_the_next(tmp_path):
+    result = run_cli("doctor", "--inventory", str(_fleet_file(tmp_path)), "--root", str(REPO))
+    assert result.returncode == 1 and "Traceback" not in result.stdout + result.stderr
+    assert re.search(r"FAIL +cyan reach: .*nodes\.cyan\.scope is 'user' but its profile", result.stdout), result.stdout
+    assert re.search(r"FAIL +peacock reach: ", result.stdout), result.stdout  # checked all the same
+
+
+def test_files_that_are_not_regular_are_refused_not_waited_on(tmp_path):
+    import os
+
+    fifo = tmp_path / "fifo"
+    os.mkfifo(fifo)
+    inventory = run_cli("status", "--inventory", str(fifo))
+    assert inventory.returncode == 2 and "is not a regular file" in inventory.stderr, inventory.stderr
+    checkout = copy_checkout(REPO, tmp_path / "checkout")
+    empty = tmp_path / "empty.so"
+    empty.write_bytes(b"")
+    for module, said in ((fifo, "is not a regular file"), (empty, "empty")):
+        before = snapshot(checkout)
+        pinned = run_cli("profiles", "pin-module", "--file", str(module), "--root", str(checkout))
+        assert pinned.returncode == 2 and said in pinned.stderr, pinned.stderr
+        assert snapshot(checkout) == before
+
+
+@pytest.mark.parametrize("options, said", [
+    (["--deadline", "inf"], "argument --deadline"), (["--deadline", "nan"], "argument --deadline"),
+    (["--deadline", "0"], "argument --deadline"), (["--textfile", ""], "argument --textfile")])
+def test_serving_check_refuses_options_that_mean_nothing(tmp_path, options, said):
+    result = subprocess.run([str(Path(sys.executable).parent / "serving-check"), "--state-dir", str(tmp_path),
+                             *options], capture_output=True, text=True, timeout=60, cwd=tmp_path)
+    assert result.returncode == 3 and result.stdout.startswith("SERVING-CHECK UNKNOWN") and said in result.stdout
+    assert not (tmp_path / "serving_check.prom").exists()
+
+
+def test_sandbox_commands_on_a_path_that_is_no_sandbox_say_so(tmp_path):
+    a_file = tmp_path / "a-file"
+    a_file.write_text("x")
+    for args in (["down", "--dir", str(a_file)], ["reboot", "--node", "cyan", "--dir", str(a_file)],
+                 ["reboot", "--node", "cyan", "--dir", str(tmp_path / "none")]):
+        result = run_cli("sandbox", *args)
+        assert result.returncode == 2 and "not a sandbox directory" in result.stderr, (args, result.stderr)
+        assert "Traceback" not in result.stderr
+    assert not (tmp_path / "none").exists()
+
+
+def test_a_user_name_with_a_control_character_is_named_as_such(tmp_path):
+    result = run_cli("lock", "acquire", "--node", "cyan", "-m", "E2", "--inventory", str(tmp_path / "none.toml"),
+                     env={"LOGNAME": "evil\nuser", "USER": "evil\nuser"})
+    assert result.returncode == 2 and "your user@host evil\\nuser@" in result.stderr, result.stderr
+
+
+@pytest.mark.parametrize("value", ["sha256:" + "A" * 43, "SHA256:" + "A" * 43 + "=", "A" * 43, "SHA256:a\nb"])
+def test_a_mistyped_fingerprint_is_named_as_mistyped(tmp_path, value):
+    result = run_cli("node", "bootstrap", "--node", "cyan", "--accept-host-key", value,
+                     "--inventory", str(_fleet_file(tmp_path)))
+    assert result.returncode == 2 and "is not a fingerprint as 'ssh-keygen -lf KEY.pub' prints it" in result.stderr
+    assert "\n" not in result.stderr.strip()

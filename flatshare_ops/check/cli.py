@@ -29,6 +29,24 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(3)
 
 
+def _seconds(text: str) -> float:
+    """--deadline: a finite number of seconds above 0, at most an hour (the check runs every minute)."""
+    try:
+        value = float(text)
+    except ValueError:
+        raise argparse.ArgumentTypeError(f"{text!r} is not a number of seconds") from None
+    if not (0 < value <= 3600):  # NaN fails both comparisons
+        raise argparse.ArgumentTypeError(f"{text!r}: give seconds above 0 and at most 3600")
+    return value
+
+
+def _directory(text: str) -> Path:
+    """--textfile: a directory named (an empty string would be the current directory)."""
+    if not text.strip():
+        raise argparse.ArgumentTypeError("give node_exporter's textfile directory, not an empty string")
+    return Path(text)
+
+
 def _parser() -> argparse.ArgumentParser:
     parser = _Parser(
         prog="serving-check",
@@ -41,9 +59,9 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--node-name", default=None, help="this node's name in messages (default: $FLATSHARE_NODE or the host name)")
     parser.add_argument("--quiet", action="store_true", help="print nothing when everything is OK (for cron)")
     parser.add_argument("--json", action="store_true", help="print the findings as JSON")
-    parser.add_argument("--textfile", type=Path, default=None, metavar="DIR",
+    parser.add_argument("--textfile", type=_directory, default=None, metavar="DIR",
                         help="also write DIR/serving_check.prom for node_exporter's textfile collector")
-    parser.add_argument("--deadline", type=float, default=10.0, metavar="SECONDS",
+    parser.add_argument("--deadline", type=_seconds, default=10.0, metavar="SECONDS",
                         help="the whole run's bound (default 10 s): past it, what was checked is reported, "
                              "with an UNKNOWN finding naming the bound")
     parser.add_argument("--node", action="append", default=[], metavar="NAME", help=argparse.SUPPRESS)
@@ -102,7 +120,7 @@ def _main(argv: list[str] | None) -> None:
     if args.state_dir.exists() and not args.state_dir.is_dir():
         report = Report(node, [Finding("release", UNKNOWN, f"--state-dir {args.state_dir} is not a directory")])
     else:
-        report = run_checks(args.state_dir, node, args.runtime_dir, deadline_s=max(0.1, args.deadline))
+        report = run_checks(args.state_dir, node, args.runtime_dir, deadline_s=args.deadline)
     if node != given:
         report.findings.append(Finding("node-name", UNKNOWN, f"the node name {node} holds control characters or "
                                                              "bytes that are not UTF-8; give --node-name as text"))

@@ -104,10 +104,14 @@ def nagios_text(report: Report) -> str:
     bad = [f for f in report.findings if f.status != OK]
     summary = "; ".join(f.summary for f in bad) if bad else "; ".join(f.summary for f in report.findings[:2])
     perf = " ".join(f"{k}={v:g}{PERF_UNITS.get(k, '')}" for k, v in report.perfdata.items())
-    lines = [f"SERVING-CHECK {report.status} - {report.node}: {summary}" + (f" | {perf}" if perf else "")]
+    from ..common.text import one_line
+
+    # Every line is one line: a path or a name holding a newline (from an option or a file) is shown
+    # escaped, so it can never start a Nagios line of its own.
+    lines = [f"SERVING-CHECK {report.status} - {one_line(report.node)}: {one_line(summary)}" + (f" | {perf}" if perf else "")]
     for finding in report.findings:
-        lines.append(f"{finding.status} {finding.check}: {finding.summary}")
-        lines.extend(f"    {detail}" for detail in finding.details)
+        lines.append(one_line(f"{finding.status} {finding.check}: {finding.summary}"))
+        lines.extend(f"    {one_line(detail)}" for detail in finding.details)
     return "\n".join(lines) + "\n"
 
 

@@ -371,14 +371,14 @@ def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tup
 
 
 def _read_text(path: Path, kind: str = "profile") -> str:
+    from ..common.files import Damaged, read_bytes
+
     try:
-        data = path.read_bytes()
-    except FileNotFoundError:
-        raise ProfileError(f"{path}: {kind} file not found; check the path or create it") from None
-    except IsADirectoryError:
-        raise ProfileError(f"{path}: is a directory, not a {kind} file") from None
-    except OSError as err:
-        raise ProfileError(f"{path}: cannot read {kind}: {err.strerror or err}") from None
+        data = read_bytes(path, allow_symlink=True)  # a fifo or a device is refused, never waited on
+    except Damaged as err:
+        raise ProfileError(f"{path}: {err.form}; give a {kind} file") from None
+    if data is None:
+        raise ProfileError(f"{path}: {kind} file not found; check the path or create it")
     try:
         return data.decode("utf-8").removeprefix("\ufeff")
     except UnicodeDecodeError as err:

@@ -55,8 +55,8 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         n = target.node
         identity = resolve(target.inventory, n.identity)
         if identity is not None:
-            line("ok" if identity.is_file() else "FAIL", f"{name} key",
-                 f"{identity}" + ("" if identity.is_file() else " not found; fix the inventory's identity"))
+            what = "" if identity.is_file() else " is not a regular file" if identity.exists() else " not found"
+            line("FAIL" if what else "ok", f"{name} key", f"{identity}{what}" + ("; fix the inventory's identity" if what else ""))
         path = resolve(target.inventory, n.known_hosts) or Path.home() / ".ssh/known_hosts"
         label = known_hosts.host_label(n.host, n.port)
         try:
@@ -67,20 +67,24 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         except TransportError as err:
             line("FAIL", f"{name} known_hosts", str(err))
         try:
+            argv = commands.probe(target.spec)  # the node's profile and the inventory must agree first
             conn = target.connect()
-        except TransportError as err:
+        except FlatshareError as err:
             line("FAIL", f"{name} reach", str(err))
             continue
+        result = None
         try:
-            result = conn.run(commands.probe(target.spec), timeout_s=target.settings.transport.command_timeout_s)
+            result = conn.run(argv, timeout_s=target.settings.transport.command_timeout_s)
             answer = json.loads(result.output)
             state = "ok" if answer.get("takes_calls") else "WARN"
             line(state, f"{name} reach", "answers over SSH; " + (
                 "takes calls" if answer.get("takes_calls") else f"does not take calls ({'; '.join(answer['problems'])})")
                 + (f"; being released by {answer['holder']}" if answer.get("locked") else ""))
-        except (TransportError, ValueError, KeyError):
+        except TransportError as err:
+            line("FAIL", f"{name} reach", f"{err}")
+        except (ValueError, KeyError, TypeError, AttributeError):
             line("FAIL", f"{name} reach", f"answers over SSH, but its flatshare-node does not "
-                 f"({result.output.strip()[-200:] if 'result' in locals() else 'no output'}): "
+                 f"({result.output.strip()[-200:] if result is not None else 'no output'}): "
                  f"'flatshare node bootstrap --node {name}'")
         finally:
             conn.close()

@@ -66,13 +66,16 @@ def read(path: Path) -> KnownHosts:
     Raises:
         TransportError: the file is missing or unreadable (then no host can be verified).
     """
+    from ..common.files import Damaged, read_bytes
+
     path = Path(path)
     try:
-        text = path.read_bytes().decode("utf-8", errors="replace")
-    except FileNotFoundError:
-        raise TransportError(f"known_hosts file {path} not found; add the nodes' host keys first") from None
-    except OSError as err:
-        raise TransportError(f"known_hosts file {path} is unreadable ({err.strerror or err})") from None
+        raw = read_bytes(path, allow_symlink=True)  # a fifo or a device is refused, never waited on
+    except Damaged as err:
+        raise TransportError(f"known_hosts file {err}") from None
+    if raw is None:
+        raise TransportError(f"known_hosts file {path} not found; add the nodes' host keys first")
+    text = raw.decode("utf-8", errors="replace")
     known = KnownHosts(path)
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()

@@ -107,7 +107,8 @@ class SSHSession(Session):
 def _private_keys(target: SSHTarget) -> list[paramiko.PKey]:
     if target.identity is not None:
         if not Path(target.identity).is_file():
-            raise TransportError(f"{target.node}: identity file {target.identity} not found; fix the inventory's identity")
+            what = "is not a regular file" if Path(target.identity).exists() else "not found"
+            raise TransportError(f"{target.node}: identity file {target.identity} {what}; fix the inventory's identity")
         try:
             return [paramiko.PKey.from_path(str(target.identity))]
         except Exception as err:  # paramiko raises several types for an unreadable key

@@ -459,11 +459,23 @@ def _start_sshd(node: SandboxNode) -> int:
 
 
 def _sandbox_lock(base: Path) -> FileLock:
-    """One ``up`` or ``down`` at a time per sandbox directory."""
+    """One ``up`` or ``down`` at a time per sandbox directory.
+
+    Raises:
+        SandboxError: ``base`` is not a directory (exit 2), its lock file cannot be made, or another
+            ``up``/``down`` holds it.
+    """
+    if not base.is_dir():
+        raise SandboxError(f"{base}: not a sandbox directory (none was brought up there); give it with --dir",
+                           exit_code=2)
     lock = FileLock(str(base / ".lock"))
     try:
         lock.acquire(timeout=0)
     except Timeout:
+        try:  # filelock says Timeout also when it cannot make the file at all
+            os.close(os.open(base / ".lock", os.O_WRONLY | os.O_CREAT, 0o644))
+        except OSError as err:
+            raise SandboxError(f"{base}: cannot make its lock file ({err.strerror or err})", exit_code=2) from None
         raise SandboxError(f"{base}: another 'flatshare sandbox up/down' is running on this sandbox; wait for it") from None
     return lock
 
