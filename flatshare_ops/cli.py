@@ -103,7 +103,6 @@ def profiles_pin_module(
     Give exactly one of --sha256, --file, --from-node. The profile is --profile (default production; with
     --from-node, the profile the inventory names for that node)."""
     import hashlib
-    import re as _re
 
     from .config.edit import set_value
     from .render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
@@ -125,7 +124,7 @@ def profiles_pin_module(
     elif from_node is not None:
         sha256, node_profile = _module_on_node(from_node, inventory)
         path = node_profile if profile is None else path
-    if not _re.fullmatch(r"[0-9a-f]{64}", sha256 or ""):
+    if not re.fullmatch(r"[0-9a-f]{64}", sha256 or ""):
         raise FlatshareError(f"profiles pin-module: {sha256!r} is not a sha256 (64 lowercase hex digits)")
     old, new, _ = set_value(path, "module.sha256", f'"{sha256}"',
                             then=lambda: write_outputs(root, expected_outputs(root)),

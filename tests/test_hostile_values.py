@@ -263,18 +263,17 @@ def test_an_inventory_scope_that_is_not_the_profiles_is_named_for_that_node(tmp_
 def test_a_host_key_is_added_on_a_line_of_its_own_and_a_fifo_is_never_read(tmp_path):
     import os
 
-    from flatshare_ops.control.bootstrap import _with_entry
-    from flatshare_ops.control.known_hosts import read
+    from flatshare_ops.control.known_hosts import read, with_entry
     from flatshare_ops.errors import TransportError
 
     path = tmp_path / "known_hosts"
     path.write_text("[127.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA")  # no newline at its end
-    text = _with_entry(path, "[127.0.0.3]:2222 ssh-ed25519 AAAAB\n")
+    text = with_entry(path, "[127.0.0.3]:2222 ssh-ed25519 AAAAB\n")
     assert text.splitlines() == ["[127.0.0.2]:2222 ssh-ed25519 AAAAC3NzaC1lZDI1NTE5AAAAIA",
                                  "[127.0.0.3]:2222 ssh-ed25519 AAAAB"]
     fifo = tmp_path / "fifo"
     os.mkfifo(fifo)
-    for call in (lambda: read(fifo), lambda: _with_entry(fifo, "x\n")):
+    for call in (lambda: read(fifo), lambda: with_entry(fifo, "x\n")):
         with pytest.raises(TransportError, match="is not a regular file"):
             call()
 

@@ -87,8 +87,9 @@ def problem(document: dict) -> str | None:
             return f"units: {name!r} is not a unit name (NAME.service, .target or .timer; no path)"
         if not SHA256.match(digest):
             return f"units: {name}: {digest!r} is not a sha256"
-    for key in ("engine.unit", *[f"services[{i}]" for i in range(len(document["services"]))]):
-        name = document["engine"]["unit"] if key == "engine.unit" else document["services"][int(key[9:-1])]
+    named = [("engine.unit", document["engine"]["unit"]),
+             *((f"services[{i}]", name) for i, name in enumerate(document["services"]))]
+    for key, name in named:
         if not UNIT_NAME.match(name):
             return f"{key}: {name!r} is not a unit name"
     for key in BOUNDS:

@@ -34,7 +34,7 @@ def hold_message(value: str) -> str | None:
     text, not empty, with no control character."""
     if not value.strip():
         return "the message is empty; say why the node is held"
-    bad = control_character(value) or next((c for c in value if c in "\x85\u2028\u2029"), None)
+    bad = _SHOWN.search(value)  # what one_line would escape
     if bad is not None:
-        return f"the message holds control character {bad!r}; give one line of text"
+        return f"the message holds control character {bad.group()!r}; give one line of text"
     return None

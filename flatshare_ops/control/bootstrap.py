@@ -146,7 +146,7 @@ class Bootstrap:
         n, t = self.target.node, self.target.settings.transport
         path = self._known_hosts_path()
         with tempfile.NamedTemporaryFile("w", suffix=".known_hosts", delete=False) as scratch:
-            scratch.write(_with_entry(path, self.accepted))
+            scratch.write(known_hosts_file.with_entry(path, self.accepted))
         try:
             return SSHConnection(SSHTarget(self.target.name, n.host, n.port, n.user, Path(scratch.name),
                                            resolve(self.target.inventory, n.identity), t.connect_timeout_s,
@@ -216,7 +216,7 @@ class Bootstrap:
         path.parent.mkdir(parents=True, exist_ok=True)
         from ..common import durable
 
-        durable.write_atomic(path, _with_entry(path, entry).encode())
+        durable.write_atomic(path, known_hosts_file.with_entry(path, entry).encode())
         try:  # read back as every later connection will read it
             known_hosts_file.verify(known_hosts_file.read(path), self.target.name, n.host, n.port, key.get_name(),
                                     key.asbytes())
@@ -399,18 +399,3 @@ class Bootstrap:
             self.line("done", "module", f"built {m.path}: sha256 {built}; the profile pins {m.sha256[:12]}...: pin it "
                       f"with 'flatshare profiles pin-module --from-node {self.target.name}', commit, then release")
 
-
-def _with_entry(path: Path, entry: str) -> str:
-    """The known_hosts file's text with ``entry`` (a line) added on a line of its own.
-
-    Raises:
-        TransportError: the file exists but is not a regular file, or cannot be read.
-    """
-    from ..common.files import Damaged, read_bytes
-
-    try:
-        raw = read_bytes(path, allow_symlink=True)
-    except Damaged as err:
-        raise TransportError(f"known_hosts file {err}") from None
-    text = (raw or b"").decode("utf-8", errors="replace")
-    return text + ("\n" if text and not text.endswith("\n") else "") + entry

@@ -55,8 +55,11 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         n = target.node
         identity = resolve(target.inventory, n.identity)
         if identity is not None:
-            what = "" if identity.is_file() else " is not a regular file" if identity.exists() else " not found"
-            line("FAIL" if what else "ok", f"{name} key", f"{identity}{what}" + ("; fix the inventory's identity" if what else ""))
+            from .ssh import identity_problem
+
+            what = identity_problem(identity)
+            line("FAIL" if what else "ok", f"{name} key",
+                 f"{identity} {what}; fix the inventory's identity" if what else f"{identity}")
         path = resolve(target.inventory, n.known_hosts) or Path.home() / ".ssh/known_hosts"
         label = known_hosts.host_label(n.host, n.port)
         try:

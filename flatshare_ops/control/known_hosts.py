@@ -60,22 +60,42 @@ def _key_readable(key_type: str, blob: bytes) -> bool:
         return False
 
 
+def _text(path: Path) -> str | None:
+    """The file's text (None when it does not exist).
+
+    Raises:
+        TransportError: it is not a regular file (a fifo or a device is refused, never waited on) or unreadable.
+    """
+    from ..common.files import Damaged, read_bytes
+
+    try:
+        raw = read_bytes(path, allow_symlink=True)
+    except Damaged as err:
+        raise TransportError(f"known_hosts file {err}") from None
+    return None if raw is None else raw.decode("utf-8", errors="replace")
+
+
+def with_entry(path: Path, entry: str) -> str:
+    """The known_hosts file's text (empty when it does not exist) with ``entry`` (a line) added on a line of
+    its own.
+
+    Raises:
+        TransportError: the file is not a regular file, or unreadable.
+    """
+    text = _text(Path(path)) or ""
+    return text + ("\n" if text and not text.endswith("\n") else "") + entry
+
+
 def read(path: Path) -> KnownHosts:
     """Read a known_hosts file.
 
     Raises:
         TransportError: the file is missing or unreadable (then no host can be verified).
     """
-    from ..common.files import Damaged, read_bytes
-
     path = Path(path)
-    try:
-        raw = read_bytes(path, allow_symlink=True)  # a fifo or a device is refused, never waited on
-    except Damaged as err:
-        raise TransportError(f"known_hosts file {err}") from None
-    if raw is None:
+    text = _text(path)
+    if text is None:
         raise TransportError(f"known_hosts file {path} not found; add the nodes' host keys first")
-    text = raw.decode("utf-8", errors="replace")
     known = KnownHosts(path)
     for number, raw in enumerate(text.splitlines(), 1):
         line = raw.strip()

@@ -294,9 +294,9 @@ class Rollout:
                 self.drop(other)
                 self.out.line(f"{other.name}: UNKNOWN: {err}")
                 continue
-            except ValueError:
+            except ValueError as err:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
-                              f"(exit {result.status}: {result.output.strip()[-200:]})")
+                              f"({not_an_answer(result.status, result.output, err)})")
                 continue
             if answer.get("locked"):
                 self.out.line(f"{other.name}: being released by {answer.get('holder')}; it may be drained")

@@ -104,10 +104,16 @@ class SSHSession(Session):
             pass
 
 
+def identity_problem(path: Path) -> str | None:
+    """Why an identity file cannot be used (``not found``, ``is not a regular file``), or None."""
+    path = Path(path)
+    return None if path.is_file() else "is not a regular file" if path.exists() else "not found"
+
+
 def _private_keys(target: SSHTarget) -> list[paramiko.PKey]:
     if target.identity is not None:
-        if not Path(target.identity).is_file():
-            what = "is not a regular file" if Path(target.identity).exists() else "not found"
+        what = identity_problem(target.identity)
+        if what:
             raise TransportError(f"{target.node}: identity file {target.identity} {what}; fix the inventory's identity")
         try:
             return [paramiko.PKey.from_path(str(target.identity))]

@@ -35,9 +35,9 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
     Args:
         venv: the engine venv (its ``bin/python`` runs the parse script).
         words: the words after ``serve``, model first.
-
-    Args:
-        progress: called with the seconds waited, every 10 s (vLLM's import takes several).
+        timeout_s: the parse's bound, in seconds.
+        progress: called with the seconds waited, at :func:`common.poll.progress_every` (vLLM's import
+            takes several).
 
     Returns:
         The script's result: ``{"ok": True, "namespace": {...}}`` or ``{"ok": False, "error": MESSAGE}``;

@@ -123,9 +123,9 @@ def validate_bundle(bundle: object) -> dict:
         serving = loads(bundle["files"]["serving.json"])
     except ValueError as err:
         raise FlatshareError(f"node switch: the bundle's serving.json is not JSON ({err})") from None
-    if not isinstance(serving, dict) or serving_shape.problem(serving):
-        raise FlatshareError("node switch: the bundle's serving.json is not a release's serving.json "
-                             f"({serving_shape.problem(serving) if isinstance(serving, dict) else 'not an object'})")
+    wrong = serving_shape.problem(serving) if isinstance(serving, dict) else "not an object"
+    if wrong:
+        raise FlatshareError(f"node switch: the bundle's serving.json is not a release's serving.json ({wrong})")
     for name, digest in serving["units"].items():
         text = bundle["files"].get(f"units/{name}")
         if text is None or hashlib.sha256(text.encode()).hexdigest() != digest:
