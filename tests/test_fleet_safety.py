@@ -1231,3 +1231,102 @@ def test_a_slow_preflight_is_not_taken_for_a_stalled_session(fleet):
     assert "silence bound" not in result.stdout, result.stdout
     assert result.returncode == 0, result.stdout + result.stderr
     assert fleet.current(name) == expected
+
+
+# =====================================================================================================
+# 9. Admission judges "takes calls" by what callers meet (the gateway), never by our own files
+# =====================================================================================================
+
+
+def _main_pid(fleet: Fleet, name: str, unit: str) -> int:
+    with connect(fleet.address(name)) as bus:
+        return int(unit_property(bus, unit, "Service", "MainPID"))
+
+
+def _refused_without_draining(fleet: Fleet, name: str, result, offset: int) -> str:
+    """``name``'s release was refused (exit 3), and its node never drained: release.log shows no drain step,
+    its gateway kept its process and the drain file never appeared."""
+    log = fleet.log_since(name, offset)
+    _no_traceback(result.stdout, result.stderr, log)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "may not drain now" in result.stdout, result.stdout
+    assert not re.search(r"step \d+/\d+ (drain-voice|stop-gateway)", log), log
+    return log
+
+
+@pytest.mark.parametrize("fault", ["hung gateway (SIGSTOP)", "gateway unit stopped"])
+def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fault):
+    # peacock's engine stays healthy and its drain file absent: only its gateway fails callers.
+    fleet.new_hold("cyan")
+    before, gateway_pid = fleet.current("cyan"), _main_pid(fleet, "cyan", GATEWAY)
+    offset = fleet.log_size("cyan")
+    monitor = CallsMonitor(fleet)
+    if fault.startswith("hung"):
+        pid = _main_pid(fleet, "peacock", GATEWAY)
+        os.kill(pid, signal.SIGSTOP)
+        undo = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
+    else:
+        with connect(fleet.address("peacock")) as bus:
+            bus.Manager.StopUnit(GATEWAY.encode(), b"replace")
+        assert _poll(lambda: fleet.unit_state("peacock", GATEWAY) == "inactive", 30)
+        undo = lambda: fleet.cli("release", "--node", "peacock", "--inventory", str(fleet.inventory),  # noqa: E731
+                                 "--root", str(fleet.checkout))
+    monitor.start()
+    try:
+        assert fleet.engine_health("peacock") == 200
+        result = fleet.release("--node", "cyan", timeout=120)
+        # While peacock's gateway fails callers, cyan is the only node taking calls: it must never drain.
+        assert all(state["cyan"][0] for _, state in monitor.samples), "cyan stopped taking calls"
+    finally:
+        monitor.stop()
+        undo()
+    _refused_without_draining(fleet, "cyan", result, offset)
+    assert re.search(r"^peacock: does not take calls \(.*gateway.*\)", result.stdout, re.MULTILINE), result.stdout
+    assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", GATEWAY) == gateway_pid
+    for name in NODES:
+        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
+        fleet.settled(name)
+
+
+def test_a_hung_gateway_is_not_taking_calls_in_the_nodes_own_probe_within_its_bound(fleet):
+    pid = _main_pid(fleet, "peacock", GATEWAY)
+    with _stopped(pid):
+        probe = subprocess.run([str(BIN / "python"), "-m", "flatshare_ops.node", "probe", "--node", "peacock",
+                                "--state-dir", str(fleet.node("peacock").state_dir), "--scope", "user",
+                                "--runtime-dir", str(fleet.node("peacock").manager.runtime_dir)],
+                               capture_output=True, text=True, timeout=60)
+    answer = json.loads(probe.stdout)
+    assert answer["takes_calls"] is False, answer
+    # The probe's own bound fired (it never waits on a hung gateway), and it says so.
+    assert any("gateway" in p and "did not answer within 2 s" in p for p in answer["problems"]), answer
+    fleet.settled("peacock")
+
+
+@pytest.mark.parametrize("damage", ["active release moved away", "active serving.json emptied"])
+def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission(fleet, damage):
+    # cyan serves (engine, gateway, voice worker all up) but its own record of that is damaged; peacock's
+    # gateway is hung, so cyan is the last node taking calls and must not drain.
+    fleet.new_hold("cyan")
+    current = fleet.current("cyan")
+    directory = fleet.releases("cyan") / current
+    aside = directory.with_name(current + ".aside")
+    serving = directory / "serving.json"
+    original = serving.read_bytes()
+    offset = fleet.log_size("cyan")
+    peacock_gateway = _main_pid(fleet, "peacock", GATEWAY)
+    try:
+        if damage == "active release moved away":
+            directory.rename(aside)
+        else:
+            serving.write_bytes(b"")
+        with _stopped(peacock_gateway):
+            result = fleet.release("--node", "cyan", timeout=120)
+    finally:
+        if aside.exists():
+            aside.rename(directory)
+        serving.write_bytes(original)
+    log = _refused_without_draining(fleet, "cyan", result, offset)
+    assert "no admission needed" not in log, log
+    assert re.search(r"cyan: whether it takes calls could not be established", log), log
+    for name in NODES:
+        fleet.settled(name)

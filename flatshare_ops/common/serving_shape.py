@@ -46,7 +46,7 @@ KEYS: dict[str, tuple] = {
     "gateway.drain_timeout_s": NUMBER,
 }
 #: Keys a newer serving.json may lack in an older schema, or an older one may have without.
-OPTIONAL = {"engine.stop_timeout_s": NUMBER, "module.build_command": (list,)}
+OPTIONAL = {"engine.stop_timeout_s": NUMBER, "module.build_command": (list,), "gateway.url": (str,)}
 
 
 def _get(document: dict, dotted: str):

@@ -200,10 +200,20 @@ class Module(StrictModel):
         return self
 
 
+#: An HTTP base URL a node reaches one of its own services at (no path): ``http://HOST:PORT``.
+HttpBase = Annotated[str, Field(pattern=r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")]
+
+
 class Gateway(StrictModel):
-    """The HTTP gateway in front of the engine."""
+    """The HTTP gateway in front of the engine: what callers meet.
+
+    ``url`` is where the node's callers reach it (``URL/health`` answers 200 while it takes calls):
+    the admission to drain asks it, not the gateway's unit state (docs/reference/release-protocol.md,
+    "Admission to drain").
+    """
 
     command: ExecCommand
+    url: HttpBase
     drain_timeout_s: Seconds
 
 
@@ -261,6 +271,36 @@ class Layout(StrictModel):
         return self
 
 
+class Analysis(StrictModel):
+    """The canary's analysis in a rollout (``release --all``), and the thresholds the alert rules share.
+
+    Measurements are read from the engine's own metrics (docs/reference/vllm.md#metrics):
+    ``vllm:time_to_first_token_seconds`` (a histogram), ``vllm:request_success_total`` by
+    ``finished_reason``. Semantics follow Argo Rollouts' analysis (docs/reference/release-protocol.md,
+    "Canary analysis"): ``count`` measurements every ``interval_s``; the analysis fails once more than
+    ``failure_limit`` of them failed; a measurement with fewer than ``min_requests`` requests is
+    inconclusive, and an analysis that cannot pass or fail does what ``inconclusive`` says.
+    """
+
+    interval_s: Seconds = Field(description="seconds between measurements (each covers one interval)")
+    count: Positive = Field(description="measurements in one analysis")
+    min_requests: Positive = Field(description="fewer requests finished in a measurement: inconclusive")
+    ttft_p95_max_s: Seconds = Field(description="time to first token, p95, at most (seconds)")
+    error_share_max: float = Field(ge=0, le=1, description="share of requests ending in error or abort, at most")
+    baseline_factor: float = Field(ge=1, le=100, description="canary p95 at most this times the baseline's ...")
+    baseline_margin_s: float = Field(ge=0, le=3600, description="... plus this many seconds")
+    failure_limit: Count = Field(description="failed measurements tolerated (Argo's failureLimit)")
+    consecutive_error_limit: Positive = Field(description="measurements in a row that could not be taken")
+    inconclusive: Literal["fail", "pause", "pass"] = Field(description="what an inconclusive analysis does")
+
+
+class Release(StrictModel):
+    """How a release of this profile is judged: rolled back by the node itself, and analysed as a canary."""
+
+    auto_rollback: bool = Field(description="a switch whose engine does not serve goes back by itself")
+    analysis: Analysis
+
+
 class Card(StrictModel):
     """The GPU the profile is tuned for."""
 
@@ -281,6 +321,7 @@ class Profile(StrictModel):
     voice: Voice
     check: Check
     layout: Layout
+    release: Release
 
     @model_validator(mode="after")
     def _scheduler_in_module(self) -> "Profile":

@@ -48,13 +48,14 @@ def probe(ctx: NodeContext) -> dict:
         ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``.
     """
     from .store import current_release
-    from .calls import active_serving, takes_calls
+    from .calls import active_serving, node_calls
 
     pid = held_by(ctx.lock_path)
     try:
-        serving = active_serving(ctx, current_release(ctx.state_dir))
-        problems = takes_calls(ctx, serving)
+        calls = node_calls(ctx, active_serving(ctx, current_release(ctx.state_dir)))
+        takes, problems = calls.takes is True, calls.reasons
     except NodeStateError as err:
-        problems = [str(err)]
-    return {"node": ctx.node, "takes_calls": not problems, "problems": problems, "locked": pid is not None,
+        takes, problems = False, [str(err)]
+    # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
+    return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": pid is not None,
             "holder": describe_lock(ctx, pid) if pid is not None else None}

@@ -47,7 +47,7 @@ from ..errors import Exit
 from . import drain, history as histories, hold, journal as journals, preflight
 from .context import NodeContext
 from .lock import node_lock
-from .calls import active_serving, takes_calls  # noqa: F401  (named here by callers)
+from .calls import active_serving, node_calls
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView, describe, plan, title
 from .steps import STEP_BY_NAME, Switch
@@ -715,12 +715,17 @@ def _refuse(ctx, request: Request, out, work: list[_Work], dry_run: bool, admit:
     draining = [w.plan for w in work if w.plan.drains]
     if not draining:
         return
+    # What callers meet decides, never whether our files can be read: with the active release damaged,
+    # the new release's addresses stand in, and then only a seen "serving" or "unknown" can come of it.
     serving_now = active_serving(ctx, current_release(ctx.state_dir))
-    problems = takes_calls(ctx, serving_now)
-    if problems:
-        out.line(f"{ctx.node}: does not take calls now ({'; '.join(problems)}): draining it costs no calls, "
+    calls = node_calls(ctx, serving_now or work[-1].new.serving, trusted=serving_now is not None)
+    if calls.takes is False:
+        out.line(f"{ctx.node}: does not take calls now ({'; '.join(calls.reasons)}): draining it costs no calls, "
                  "no admission needed")
         return
+    if calls.takes is None:
+        out.line(f"{ctx.node}: whether it takes calls could not be established ({'; '.join(calls.reasons)}): "
+                 "it may, so it drains only when admitted")
     reason = admit(draining[0])
     if reason is not None:
         raise Refused(f"{_action(request)} refused: {ctx.node} may not drain now: {reason}")

@@ -46,7 +46,7 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
         "units": {name: sha256_text(text) for name, text in units.items()},
         "services": list(SERVICE_UNITS),
         "layout": profile.layout.model_dump(),
-        "gateway": {"drain_timeout_s": profile.gateway.drain_timeout_s},
+        "gateway": {"url": profile.gateway.url, "drain_timeout_s": profile.gateway.drain_timeout_s},
         "voice": {"drain_file": drain_file(profile), "status_file": drain_status_file(profile),
                   "drain_timeout_s": profile.voice.drain_timeout_s},
     }

@@ -62,7 +62,8 @@ def _context(profile: Profile) -> dict:
     engine = profile.engine
     engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
     common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
-    gateway_env = [*common, ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
+    gateway_env = [*common, ("FLATSHARE_GATEWAY_URL", profile.gateway.url),
+                   ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
     voice_env = [
         *common,
         ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),

@@ -208,7 +208,8 @@ build_command = {_toml_array([python, "-m", "flatshare_ops.sandbox.module_build"
 sha256 = {_toml_string(_sha256(module_source()))}  # the stand-in build's output
 
 [gateway]
-command = {_toml_array([python, "-m", "flatshare_ops.sandbox.gateway", "--listen", f"{node.address}:{GATEWAY_PORT}"])}
+command = {_toml_array([python, "-m", "flatshare_ops.sandbox.gateway"])}
+url = {_toml_string(f"http://{node.address}:{GATEWAY_PORT}")}
 drain_timeout_s = 5
 
 [voice]

@@ -38,11 +38,13 @@ class GatewayState:
 
 
 def main(argv: list[str] | None = None) -> None:
-    """``gateway --listen HOST:PORT``; runs until drained after SIGTERM."""
+    """``gateway [--listen HOST:PORT]`` (default: ``FLATSHARE_GATEWAY_URL``'s); runs until drained after SIGTERM."""
     parser = argparse.ArgumentParser(prog="flatshare-gateway")
-    parser.add_argument("--listen", default="127.0.0.1:8080")
+    default = os.environ.get("FLATSHARE_GATEWAY_URL", "http://127.0.0.1:8080").removeprefix("http://")
+    parser.add_argument("--listen", default=default)
     args = parser.parse_args(argv)
     host, port = args.listen.rsplit(":", 1)
+    host = host.strip("[]")
     drain_timeout_s = float(os.environ.get("FLATSHARE_DRAIN_TIMEOUT_S", "20"))
     state = GatewayState()
 
