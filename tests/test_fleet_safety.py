@@ -1266,8 +1266,9 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
         os.kill(pid, signal.SIGSTOP)
         undo = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
     else:
-        with connect(fleet.address("peacock")) as bus:
-            bus.Manager.StopUnit(GATEWAY.encode(), b"replace")
+        from flatshare_ops import systemd
+
+        systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)
         assert _poll(lambda: fleet.unit_state("peacock", GATEWAY) == "inactive", 30)
         undo = lambda: fleet.cli("release", "--node", "peacock", "--inventory", str(fleet.inventory),  # noqa: E731
                                  "--root", str(fleet.checkout))
@@ -1302,11 +1303,19 @@ def test_a_hung_gateway_is_not_taking_calls_in_the_nodes_own_probe_within_its_bo
     fleet.settled("peacock")
 
 
-@pytest.mark.parametrize("damage", ["active release moved away", "active serving.json emptied"])
+@pytest.mark.parametrize("damage", ["active release moved away", "active serving.json emptied",
+                                    "active release moved away, the new release moves the gateway"])
 def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission(fleet, damage):
     # cyan serves (engine, gateway, voice worker all up) but its own record of that is damaged; peacock's
-    # gateway is hung, so cyan is the last node taking calls and must not drain.
-    fleet.new_hold("cyan")
+    # gateway is hung, so cyan is the last node taking calls and must not drain. When the new release's
+    # gateway address is not where the running gateway answers, nothing answers there: that proves nothing.
+    profile = fleet.node("cyan").profile
+    original_profile = profile.read_text()
+    if "moves the gateway" in damage:
+        profile.write_text(original_profile.replace(":8080\"", ":8089\""))
+        assert profile.read_text() != original_profile
+    else:
+        fleet.new_hold("cyan")
     current = fleet.current("cyan")
     directory = fleet.releases("cyan") / current
     aside = directory.with_name(current + ".aside")
@@ -1325,8 +1334,12 @@ def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission
         if aside.exists():
             aside.rename(directory)
         serving.write_bytes(original)
+        profile.write_text(original_profile)
     log = _refused_without_draining(fleet, "cyan", result, offset)
     assert "no admission needed" not in log, log
-    assert re.search(r"cyan: whether it takes calls could not be established", log), log
+    assert "cyan: asking the operator's side for admission to drain" in log, log
+    if "moves the gateway" in damage:
+        assert re.search(r"cyan: whether it takes calls could not be established \(.*:8089/health did not answer",
+                         log), log
     for name in NODES:
         fleet.settled(name)
