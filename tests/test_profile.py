@@ -103,6 +103,12 @@ BAD_PROFILES = {
     "infinite size": ("[engine.kv_offloading]\nsize_gib = inf\n", r"child\.toml:3: engine\.kv_offloading\.size_gib: .*finite"),
     "dollar in a program path": ('[gateway]\ncommand = ["/opt/gate$way/bin/gw"]\n', r"child\.toml:3: gateway\.command: a program path must not contain '\$'"),
     "batch smaller than sequences": ("[engine]\nmax_num_batched_tokens = 1\n", r"child\.toml:3: engine\.max_num_batched_tokens: must be >= max_num_seqs \(32\), got 1"),
+    "analysis limits not below count": ("[release.analysis]\ninconclusive_limit = 3\n",
+                                        r"child\.toml:3: release\.analysis\.inconclusive_limit: failure_limit \+ "
+                                        r"inconclusive_limit must be below count \(4\), got 1 \+ 3"),
+    "analysis count not above the limits": ("[release.analysis]\ncount = 2\n",
+                                            r"child\.toml:3: release\.analysis\.count: failure_limit \+ "
+                                            r"inconclusive_limit must be below count \(2\), got 1 \+ 1"),
     "huge integer": ("[engine.flatshare_jit]\nmargin_ms = 99999999999999999999\n", r"child\.toml:3: engine\.flatshare_jit\.margin_ms: "),
 }
 

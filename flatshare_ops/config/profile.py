@@ -276,10 +276,13 @@ class Analysis(StrictModel):
 
     Measurements are read from the engine's own metrics (docs/reference/vllm.md#metrics):
     ``vllm:time_to_first_token_seconds`` (a histogram), ``vllm:request_success_total`` by
-    ``finished_reason``. Semantics follow Argo Rollouts' analysis (docs/reference/release-protocol.md,
-    "Canary analysis"): ``count`` measurements every ``interval_s``; the analysis fails once more than
-    ``failure_limit`` of them failed; a measurement with fewer than ``min_requests`` requests is
-    inconclusive, and an analysis that cannot pass or fail does what ``inconclusive`` says.
+    ``finished_reason``. Semantics follow Argo Rollouts' analysis (docs/reference/canary-analysis.md;
+    :mod:`flatshare_ops.control.analysis` applies them): ``count`` measurements every ``interval_s``; the
+    analysis fails once more than ``failure_limit`` of them failed, or once ``consecutive_error_limit`` in a
+    row could not be taken; a measurement with fewer than ``min_requests`` requests is inconclusive; after
+    ``count`` measurements, more than ``inconclusive_limit`` of them neither passed nor failed makes the
+    analysis inconclusive, and ``inconclusive`` says what that does. ``failure_limit + inconclusive_limit``
+    is below ``count``, so a passing analysis has at least one passed measurement.
     """
 
     interval_s: Seconds = Field(description="seconds between measurements (each covers one interval)")
@@ -290,8 +293,23 @@ class Analysis(StrictModel):
     baseline_factor: float = Field(ge=1, le=100, description="canary p95 at most this times the baseline's ...")
     baseline_margin_s: float = Field(ge=0, le=3600, description="... plus this many seconds")
     failure_limit: Count = Field(description="failed measurements tolerated (Argo's failureLimit)")
-    consecutive_error_limit: Positive = Field(description="measurements in a row that could not be taken")
+    inconclusive_limit: Count = Field(
+        description="measurements that neither passed nor failed (inconclusive or not taken) tolerated "
+                    "(Argo's inconclusiveLimit)")
+    consecutive_error_limit: Positive = Field(
+        description="this many measurements in a row that could not be taken fail the analysis")
     inconclusive: Literal["fail", "pause", "pass"] = Field(description="what an inconclusive analysis does")
+
+    @model_validator(mode="after")
+    def _limits_below_count(self) -> "Analysis":
+        # Argo Rollouts does not check this; an analysis that can never fail, or can pass without a single
+        # passed measurement, is a profile mistake worth one line.
+        if self.failure_limit + self.inconclusive_limit >= self.count:
+            raise ValueError(f"failure_limit|inconclusive_limit|count: failure_limit + inconclusive_limit must be "
+                             f"below count ({self.count}), "
+                             f"got {self.failure_limit} + {self.inconclusive_limit}; a passing analysis needs a "
+                             "passed measurement")
+        return self
 
 
 class Release(StrictModel):
@@ -546,10 +564,13 @@ def validate(data: dict[str, Any], origins: dict[str, tuple[Path, int]], leaf: P
         errors = ordered(err)
         first = errors[0]
         loc = tuple(first["loc"])
-        named = re.match(r"(?:Value error, )?([a-z_]+): ", first["msg"])
+        named = re.match(r"(?:Value error, )?([a-z_]+(?:\|[a-z_]+)*): ", first["msg"])
         if named and first["type"] == "value_error":
-            # A rule across keys names the key it is about: point at that key's line.
-            loc = (*loc, named.group(1))
+            # A rule across keys names the key it is about (or the keys, "a|b: ..."): point at that key's line,
+            # the first of them written in the leaf file if any is (the one this profile changed).
+            keys = named.group(1).split("|")
+            in_leaf = [k for k in keys if origins.get(dotted((*loc, k)), (None, 0))[0] == leaf]
+            loc = (*loc, (in_leaf or keys)[0])
             first = {**first, "msg": first["msg"].replace(f"{named.group(1)}: ", "", 1)}
         place, key = _where(loc, origins, leaf)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
