@@ -1,0 +1,33 @@
+"""vLLM 0.32.0's engine metrics that flatshare-ops reads, by vLLM's own names (standard library only).
+
+The canary analysis (:mod:`flatshare_ops.control.analysis`) reads them from the engine's
+``GET /metrics``; the stand-in engine and the alert rules can name the same series from here.
+Every fact below is vLLM 0.32.0's ``vllm/v1/metrics/loggers.py`` and ``vllm/v1/metrics/buckets.py``
+(docs/reference/vllm.md#metrics).
+"""
+
+#: Every series carries these labels: the served model name and the engine index (one per data-parallel engine).
+LABELS = ("model_name", "engine")
+
+#: Histogram of the time from a request's arrival to its first token, seconds.
+TIME_TO_FIRST_TOKEN = "vllm:time_to_first_token_seconds"
+#: Histogram of a request's end-to-end latency, seconds.
+E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
+#: Counter of finished requests, by ``finished_reason`` (the sample name; the family is ``vllm:request_success``).
+REQUEST_SUCCESS = "vllm:request_success_total"
+#: Gauge of the requests waiting to be scheduled.
+REQUESTS_WAITING = "vllm:num_requests_waiting"
+
+#: ``finished_reason`` values (vLLM's ``FinishReason``): stop (a stop string or token), length (max_tokens or
+#: max_model_len), abort (the client went away), error (a request-level internal error, answered 500), repetition.
+FINISHED_REASONS = ("stop", "length", "abort", "error", "repetition")
+#: The reasons the analysis counts as a request that did not end well.
+ERROR_REASONS = ("abort", "error")
+
+#: ``vllm:time_to_first_token_seconds``' bucket upper bounds (seconds; Prometheus adds ``+Inf``).
+TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0,
+                               2.5, 5.0, 7.5, 10.0, 20.0, 40.0, 80.0, 160.0, 640.0, 2560.0)
+#: The request-latency histograms' bucket upper bounds (``vllm:e2e_request_latency_seconds`` and the queue,
+#: prefill and decode time histograms; seconds; Prometheus adds ``+Inf``).
+REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
+                           120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
