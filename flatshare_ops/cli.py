@@ -159,14 +159,18 @@ def profiles_verify(
              "as a release's preflight does on the node.")] = None,
 ) -> None:
     """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output);
-    with --vllm, also with vLLM's own parser (exit 1 if it rejects the command line)."""
+    with --vllm, also with vLLM's own parser (exit 1 if it rejects the command line). A canary threshold
+    the analysis can never decide (ttft_p95_max_s not a vLLM bucket bound) is a warning."""
     from .config.profile import load_profile
+    from .control.analysis import threshold_warnings
     from .render import render_profile
     from .render.checkout import DEFAULT_PROFILE
     from .render.units import unit_programs
     from .render.verify import verify_units
 
     loaded = load_profile(root / (profile or DEFAULT_PROFILE))
+    for warning in threshold_warnings(loaded.profile.release.analysis):
+        typer.echo(f"warning: {warning}", err=True)
     rendered = render_profile(loaded)
     output = verify_units(rendered.units, unit_programs(loaded.profile))
     if output:
