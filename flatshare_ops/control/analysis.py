@@ -423,8 +423,8 @@ class MissingWindow:
 def window(start: Scrape, end: Scrape) -> Window:
     """The difference of two scrapes of one node.
 
-    A counter that went backwards, a series that vanished or a ``_created`` that changed means the engine
-    restarted: Prometheus' ``rate()`` takes a counter that fell as reset to 0 and counts its new value
+    A counter that went backwards, a series that vanished, a ``_created`` that changed or buckets that changed
+    mean the engine restarted: Prometheus' ``rate()`` takes a counter that fell as reset to 0 and counts its new value
     (docs/reference/canary-analysis.md#windows). A restart resets every series at once, and a series can
     already count more than before its reset, so one reset found is taken as a reset of all: the window's
     counts are then the end scrape's, and :attr:`Window.engine_restarted` says so.
@@ -438,10 +438,11 @@ def window(start: Scrape, end: Scrape) -> Window:
     if not end.at > start.at:
         raise WindowError(f"the window's end ({utc_stamp(end.at)}) is not after its start ({utc_stamp(start.at)})")
     restarted = (any(key not in end.counters or end.counters[key] < value for key, value in start.counters.items())
-                 or any(end.created.get(key, value) != value for key, value in start.created.items()))
+                 or any(end.created.get(key, value) != value for key, value in start.created.items())
+                 or end.ttft.bounds != start.ttft.bounds or end.e2e.bounds != start.e2e.bounds)
     if restarted:
         ttft, e2e, finished = end.ttft, end.e2e, dict(end.finished)
-    else:  # every series still there: the bounds are the same
+    else:
         ttft, e2e = end.ttft.minus(start.ttft), end.e2e.minus(start.e2e)
         finished = {reason: count - start.finished.get(reason, 0) for reason, count in end.finished.items()}
     return Window(end.node, start.at, end.at, ttft, e2e, finished, end.waiting, restarted)
