@@ -20,8 +20,11 @@ import promtool_suite
 from conftest import REPO, run_cli
 from flatshare_ops.check.facts import parse_metrics
 
-pytestmark = pytest.mark.skipif(shutil.which("promtool") is None,
-                                reason="promtool missing: scripts/setup.sh installs Debian's prometheus package")
+
+@pytest.fixture(autouse=True, scope="module")
+def promtool_installed():
+    """promtool is a real part of these tests, never skipped: scripts/setup.sh installs it."""
+    assert shutil.which("promtool"), "promtool missing: run scripts/setup.sh (Debian's prometheus package)"
 
 RULES = REPO / "monitoring/flatshare-rules.yml"
 VLLM_METRICS = REPO / "tests/fixtures/vllm-0.32.0-metrics.txt"
