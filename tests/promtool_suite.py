@@ -85,23 +85,17 @@ def suite(fleet: Fleet, rules_file: Path) -> dict:
     # serving-check CRITICAL / UNKNOWN for more than two runs.
     for status, word, name, severity in ((2, "CRITICAL", "FlatshareServingCheckCritical", "critical"),
                                          (3, "UNKNOWN", "FlatshareServingCheckUnknown", "warning")):
+        fired = _alert({"severity": severity, "node": cyan, "check": "flags"},
+                       f"serving-check on {cyan}: flags is {word}",
+                       f"serving-check on {cyan} has found its flags check {word} (status {status}) for more than "
+                       f"{2 * I} s, two of its runs; 'flatshare check --node {cyan}' says what it found.", url(name))
         tests.append({"interval": f"{I}s", "input_series": [
             {"series": f'flatshare_serving_check_status{{node="{cyan}",check="flags"}}', "values": f"{status}x10"},
             {"series": f'flatshare_serving_check_status{{node="{cyan}",check="drop_ins"}}', "values": f"{status - 1}x10"},
             {"series": f'flatshare_serving_check_status{{node="{peacock}",check="flags"}}', "values": f"0 {status} {status} 0x10"},
             {"series": f'flatshare_serving_check_status{{node="{peacock}",check="systemd"}}', "values": f"{5 - status}x10"},
         ], "alert_rule_test": [
-            _check(name, step(1), []),
-            _check(name, step(3), [_alert(
-                {"severity": severity, "node": cyan, "check": "flags"},
-                f"serving-check on {cyan}: flags is {word}",
-                f"serving-check on {cyan} has found its flags check {word} (status {status}) for more than {2 * I} s, "
-                f"two of its runs; 'flatshare check --node {cyan}' says what it found.", url(name))]),
-            _check(name, step(4), [_alert(
-                {"severity": severity, "node": cyan, "check": "flags"},
-                f"serving-check on {cyan}: flags is {word}",
-                f"serving-check on {cyan} has found its flags check {word} (status {status}) for more than {2 * I} s, "
-                f"two of its runs; 'flatshare check --node {cyan}' says what it found.", url(name))]),
+            _check(name, step(1), []), _check(name, step(3), [fired]), _check(name, step(4), [fired]),
         ]})
 
     # serving-check not run: its last run older than 3 intervals, for one interval.
