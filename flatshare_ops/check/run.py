@@ -111,9 +111,10 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
 
     Returns:
         A :class:`Report`, with the node's state (``NodeState``: takes calls, active release, switch
-        start) when not ``inside_release`` (only the timer's run writes it, to the textfile). UNKNOWN findings are the check's own trouble (no serving.json, no
-        answer from systemd, the deadline); a drifted engine is CRITICAL; while a release holds
-        the lock, what it explains (a drained node) is a WARNING, never OK.
+        start) unless ``inside_release`` (only a timer's or cron's run writes it, to the textfile).
+        UNKNOWN findings are the check's own trouble (no serving.json, no answer from systemd, the
+        deadline); a drifted engine is CRITICAL; while a release holds the lock, what it explains (a
+        drained node) is a WARNING, never OK.
     """
     started = time.monotonic()
     findings: list[Finding] = []
