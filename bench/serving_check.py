@@ -6,7 +6,7 @@ whose import hook costs a few ms), then alternates, N times:
   - `serving-check --quiet` (a new process, as cron or the timer starts it);
   - `bench/serving_check_baseline.sh`: the same probes as a shell script
     (systemctl show of every property the check reads, UnitPath, /proc/locks,
-    /proc/PID/cmdline, curl /health /version /metrics, sha256sum of the module
+    /proc/PID/cmdline, curl /health /version /metrics and the gateway's /health, sha256sum of the module
     and units, the drop-in directories, the vLLM metadata).
 Prints each one's median wall time and the ratio of the medians. Target: <= 1.3.
 
@@ -15,6 +15,7 @@ Run: .venv/bin/python bench/serving_check.py [N]   (about 10 s)
 
 from __future__ import annotations
 
+import json
 import os
 import statistics
 import subprocess
@@ -68,8 +69,9 @@ def main() -> None:
             env = {**os.environ, "XDG_RUNTIME_DIR": str(node.manager.runtime_dir)}
             check = [str(installed / "serving-check"), "--quiet",
                      "--state-dir", str(node.state_dir), "--runtime-dir", str(node.manager.runtime_dir)]
+            gateway = json.loads((node.state_dir / "releases/current/serving.json").read_text())["gateway"]["url"]
             baseline = ["bash", str(REPO / "bench/serving_check_baseline.sh"), str(node.state_dir),
-                        str(node.manager.unit_dir), str(node.venv), f"http://{node.address}:8000"]
+                        str(node.manager.unit_dir), str(node.venv), f"http://{node.address}:8000", gateway]
             timed(check, env), timed(baseline, env)  # warm the page cache for both
             ours, theirs = [], []
             for _ in range(runs):

@@ -1,9 +1,9 @@
 #!/usr/bin/env bash
 # The same probes serving-check makes, as a shell script: the baseline its cost is measured against.
-# Usage: serving_check_baseline.sh STATE_DIR UNIT_DIR ENGINE_VENV ENGINE_URL
+# Usage: serving_check_baseline.sh STATE_DIR UNIT_DIR ENGINE_VENV ENGINE_URL GATEWAY_URL
 #        (XDG_RUNTIME_DIR set to the node manager's)
 set -u
-state=$1 units=$2 venv=$3 url=$4
+state=$1 units=$2 venv=$3 url=$4 gateway=$5
 cat "$state/releases/current/serving.json" >/dev/null
 cat /proc/locks >/dev/null
 test -e "$state/releases/switching.json"
@@ -17,6 +17,8 @@ tr '\0' ' ' < "/proc/$pid/cmdline" >/dev/null
 curl -s "$url/health" >/dev/null
 curl -s "$url/version" >/dev/null
 curl -s "$url/metrics" >/dev/null
+curl -s "$gateway/health" >/dev/null
+readlink "$state/releases/current" >/dev/null
 sha256sum "$state"/module/*.py "$units"/*.service "$units"/*.target "$units"/*.timer >/dev/null
 stat -c %Y "$state"/module/*.py >/dev/null
 ls -d "$units"/*.d "$units"/*-.service.d "$units"/service.d 2>/dev/null >/dev/null

@@ -37,11 +37,11 @@ def faults(**spec) -> dict:
 
 
 def copy_checkout(repo: Path, dest: Path) -> Path:
-    """Copy what rendering and releasing read from a checkout (profiles, units, the two documents)
+    """Copy what rendering and releasing read from a checkout (profiles, units, monitoring, the two documents)
     into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
     import shutil
 
-    for name in ("profiles", "units"):
+    for name in ("profiles", "units", "monitoring"):
         shutil.copytree(repo / name, dest / name)
     for name in ("README.md", "PRODUCTION.md"):
         shutil.copy2(repo / name, dest / name)

@@ -145,3 +145,41 @@ def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> 
         {u: paths for u, paths in drop_ins.items() if paths},
         {u: bool(found[f"{u}/NeedDaemonReload"]) for u in units},
     )
+
+
+def active_release(releases: Path) -> str | None:
+    """The active release's id: the name ``releases/current`` points at (releases/README.md), or None
+    when it is not a link to a name beside it (no release, or damage the ``release`` check names)."""
+    from ..common.node_files import CURRENT
+
+    try:
+        target = os.readlink(releases / CURRENT)
+    except OSError:
+        return None
+    return target if target and "/" not in target else None
+
+
+def switch_started_at(releases: Path) -> float | None:
+    """When the switch in ``releases/switching.json`` started (Unix seconds), or None when there is none.
+
+    A switch in progress and one a killed run left are the same file (releases/README.md,
+    "switching.json"). Its ``started_at`` when the journal reads as a JSON object with a finite number
+    there; otherwise (damaged) the file's last change, which the switch started no later than.
+    """
+    from ..common.files import Damaged, read_json_object
+    from ..common.node_files import JOURNAL
+
+    journal = releases / JOURNAL
+    try:
+        record = read_json_object(journal)
+    except Damaged:
+        record = {}
+    if record is None:
+        return None
+    started = record.get("started_at")
+    if isinstance(started, (int, float)) and not isinstance(started, bool):
+        return float(started)  # the JSON reader refuses NaN and Infinity (common.files)
+    try:
+        return os.lstat(journal).st_mtime
+    except OSError:
+        return None

@@ -64,13 +64,37 @@ class Finding:
         return f"Finding({self.check!r}, {self.status!r}, {self.summary!r}, {self.details!r})"
 
 
+class NodeState:
+    """What serving-check saw of the node beyond its findings: written to the textfile as series
+    (PRODUCTION.md, "serving-check"), for the alert rules and the dashboard. None: not established.
+
+    Attributes:
+        takes_calls: whether a caller would be served (``check/calls.py``).
+        release: the active release's id (what ``releases/current`` points at).
+        profile, vllm_release: the active release's profile name and vLLM release (its serving.json).
+        switch_started_at: Unix seconds a switch in progress, or left unfinished, started
+            (``switching.json``'s ``started_at``; its last change when that cannot be read).
+    """
+
+    __slots__ = ("takes_calls", "release", "profile", "vllm_release", "switch_started_at")
+
+    def __init__(self) -> None:
+        self.takes_calls: bool | None = None
+        self.release: str | None = None
+        self.profile: str | None = None
+        self.vllm_release: str | None = None
+        self.switch_started_at: float | None = None
+
+
 class Report:
-    """All findings of one run, and the values reported as perfdata (name -> number)."""
+    """All findings of one run, the values reported as perfdata (name -> number), and the node's state."""
 
-    __slots__ = ("node", "findings", "perfdata")
+    __slots__ = ("node", "findings", "perfdata", "state")
 
-    def __init__(self, node: str, findings: list[Finding], perfdata: dict[str, float] | None = None) -> None:
+    def __init__(self, node: str, findings: list[Finding], perfdata: dict[str, float] | None = None,
+                 state: NodeState | None = None) -> None:
         self.node, self.findings, self.perfdata = node, findings, dict(perfdata or {})
+        self.state = state or NodeState()
 
     @property
     def status(self) -> str:
@@ -122,7 +146,8 @@ def label_value(value: str) -> str:
 
 
 def textfile(report: Report, now: float) -> str:
-    """node_exporter textfile-collector text: one gauge per check, plus the run's time (no timestamps on samples)."""
+    """node_exporter textfile-collector text (no timestamps on samples): one gauge per check, the run's time,
+    and the node's state where it was established (:class:`NodeState`; PRODUCTION.md, "serving-check")."""
     node = label_value(report.node)
     lines = [
         "# HELP flatshare_serving_check_status serving-check result per check (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN).",
@@ -138,7 +163,38 @@ def textfile(report: Report, now: float) -> str:
         "# TYPE flatshare_serving_check_last_run_timestamp_seconds gauge",
         f"flatshare_serving_check_last_run_timestamp_seconds{{node={node}}} {now:.3f}",
     ]
-    return "\n".join(lines) + "\n"
+    return "\n".join(lines + _state_lines(node, report.state)) + "\n"
+
+
+def _state_lines(node: str, state: NodeState) -> list[str]:
+    """The node's state as gauges; a series whose value is not established is left out (never a guess)."""
+    lines = []
+    if state.takes_calls is not None:
+        lines += [
+            "# HELP flatshare_serving_check_takes_calls Whether a caller would be served here (1) or not (0): "
+            "gateway and engine /health 200, services active, no voice drain file.",
+            "# TYPE flatshare_serving_check_takes_calls gauge",
+            f"flatshare_serving_check_takes_calls{{node={node}}} {int(state.takes_calls)}",
+        ]
+    if state.release is not None:
+        labels = f"node={node},release={label_value(state.release)}"
+        for name, value in (("profile", state.profile), ("vllm_release", state.vllm_release)):
+            if value is not None:
+                labels += f",{name}={label_value(value)}"
+        lines += [
+            "# HELP flatshare_serving_check_active_release_info The node's active release (releases/current), "
+            "its profile and vLLM release; always 1.",
+            "# TYPE flatshare_serving_check_active_release_info gauge",
+            f"flatshare_serving_check_active_release_info{{{labels}}} 1",
+        ]
+    if state.switch_started_at is not None:
+        lines += [
+            "# HELP flatshare_serving_check_switch_started_timestamp_seconds When the switch in progress or left "
+            "unfinished (releases/switching.json) started (Unix seconds); absent when there is none.",
+            "# TYPE flatshare_serving_check_switch_started_timestamp_seconds gauge",
+            f"flatshare_serving_check_switch_started_timestamp_seconds{{node={node}}} {state.switch_started_at:.3f}",
+        ]
+    return lines
 
 
 def write_textfile(directory: Path, report: Report) -> Path:

@@ -25,8 +25,9 @@ from ..common.locks import held_by
 from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
 from ..common.proc import read_cmdline
 from . import checks
-from .facts import installed_vllm, lock_holder_record, parse_metrics, systemd_facts
-from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, Report
+from .calls import takes_calls
+from .facts import active_release, installed_vllm, lock_holder_record, parse_metrics, switch_started_at, systemd_facts
+from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
 SERVING_SCHEMAS = (1,)
@@ -109,13 +110,16 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
         deadline_s: the whole run's bound in seconds (only in the main thread; None: no overall bound).
 
     Returns:
-        A :class:`Report`. UNKNOWN findings are the check's own trouble (no serving.json, no
-        answer from systemd, the deadline); a drifted engine is CRITICAL; while a release holds
-        the lock, what it explains (a drained node) is a WARNING, never OK.
+        A :class:`Report`, with the node's state (``NodeState``: takes calls, active release, switch
+        start) unless ``inside_release`` (only a timer's or cron's run writes it, to the textfile).
+        UNKNOWN findings are the check's own trouble (no serving.json, no answer from systemd, the
+        deadline); a drifted engine is CRITICAL; while a release holds the lock, what it explains (a
+        drained node) is a WARNING, never OK.
     """
     started = time.monotonic()
     findings: list[Finding] = []
     perf: dict[str, float] = {}
+    state = NodeState()
     stage = ["reading the release state"]
     timer = deadline_s is not None and threading.current_thread() is threading.main_thread()
     if timer:
@@ -125,7 +129,7 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
         previous = signal.signal(signal.SIGALRM, fire)
         signal.setitimer(signal.ITIMER_REAL, deadline_s)
     try:
-        _run(Path(state_dir), node, runtime_dir, inside_release, findings, perf, stage)
+        _run(Path(state_dir), node, runtime_dir, inside_release, findings, perf, stage, state)
     except _Deadline:
         findings.append(Finding("deadline", UNKNOWN, f"serving-check did not finish within its deadline of "
                                 f"{deadline_s:g} s (while {stage[0]}); the findings above are what it checked"))
@@ -134,10 +138,11 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
             signal.setitimer(signal.ITIMER_REAL, 0)
             signal.signal(signal.SIGALRM, previous)
     perf["check_seconds"] = round(time.monotonic() - started, 4)
-    return Report(node, findings, perf)
+    return Report(node, findings, perf, state)
 
 
-def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings: list, perf: dict, stage: list) -> None:
+def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings: list, perf: dict, stage: list,
+         state: NodeState) -> None:
     from ..errors import FlatshareError
 
     releases = state_dir / RELEASES
@@ -147,11 +152,15 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
             findings.append(finding)
     if in_progress:
         perf["release_in_progress"] = 1
+    if not inside_release:
+        state.switch_started_at = switch_started_at(releases)
     stage[0] = "reading serving.json"
     serving, trouble = _read_serving(releases / CURRENT / "serving.json", node)
     if trouble:
         findings.append(trouble)
         return
+    if not inside_release:
+        _note_release(state, releases, serving)
     stage[0] = "asking systemd"
     try:
         facts = systemd_facts(serving, runtime_dir, SYSTEMD_S)
@@ -162,6 +171,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     engine = serving["engine"]
     unit_finding = checks.check_engine_unit(facts.engine, engine["unit"])
     findings.append(unit_finding)
+    health_status = 0  # not asked: the engine is not running
     if unit_finding.status == OK:
         stage[0] = "reading the engine's command line"
         try:
@@ -190,6 +200,8 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     stage[0] = "checking the services, the module and the units"
     in_release = inside_release or "release_in_progress" in perf
     findings.append(checks.check_services(facts.states, Path(serving["voice"]["drain_file"]), in_release))
+    if not inside_release:
+        _note_calls(state, serving, facts.states, health_status, stage)
     module = serving["module"]
     findings.append(checks.check_module(Path(module["path"]), module["sha256"], facts.engine.started_at))
     units = checks.check_units(Path(serving["layout"]["unit_dir"]), serving["units"])
@@ -211,3 +223,23 @@ def _explained_by_release(findings: list[Finding], first: int, releases: Path) -
         if finding.status == CRITICAL:
             finding.status = WARNING
             finding.summary += " (a release in progress explains this)"
+
+
+def _note_release(state: NodeState, releases: Path, serving: dict) -> None:
+    """The active release's id, profile and vLLM release, from the link and the serving.json just read."""
+    state.release = active_release(releases)
+    profile = serving.get("profile")
+    name = profile.get("name") if isinstance(profile, dict) else None
+    state.profile = name if isinstance(name, str) else None
+    state.vllm_release = serving["vllm_release"]
+
+
+def _note_calls(state: NodeState, serving: dict, states: dict, engine_health: int, stage: list) -> None:
+    """Whether the node takes calls (check/calls.py): one more bounded probe, the gateway's ``/health`` at
+    the release's ``gateway.url``. A release made before ``gateway.url`` leaves it unknown (None)."""
+    gateway = serving["gateway"].get("url")
+    if not isinstance(gateway, str):
+        return
+    stage[0] = f"probing {gateway}"
+    gateway_health, _ = http_get(gateway + "/health")
+    state.takes_calls = takes_calls(states, engine_health, gateway_health, Path(serving["voice"]["drain_file"]).exists())

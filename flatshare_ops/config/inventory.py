@@ -51,6 +51,17 @@ class Transport(StrictModel):
     command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
 
 
+class Monitoring(StrictModel):
+    """What the rendered alert rules and dashboard need that no profile holds (PRODUCTION.md, "Monitoring").
+
+    Attributes:
+        runbook_url: where operators read PRODUCTION.md (an http(s) URL, no fragment); each alert's
+            ``runbook_url`` is this plus its section's anchor. None: the checkout's ``PRODUCTION.md#...``.
+    """
+
+    runbook_url: Annotated[str, Field(pattern=r"^https?://[^\s#\"\\]+$")] | None = None
+
+
 class Inventory(StrictModel):
     """The whole inventory file.
 
@@ -60,12 +71,14 @@ class Inventory(StrictModel):
         min_serving: how many nodes must take calls at any moment while releases run (default 1);
             at most ``len(nodes) - min_serving`` nodes that take calls are drained at once.
         transport: the SSH bounds.
+        monitoring: what the rendered alert rules link to.
     """
 
     schema_: int = Field(alias="schema", ge=1, le=1)
     known_hosts: str | None = None
     min_serving: int = Field(default=1, ge=0)
     transport: Transport = Field(default_factory=Transport)
+    monitoring: Monitoring = Field(default_factory=Monitoring)
     nodes: dict[NodeName, Node] = Field(min_length=1)
 
     @model_validator(mode="after")

@@ -2,7 +2,8 @@
 
 The committed outputs of the production profile are: ``units/*``,
 ``profiles/NAME.serving.json``, and the generated blocks of ``README.md``
-and ``PRODUCTION.md``; each variant (another ``profiles/*.toml``) renders
+and ``PRODUCTION.md``; the fleet's (the inventory and each node's profile) are
+PRODUCTION.md's node table and ``monitoring/`` (alert rules, dashboard); each variant (another ``profiles/*.toml``) renders
 beside them to ``units/VARIANT/*`` and ``profiles/VARIANT.serving.json``. Computing them is pure (reads only); writing them is
 :func:`write_outputs`, one atomic replacement per changed file.
 """
@@ -72,6 +73,7 @@ def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path,
     }
     production = _document(root, "PRODUCTION.md")
     outputs[Path("PRODUCTION.md")] = replace_block(production, "nodes", node_rows(by_node), "PRODUCTION.md")
+    outputs.update(monitoring_outputs(inventory, by_node))
     if profile_path == DEFAULT_PROFILE:
         owner = {path: profile_path for path in outputs}
         for variant in variants(root):
@@ -86,6 +88,15 @@ def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path,
                 owner[path] = variant
             outputs.update(mine)
     return outputs
+
+
+def monitoring_outputs(inventory, by_node: dict[str, LoadedProfile]) -> dict[Path, str]:
+    """The fleet's Prometheus rules and Grafana dashboard (``monitoring/``), from the inventory and each
+    node's profile: the fleet's, like PRODUCTION.md's node table, so a variant a node runs is in them."""
+    from .alert_rules import RULES_FILE, render_rules
+    from .dashboard import DASHBOARD_FILE, render_dashboard
+
+    return {Path(RULES_FILE): render_rules(inventory, by_node), Path(DASHBOARD_FILE): render_dashboard(by_node)}
 
 
 PLACEHOLDER_PIN = "0" * 64
