@@ -192,7 +192,7 @@ def _drain_cyan_while_calls_come(fleet, cyan: Gateway, peacock: Gateway, voice_c
     _behave("cyan", token_s=0.001)  # the long call may now finish, well inside the gateway's drain timeout
     during.join(60)
     assert [(r.gateway, r.attempts, r.tokens, r.done, r.error) for r in reports] == \
-        [("peacock", [{"gateway": "cyan", "status": 503}], 8, True, None)] * 3
+        [("peacock", [{"gateway": "cyan", "refusal": "HTTP 503"}], 8, True, None)] * 3
 
 
 # --- turn hints ----------------------------------------------------------------------------------------
@@ -454,6 +454,39 @@ def test_a_gateway_whose_engine_does_not_answer_says_502_and_its_drain_records_i
         {"schema": 1, "completed": 0, "refused": 0, "failed": 2, "cut": 0, "drained": 0}
 
 
+def test_calls_dialled_while_a_gateway_ends_its_drain_all_end_well(fleet, peacock, tmp_path):
+    """Calls keep coming as a gateway's drain ends: each is answered there, or refused (503, a refused
+    connection, or one closed before any answer, as a listening socket that closes resets its queue) and
+    answered by the other number; none is dropped."""
+    spare = Gateway("spare", f"http://{SPARE}:8083")
+    gateway = _start([sys.executable, "-m", "flatshare_ops.sandbox.gateway", "--listen", f"{SPARE}:8083"],
+                     {"FLATSHARE_ENGINE_URL": peacock, "FLATSHARE_RUN_DIR": str(tmp_path)})
+    _wait_for(lambda: _get_quietly(f"{spare.url}/health") == 200, 30, "the gateway starts")
+    reports: list = []
+    numbers = iter(range(1, 100000))
+
+    def dial_until_refused() -> None:
+        while True:
+            report = place_call([spare, _gateway("peacock")], next(numbers), 2, 30)
+            reports.append(report)
+            if report.attempts and report.attempts[-1]["refusal"] == "connection refused":
+                return
+
+    callers = [threading.Thread(target=dial_until_refused) for _ in range(4)]
+    for caller in callers:
+        caller.start()
+    _wait_for(lambda: sum(r.gateway == "spare" for r in reports) >= 20, 20, "calls answered by the spare gateway")
+    _stop(gateway)
+    for caller in callers:
+        caller.join(60)
+    assert gateway.returncode == 0
+    assert [r for r in reports if not r.ended_well] == []
+    assert {r.gateway for r in reports} == {"spare", "peacock"}
+    record = json.loads((tmp_path / "gateway.drain.json").read_text())
+    assert (record["drained"], record["cut"]) == (0, 0)
+    assert record["completed"] == sum(r.gateway == "spare" for r in reports)
+
+
 # --- the caller ----------------------------------------------------------------------------------------
 
 
@@ -461,7 +494,8 @@ def test_a_call_that_every_gateway_refuses_fails_within_its_bound(fleet):
     nowhere = [Gateway("a", f"http://{SPARE}:8081"), Gateway("b", f"http://{SPARE}:8082")]
     report = place_call(nowhere, 1, 4, timeout_s=2.5)
     assert report.gateway is None and not report.done
-    assert report.attempts[:2] == [{"gateway": "a", "status": 0}, {"gateway": "b", "status": 0}]
+    assert report.attempts[:2] == [{"gateway": "a", "refusal": "connection refused"},
+                                   {"gateway": "b", "refusal": "connection refused"}]
     assert len(report.attempts) >= 4  # it dialled the list again after the wait
     assert report.error.startswith("every gateway refused the call for 2.5 s")
 

@@ -1,14 +1,15 @@
 """A caller for the sandbox: calls through a list of gateways, the way a caller with two numbers dials.
 
 Each call is a streamed completion (``POST /v1/completions``, :mod:`.completions`) sent to the
-first gateway of the list; a ``503`` or a refused connection moves it to the next one, and when
+first gateway of the list; a ``503`` or a refused connection (or one closed before any answer: a
+gateway going away) moves it to the next one, and when
 every gateway refused, the caller waits the ``Retry-After`` (1 s when none is given) and dials the
 list again, until the call's bound. Any other answer is the call's: a stream that breaks is a
 dropped call, not retried. The core is standard library only (the tests and ``make demo`` use it);
 ``--inventory`` reads each node's gateway URL from its profile.
 
 ``python -m flatshare_ops.sandbox.caller (--gateway [NAME=]URL ... | --inventory FILE)
-[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--json]`` runs N calls at
+[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--json | --brief]`` runs N calls at
 once, K calls in all (N by default) or new calls for S seconds, and reports per call which
 gateway answered, the tokens received, whether the stream ended with ``[DONE]`` and the time to
 first token. SIGTERM or Ctrl-C stops starting calls; the calls in progress finish and are
@@ -48,7 +49,8 @@ class CallReport:
     Attributes:
         call: the call's number (its requests are ``caller-CALL``).
         gateway: the name of the gateway that answered, None if none did.
-        attempts: each refusal before that: ``{"gateway", "status" (0: connection refused)}``.
+        attempts: each refusal before that: ``{"gateway", "refusal"}``, the refusal ``HTTP 503``,
+            ``connection refused`` or ``closed before any answer``.
         tokens: tokens received; completion_tokens: the engine's own count (its usage chunk), if sent.
         done: the stream ended with ``data: [DONE]``.
         ttft_s: seconds from dialling the gateway that answered to the first token.
@@ -76,8 +78,7 @@ class CallReport:
 
     def line(self) -> str:
         """One line for people."""
-        before = ", ".join(f"{a['gateway']} {'refused the connection' if not a['status'] else a['status']}"
-                           for a in self.attempts)
+        before = ", ".join(f"{a['gateway']}: {a['refusal']}" for a in self.attempts)
         head = f"call {self.call}: " + (f"{self.gateway} answered" if self.gateway else "no gateway answered")
         head += f" (after {before})" if before else ""
         if not self.gateway:
@@ -108,8 +109,10 @@ def place_call(gateways: list[Gateway], call: int, tokens: int, timeout_s: float
             if remaining <= 0:
                 break
             outcome = post_completion(gateway.url, body, f"caller-{call}", remaining)
-            if outcome.refused or outcome.status == 503:
-                report.attempts.append({"gateway": gateway.name, "status": outcome.status})
+            if outcome.refused or outcome.unanswered or outcome.status == 503:
+                refusal = "connection refused" if outcome.refused else \
+                    "closed before any answer" if outcome.unanswered else f"HTTP {outcome.status}"
+                report.attempts.append({"gateway": gateway.name, "refusal": refusal})
                 if outcome.retry_after_s is not None:
                     wait_s = min(wait_s, outcome.retry_after_s)
                 continue
@@ -206,7 +209,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1, help="calls at once (default 1)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per call (default 16)")
     parser.add_argument("--timeout", type=float, default=60.0, help="bound on each call, seconds (default 60)")
-    parser.add_argument("--json", action="store_true", help="the reports as one JSON document")
+    output = parser.add_mutually_exclusive_group()
+    output.add_argument("--json", action="store_true", help="the reports as one JSON document")
+    output.add_argument("--brief", action="store_true",
+                        help="a line only for calls that moved to another gateway or did not end well, then the summary")
     args = parser.parse_args(argv)
     for name, value, least in (("--concurrency", args.concurrency, 1), ("--tokens", args.tokens, 1),
                                ("--calls", args.calls, 1), ("--for", args.duration_s, 0), ("--timeout", args.timeout, 1)):
@@ -226,8 +232,12 @@ def main(argv: list[str] | None = None) -> int:
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
     print(f"caller: {args.concurrency} call(s) at once through {', '.join(g.name for g in gateways)}", flush=True)
+    def said(report: CallReport) -> None:
+        if not args.brief or report.attempts or not report.ended_well:
+            print(f"  {report.line()}", flush=True)
+
     reports = run_calls(gateways, args.concurrency, args.calls, args.duration_s, args.tokens, args.timeout, stop,
-                        on_call=None if args.json else lambda r: print(f"  {r.line()}", flush=True))
+                        on_call=None if args.json else said)
     if args.json:
         print(json.dumps({"calls": [asdict(r) for r in reports]}, indent=2))
     else:

@@ -186,6 +186,7 @@ class CompletionOutcome:
     Attributes:
         status: the HTTP status; 0 when no answer came (see ``refused`` and ``error``).
         refused: the connection was refused (nothing listens there).
+        unanswered: the connection was closed or reset before any answer (a server going away).
         retry_after_s: a 503's ``Retry-After`` (seconds), if it had one.
         tokens: tokens received (streamed: chunks that carried text; plain: the usage's count).
         completion_tokens: the engine's own count (the usage), if it sent one.
@@ -198,6 +199,7 @@ class CompletionOutcome:
 
     status: int = 0
     refused: bool = False
+    unanswered: bool = False
     retry_after_s: float | None = None
     tokens: int = 0
     completion_tokens: int | None = None
@@ -244,6 +246,11 @@ def post_completion(base_url: str, body: dict, request_id: str, timeout_s: float
             _read_document(response.read(), outcome, started)
     except ConnectionRefusedError:
         outcome.refused, outcome.error = True, f"connection to {url.netloc} refused"
+    except (ConnectionResetError, BrokenPipeError) as err:  # http.client.RemoteDisconnected is a reset
+        if outcome.status:
+            outcome.error = f"{url.netloc}: the connection was reset after the answer began ({err})"
+        else:
+            outcome.unanswered, outcome.error = True, f"{url.netloc} closed the connection before any answer"
     except (socket.timeout, TimeoutError):
         outcome.error = f"no answer from {url.netloc} within {timeout_s:g} s"
     except (OSError, http.client.HTTPException) as err:

@@ -16,7 +16,9 @@ It speaks the drain interface a release relies on: on SIGTERM it answers new req
 with ``Retry-After: 1``, lets requests in flight finish (a stream to its ``[DONE]``), and exits
 at the latest after ``FLATSHARE_DRAIN_TIMEOUT_S`` seconds; requests cut at the timeout are
 counted "drained", not "completed" (docs/reference/release-protocol.md#gateway-drain). At the
-drain's end it writes its counts to ``FLATSHARE_RUN_DIR/gateway.drain.json`` (atomically;
+drain's end it answers the connections already queued (503) and closes its listening socket, so a
+later connection is refused rather than reset, then writes its counts to
+``FLATSHARE_RUN_DIR/gateway.drain.json`` (atomically;
 ``{"schema": 1, "completed", "refused", "failed", "cut", "drained", "began_at", "ended_at"}``,
 Unix seconds), the record of what the drain let finish.
 """
@@ -41,6 +43,8 @@ from .http import Request, Streamed, json_body, serve
 #: How long the gateway waits for the engine to say anything (connect, answer, next event), seconds.
 UPSTREAM_SILENCE_S = 30.0
 DRAIN_RECORD = "gateway.drain.json"
+#: How long, once drained, the gateway waits for its answers to the connections still open (seconds).
+CLOSE_S = 2.0
 
 
 class GatewayState:
@@ -186,10 +190,12 @@ def main(argv: list[str] | None = None) -> None:
         deadline = time.monotonic() + drain_timeout_s
         while state.in_flight and time.monotonic() < deadline:
             state.lock.wait(timeout=max(0.0, deadline - time.monotonic()))
+    # A connection made as the drain ended is answered (503), never reset; one after is refused.
+    server.close_gracefully(CLOSE_S)
+    with state.lock:
         print(f"gateway: drained: completed {state.completed}, drained {state.in_flight}", flush=True)
         if run_dir:
             write_drain_record(Path(run_dir), state, began_at)
-    server.shutdown()
     sys.exit(0)
 
 

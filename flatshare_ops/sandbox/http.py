@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 import sys
+import threading
+import time
 from dataclasses import dataclass
 from email.message import Message
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
@@ -59,7 +61,7 @@ def json_body(status: int, document: object, headers: dict[str, str] | None = No
     return status, {"Content-Type": "application/json", **(headers or {})}, (json.dumps(document) + "\n").encode()
 
 
-def serve(host: str, port: int, routes: dict[tuple[str, str], Handler]) -> ThreadingHTTPServer:
+def serve(host: str, port: int, routes: dict[tuple[str, str], Handler]) -> "Server":
     """Bind a threaded HTTP server answering ``routes``; the caller runs ``serve_forever``.
 
     A handler that raises is answered 500 with the exception's one line (and the line on stderr).
@@ -135,6 +137,49 @@ def serve(host: str, port: int, routes: dict[tuple[str, str], Handler]) -> Threa
         def log_message(self, format: str, *args: object) -> None:  # keep the journal quiet
             pass
 
-    ThreadingHTTPServer.allow_reuse_address = True
-    ThreadingHTTPServer.daemon_threads = True
-    return ThreadingHTTPServer((host, port), _Handler)
+    return Server((host, port), _Handler)
+
+
+class Server(ThreadingHTTPServer):
+    """A threaded HTTP server that knows how many connections its threads are answering, so that it
+    can stop without cutting one it has taken (:meth:`close_gracefully`)."""
+
+    allow_reuse_address = True
+    daemon_threads = True
+
+    def __init__(self, address: tuple[str, int], handler: type) -> None:
+        super().__init__(address, handler)
+        self.answering = 0
+        self.answered = threading.Condition()
+
+    def process_request(self, request, client_address) -> None:  # the accepting thread: counted before the thread starts
+        with self.answered:
+            self.answering += 1
+        super().process_request(request, client_address)
+
+    def process_request_thread(self, request, client_address) -> None:
+        try:
+            super().process_request_thread(request, client_address)
+        finally:
+            with self.answered:
+                self.answering -= 1
+                self.answered.notify_all()
+
+    def close_gracefully(self, timeout_s: float) -> None:
+        """Stop taking connections without cutting those already made: stop the accepting loop (run it in
+        another thread), answer the connections waiting in the listening socket's queue, close it (a
+        connection after that is refused), then wait up to ``timeout_s`` seconds for the answers."""
+        self.shutdown()
+        self.socket.setblocking(False)
+        while True:
+            try:
+                request, client_address = self.socket.accept()
+            except OSError:  # BlockingIOError: the queue is empty
+                break
+            request.setblocking(True)
+            self.process_request(request, client_address)
+        self.socket.close()
+        deadline = time.monotonic() + timeout_s
+        with self.answered:
+            while self.answering and time.monotonic() < deadline:
+                self.answered.wait(max(0.0, deadline - time.monotonic()))
