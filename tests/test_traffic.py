@@ -20,7 +20,6 @@ import threading
 import time
 import urllib.error
 import urllib.request
-from pathlib import Path
 
 import pytest
 from prometheus_client import CollectorRegistry
