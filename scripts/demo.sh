@@ -11,13 +11,19 @@ step() { printf '\n== %s\n' "$*"; }
 step "render: the checkout's files match the profile" && $bin/flatshare profiles render || exit $?
 step "verify: systemd-analyze verify prints nothing for the units" && $bin/flatshare profiles verify || exit $?
 step "sandbox: cyan and peacock, each its own systemd manager and sshd" && $bin/flatshare sandbox up || exit $?
-step "release: both nodes, one at a time, over SSH"
+step "release: both nodes, one at a time, over SSH, while calls stream through both gateways"
+calls=$(mktemp)
+$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --for 600 --tokens 32 --brief >"$calls" 2>&1 &
+caller=$!
 $bin/flatshare release --all --inventory "$inv"
 code=$?
+kill -TERM "$caller"; wait "$caller"; calls_code=$?  # SIGTERM: no new calls; those in progress finish
+sed 's/^/  /' "$calls"; rm -f "$calls"
 case $code in
   0) ;;
   4) echo "(both nodes already run this checkout's release: nothing to do)" ;;
   *) exit $code ;;
 esac
+[ "$calls_code" -eq 0 ] || { echo "demo: a call did not end with [DONE] during the release"; exit 1; }
 step "serving-check on both nodes, over SSH" && $bin/flatshare check --all --inventory "$inv" || exit $?
 step "status" && $bin/flatshare status --inventory "$inv"

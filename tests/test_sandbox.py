@@ -129,7 +129,7 @@ def test_stand_in_engine_answers_health_version_and_metrics(sandbox):
     installed = next(line.split(":", 1)[1].strip() for line in metadata.splitlines() if line.startswith("Version:"))
     assert json.loads(_get(url + "/version")[2]) == {"version": installed} == {"version": "0.32.0"}
     metrics = _get(url + "/metrics")[2].decode()
-    assert 'vllm:num_requests_running{model_name="flatshare-chat"}' in metrics
+    assert 'vllm:num_requests_running{engine="0",model_name="flatshare-chat"}' in metrics  # vLLM's own labels
     assert 'cache_dtype="auto"' in metrics
     assert "flatshare:make_room_turns_announced_total" in metrics
 

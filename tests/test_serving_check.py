@@ -247,7 +247,10 @@ def test_calls_without_turn_hints_are_a_warning(sandbox):
     try:
         _restart(sandbox, "flatshare-voice.service", name="peacock")
         _restart(sandbox, ENGINE, name="peacock")  # a fresh engine: its turn counter starts at 0
-        request = urllib.request.Request(f"http://{node.address}:8090/calls/start?seconds=3&turns=3", method="POST", data=b"")
+        # One turn whose reply streams for about 3 s (300 tokens at the stand-in's 0.01 s a token): a request
+        # runs on the engine while serving-check looks.
+        request = urllib.request.Request(f"http://{node.address}:8090/calls/start?seconds=3&turns=1&tokens=300",
+                                         method="POST", data=b"")
         urllib.request.urlopen(request, timeout=5).read()
         result = _check(sandbox, name="peacock")
         assert result.returncode == 1, result.stdout

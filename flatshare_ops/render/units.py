@@ -66,6 +66,7 @@ def _context(profile: Profile) -> dict:
                    ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
     voice_env = [
         *common,
+        ("FLATSHARE_GATEWAY_URL", profile.gateway.url),  # a call's turns stream through the node's gateway
         ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
         ("FLATSHARE_ENDPOINTING_MIN_S", systemd_escape.number(profile.voice.endpointing_min_s)),
         ("FLATSHARE_ENDPOINTING_MAX_S", systemd_escape.number(profile.voice.endpointing_max_s)),
