@@ -13,14 +13,15 @@ from fake_connection import FakeNode, fleet
 from flatshare_ops.control.connection import Lost
 from flatshare_ops.control.rollout import Rollout
 from flatshare_ops.errors import Exit
-from flatshare_ops.node.cli import PROTOCOL
+from flatshare_ops.common import protocol
 from flatshare_ops.node.output import ReleaseOutput
 
-ADMIT = f"{PROTOCOL}admit {{}}\n".encode()
+ADMIT = protocol.line(protocol.AdmitRequest("cyan", "s1")).encode()
+RESULTS = {Exit.OK: protocol.ROLLED_BACK, Exit.REFUSED: protocol.REFUSED, Exit.NOTHING_TO_DO: protocol.NOTHING}
 
 
 def outcome(code: int) -> bytes:
-    return f"{PROTOCOL}outcome {json.dumps({'code': code})}\n".encode()
+    return protocol.line(protocol.Outcome("s1", int(code), RESULTS.get(code, protocol.FAILED))).encode()
 
 
 def run(targets, chosen=None, **options):
@@ -102,12 +103,28 @@ def test_a_fleet_answer_that_is_not_json_is_named_with_its_first_and_last_lines(
     assert answers["peacock"] == json.loads(record)
 
 
-def test_the_summary_says_what_the_node_did():
-    nodes = {name: FakeNode(switch_script=[f"{name}: {word} r1\n".encode(), outcome(Exit.OK)], switch_status=Exit.OK)
-             for name, word in (("cyan", "rolled back"), ("peacock", "repaired"))}
+def test_the_summary_says_what_the_node_did_as_its_outcome_says_never_its_text_for_people():
+    # The people's line says "released"; the outcome document is what counts.
+    nodes = {name: FakeNode(switch_script=[f"{name}: released r1\n".encode(), protocol.line(
+        protocol.Outcome("s1", 0, word, "r1")).encode()], switch_status=Exit.OK)
+             for name, word in (("cyan", protocol.ROLLED_BACK), ("peacock", protocol.REPAIRED))}
     targets = fleet(**nodes)
     code, text = run(targets)  # two nodes: a line each at the end
     assert code == Exit.OK and text.splitlines()[-2:] == ["cyan: rolled back", "peacock: repaired"], text
+
+
+def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why():
+    why = "restart-engine failed: http://127.0.0.1:8000/health did not answer 200 within the engine's start budget"
+    cyan = FakeNode(switch_script=[protocol.line(protocol.Outcome("s1", int(Exit.ROLLED_BACK),
+                                                                  protocol.AUTO_ROLLED_BACK, "r0", why)).encode()],
+                    switch_status=Exit.ROLLED_BACK)
+    peacock = FakeNode()
+    targets = fleet(cyan=cyan, peacock=peacock)
+    code, text = run(targets)
+    assert code == Exit.ROLLED_BACK, text
+    assert f"cyan: rolled back automatically: {why}" in text.splitlines(), text
+    assert "peacock: not started" in text.splitlines(), text
+    assert not [c for c in peacock.commands if c[1] == "switch"], peacock.commands
 
 
 def test_a_node_without_the_node_side_command_is_named_at_once_and_nothing_is_followed_up():
