@@ -31,7 +31,7 @@ from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.output import ReleaseOutput
 from . import commands
 from .connection import CommandResult, Connection, Lost, Session, Silence
-from .fleet import not_an_answer
+from .fleet import answer_of, not_an_answer
 from .targets import NodeTarget
 
 
@@ -277,7 +277,8 @@ class Rollout:
             session = self.start(target, commands.switch(
                 target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
                 rollback=self.mode == "rollback", undo_rollout=self.undo if self.mode == "undo-rollout" else None,
-                auto_rollback=self.auto_rollback))
+                auto_rollback=self.auto_rollback and (self.mode != "release"
+                                                      or target.loaded.profile.release.auto_rollback)))
         except TransportError as err:
             echo(f"flatshare: {err}")
             return err.exit_code
@@ -332,14 +333,14 @@ class Rollout:
                 continue
             try:
                 result = self.run_command(other, commands.probe(other.spec))
-                answer = json.loads(result.output)
+                answer = answer_of(result)
             except TransportError as err:
                 self.drop(other)
                 self.out.line(f"{other.name}: UNKNOWN: {err}")
                 continue
             except ValueError as err:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
-                              f"({not_an_answer(result.status, result.output, err)})")
+                              f"({not_an_answer(result.status, result.output + result.errors, err)})")
                 continue
             if answer.get("locked"):
                 self.out.line(f"{other.name}: being released by {answer.get('holder')}; it may be drained")
@@ -369,9 +370,10 @@ class Rollout:
                 self.drop(target)
                 return False
             try:
-                answer = json.loads(result.output)
+                answer = answer_of(result)
             except ValueError as err:
-                seen["error"] = f"its status answer is not JSON: {not_an_answer(result.status, result.output, err)}"
+                seen["error"] = ("its status answer is not JSON: "
+                                 f"{not_an_answer(result.status, result.output + result.errors, err)}")
                 return False
             if not isinstance(answer, dict):
                 seen["error"] = f"its status answer is not an object: {result.output.strip()[:200]}"
