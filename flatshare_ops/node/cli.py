@@ -206,26 +206,29 @@ def switch(args) -> int:
         from .runner import Interrupted
 
         if not isinstance(err, (KeyboardInterrupt, Interrupted)):
+            out.close()
             raise
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
         out.line(f"flatshare: interrupted by {name} before the switch began; nothing was changed")
         code = Exit.TERMINATED if name == "SIGTERM" else Exit.INTERRUPTED
         outcome = protocol.Outcome(request.switch, int(code), protocol.INTERRUPTED, None, f"interrupted by {name}")
-    finally:
-        out.close()
     if not args.dry_run:
-        _keep(ctx, outcome)
+        _keep(ctx, outcome, out)
+    out.close()
     _emit(outcome)
     return int(outcome.code)
 
 
-def _keep(ctx, outcome) -> None:
+def _keep(ctx, outcome, out) -> None:
+    """Keep the outcome on the node for a follow-up (node/outcomes.py); a failed write is said, never fatal."""
     from . import outcomes
+    from .runner import describe_failure
 
     try:
         outcomes.append(ctx, outcome)
-    except OSError:
-        pass  # a full disk: the outcome still goes out; only a later follow-up would lack it
+    except OSError as err:
+        out.line(f"note: this command's outcome could not be kept in {ctx.releases / outcomes.OUTCOMES} "
+                 f"({describe_failure(err)}); it was still sent, and the history records any switch")
 
 
 def main(argv: list[str] | None = None) -> None:
