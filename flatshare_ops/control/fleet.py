@@ -56,13 +56,22 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
 
 
 def answer_of(result) -> object:
-    """The JSON answer of a node-side command: the last line of its stdout (a node's shell may print before it).
+    """The JSON answer of a node-side command: its stdout, or else the last line of it (a node's login shell
+    may print lines before the command runs; node-side answers are one line, serving-check's may be several).
 
     Raises:
-        ValueError: that line is not JSON (the caller names it with :func:`not_an_answer`).
+        ValueError: neither is JSON (the caller names it with :func:`not_an_answer`).
     """
-    lines = [line for line in result.output.splitlines() if line.strip()]
-    return json.loads(lines[-1] if lines else "")
+    try:
+        return json.loads(result.output)
+    except ValueError as err:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        if len(lines) < 2:
+            raise
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            raise err from None
 
 
 def not_an_answer(status: int | None, output: str, err: ValueError) -> str:
