@@ -385,6 +385,10 @@ def lock_acquire(
         typer.echo(f"{node}: {answer.get('error') or answer}", err=True)
         raise typer.Exit(3)
     typer.echo(f"{node}: held by {answer['hold']['who']}: {answer['hold']['message']}")  # checked above
+    running = answer["hold"].get("during_release")
+    if running:
+        typer.echo(one_line(f"{node}: note: a release is switching it now ({running}); the hold does not stop "
+                            "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
 
 
 @lock_app.command("status")
@@ -393,15 +397,19 @@ def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
     from .common.clock import utc_stamp
     from .common.text import one_line
 
+    unknown = False
     for name, answer in _hold(node, inventory).items():
         if "error" in answer:
             typer.echo(f"{name}: UNKNOWN: {answer['error']}")
+            unknown = True
         elif answer.get("held"):
             hold = answer["hold"]
             typer.echo(one_line(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: "
                                 f"{hold.get('message')}"))
         else:
             typer.echo(f"{name}: not held")
+    if unknown:
+        raise typer.Exit(6)  # a node could not be asked: "not held" is not known of it
 
 
 @lock_app.command("release")
@@ -439,13 +447,17 @@ def release(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Release even with E2 drop-ins linked (recorded).")] = False,
     batch_size: Annotated[int, typer.Option("--batch-size", min=1, help="Nodes switched at once.")] = 1,
+    no_auto_rollback: Annotated[bool, typer.Option(
+        "--no-auto-rollback", help="A node whose new engine does not serve stays failed (the profile's "
+        "release.auto_rollback otherwise rolls it back by itself).")] = False,
     inventory: InventoryOption = None,
     root: RootOption = Path("."),
 ) -> None:
     """Switch nodes to what the checkout renders (without --node or --all: the node this runs on).
 
     Exit codes: 0 released, 1 failed mid-switch, 2 bad input, 3 refused, 4 nothing to do, 5 damaged node
-    state, 6 unreachable, 7 still switching, 8 systemd did not answer, 130/143 interrupted."""
+    state, 6 unreachable, 7 still switching, 8 systemd did not answer, 9 rolled back automatically,
+    130/143 interrupted."""
     from .config.inventory import inventory_path
     from .control.rollout import Rollout, refuse_drift, refuse_placeholder_pins, terminal, warn_uncommitted
     from .control.targets import fleet, targets
@@ -458,7 +470,7 @@ def release(
     warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
     raise typer.Exit(Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run,
-                             batch_size=batch_size).run())
+                             batch_size=batch_size, auto_rollback=not no_auto_rollback).run())
 
 
 @app.command("rollback")

@@ -28,6 +28,9 @@ class Exit(IntEnum):
     UNREACHABLE = 6  # the node could not be reached, or the connection was lost with no answer
     STILL_SWITCHING = 7  # the connection was lost and the node was still switching when last asked
     SYSTEMD = 8  # the node's systemd manager did not answer
+    ROLLED_BACK = 9  # the new release did not serve: the node rolled itself back to what served (a rollout stops)
+    ANALYSIS_FAILED = 10  # the canary's analysis failed: the canary rolled back, the rollout stopped
+    PAUSED = 11  # the canary's analysis was inconclusive and the profile says pause: the canary stays, the rollout stopped
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
     TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
@@ -43,6 +46,9 @@ EXIT_NAMES = {
     Exit.UNREACHABLE: "unreachable",
     Exit.STILL_SWITCHING: "still switching",
     Exit.SYSTEMD: "systemd did not answer",
+    Exit.ROLLED_BACK: "rolled back automatically",
+    Exit.ANALYSIS_FAILED: "canary analysis failed (rolled back)",
+    Exit.PAUSED: "paused (canary analysis inconclusive)",
     Exit.INTERRUPTED: "interrupted",
     Exit.TERMINATED: "terminated",
 }

@@ -75,7 +75,7 @@ class FakeConnection(Connection):
         self.node_name, self.fake = name, node
         self.node = name
 
-    def start(self, argv: list[str]) -> Session:
+    def start(self, argv: list[str], stderr_apart: bool = False) -> Session:
         self.fake.commands.append(argv)
         command = argv[1]
         if command == "switch":

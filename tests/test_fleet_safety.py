@@ -31,7 +31,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout
+from conftest import BIN, REPO, copy_checkout, faults
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.locks import held_by
@@ -560,6 +560,10 @@ def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
     assert re.search(rf"^peacock: UNKNOWN: peacock: .*{re.escape(reason)}", status.stdout, re.MULTILINE), status.stdout
     assert status.returncode == 1
 
+    lock = fleet.cli("lock", "status", "--inventory", str(inventory), timeout=90)
+    assert re.search(r"^peacock: UNKNOWN: ", lock.stdout, re.MULTILINE) and "cyan: not held" in lock.stdout, lock.stdout
+    assert lock.returncode == 6, lock.stdout + lock.stderr  # "not held" is not known of an unreachable node
+
     text = history.stdout
     assert text.index("cyan:\n") < text.index("peacock:\n"), text
     cyan_part, peacock_part = text.split("peacock:\n")
@@ -999,13 +1003,14 @@ def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rul
         assert _poll(lambda: not fleet.drain_file(name).exists(), 5), "the drain file stayed"
         log = fleet.log_since(name, offset)
         if wait == "engine /health":
-            # The engine was still loading: the gateway is left stopped (it says so), the next release starts it.
-            assert "flatshare-gateway.service left stopped: the engine does not answer" in log, log
-        else:
-            assert fleet.engine_health(name) == 200
-            assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30), fleet.unit_state(name, GATEWAY)
+            # The engine was still loading: the early end waits for it (within what is left of its start
+            # budget) and then starts the gateway: the node takes calls again without a person.
+            assert re.search(r"the engine is still starting: waiting for http://\S+/health", log), log
+        assert fleet.engine_health(name) == 200
+        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30), fleet.unit_state(name, GATEWAY)
         last = fleet.history(name)[-1]
         assert last["result"] == "failed" and last["reason"] == "interrupted by SIGTERM", last
+        assert last["calls"] == "given back", last  # what `flatshare status`/`releases` read of it
         assert "interrupted by SIGTERM" in out
         assert fleet.lock_holder(name) is None
         if held is not None:
@@ -1032,7 +1037,7 @@ def test_rollback_all_returns_each_node_of_a_failed_rollout_to_what_it_ran_befor
     fleet.new_hold(*NODES)
     # peacock's engine takes longer to load than its start budget allows: its switch fails mid-way.
     with fleet.node_profile("peacock", load="30", start_timeout=4):
-        rollout = fleet.release("--all", timeout=240)
+        rollout = fleet.release("--all", "--no-auto-rollback", timeout=240)
     _no_traceback(rollout.stdout, rollout.stderr)
     assert rollout.returncode == 1, rollout.stdout
     assert fleet.current("cyan") != before["cyan"] and fleet.history("cyan")[-1]["result"] == "released"
@@ -1342,4 +1347,93 @@ def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission
         assert re.search(r"cyan: whether it takes calls could not be established \(.*:8089/health did not answer",
                          log), log
     for name in NODES:
+        fleet.settled(name)
+
+
+# =====================================================================================================
+# 10. An operator's hold taken while a release switches the node
+# =====================================================================================================
+
+
+@pytest.mark.parametrize("step", ["drain-voice", "restart-engine", "serving-check"])
+def test_a_hold_taken_while_a_release_switches_the_node_says_it_goes_on_and_stops_the_next(fleet, step):
+    name = "cyan"
+    fleet.new_hold(name)
+    offset = fleet.log_size(name)
+    argv, env = fleet.argv("local-release", name)
+    operator = fleet.popen(argv, {**env, **faults(sleep_in_step=step, seconds=3)})
+    try:
+        fleet.wait_log(name, offset, rf"{STEP}{step}$", operator)
+        switcher = fleet.lock_holder(name)
+        assert switcher, "no release holds the lock"
+        held = fleet.cli("lock", "acquire", "--node", name, "-m", "E2 benchmark", "--inventory", str(fleet.inventory))
+        out = _finish(operator, 120)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    try:
+        _no_traceback(held.stdout, held.stderr, out)
+        assert held.returncode == 0, held.stdout + held.stderr
+        assert re.search(rf"^{name}: note: a release is switching it now \(.*pid {switcher}\b.*\); the hold does "
+                         "not stop that switch", held.stdout, re.MULTILINE), held.stdout
+        record = json.loads((fleet.releases(name) / "hold.json").read_text())
+        assert f"pid {switcher}" in record["during_release"], record
+        # The running switch went on to its end; the next release is refused by the hold.
+        assert operator.returncode == 0, out
+        assert fleet.history(name)[-1]["result"] == "released"
+        fleet.new_hold(name)
+        refused = fleet.release("--node", name)
+        assert refused.returncode == 3 and f"{name} is held by" in refused.stdout, refused.stdout
+    finally:
+        fleet.cli("lock", "release", "--node", name, "--inventory", str(fleet.inventory))
+    fleet.settled(name)
+
+
+# =====================================================================================================
+# 11. A connection kept from the start of a run is reopened, never reported from
+# =====================================================================================================
+
+
+def _kill_sessions_of(fleet: Fleet, name: str) -> list[int]:
+    """SIGKILL every sshd session process of ``name``'s sshd listener (the operator's kept connection)."""
+    listener = fleet.sandbox_state()[name]["sshd_pid"]
+    sessions = [pid for pid in _pids() if _ppid(pid) == listener]
+    for pid in sessions:
+        _signal(pid, signal.SIGKILL)
+    return sessions
+
+
+KEPT = {
+    # what runs -> (the command, the line in cyan's release.log when peacock's kept connection is killed)
+    "release --node cyan, during cyan's preflight (the admission probe is next)":
+        (["--node", "cyan"], r"cyan: preflight: can the new engine start"),
+    "release --all, during cyan's engine load (peacock's switch is next)":
+        (["--all"], r"waiting for http://\S+/health to answer 200"),
+}
+
+
+@pytest.mark.parametrize("case", list(KEPT))
+def test_a_kept_connection_killed_while_another_node_switches_is_reopened_not_reported(fleet, case):
+    which, marker = KEPT[case]
+    fleet.new_hold(*NODES)
+    offset = fleet.log_size("cyan")
+    before = {n: len(fleet.history(n)) for n in NODES}
+    with fleet.node_profile("cyan", load="3"):
+        operator = fleet.popen([str(BIN / "flatshare"), "release", *which, "--inventory", str(fleet.inventory),
+                                "--root", str(fleet.checkout)])
+        try:
+            fleet.wait_log("cyan", offset, marker, operator)
+            killed = _kill_sessions_of(fleet, "peacock")
+            out = _finish(operator, 180)
+        finally:
+            if operator.poll() is None:
+                operator.kill()
+    _no_traceback(out)
+    assert killed, "no session of the operator's on peacock to kill"
+    assert operator.returncode == 0, out
+    assert "unreachable" not in out and "UNKNOWN" not in out, out
+    switched = NODES if "--all" in which else ("cyan",)
+    for name in NODES:
+        expected = ["released"] if name in switched else []
+        assert [r["result"] for r in fleet.history(name)[before[name]:]] == expected, (name, out)
         fleet.settled(name)

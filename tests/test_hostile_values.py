@@ -77,7 +77,7 @@ BAD_BUNDLES = {
     "a unit name that is a path": (lambda f: {"files": _traversal(f)}, "is not a unit name"),
     "a unit serving.json names but the bundle lacks":
         (lambda f: {"files": {k: v for k, v in f.items() if k != "units/flatshare-voice.service"}},
-         "units/flatshare-voice.service is missing"),
+         "lacks units/flatshare-voice.service, which its serving.json names"),
 }
 
 
@@ -93,7 +93,7 @@ def test_a_hand_made_bundle_is_refused_before_anything_is_stored(tmp_path, case)
 
 
 def test_a_good_bundle_passes_the_same_checks():
-    from flatshare_ops.node.switch import validate_bundle
+    from flatshare_ops.node.bundle import validate_bundle
 
     files = _files()
     assert validate_bundle({"id": _rid(files), "files": files})["id"] == _rid(files)

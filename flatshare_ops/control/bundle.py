@@ -17,7 +17,7 @@ import zipfile
 from functools import lru_cache
 from pathlib import Path
 
-from ..node.entry import PROTOCOL
+from ..common.protocol import VERSION as PROTOCOL
 from ..node.store import release_id
 from ..render import render_profile
 from .git import describe

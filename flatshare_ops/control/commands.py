@@ -42,13 +42,16 @@ def _node(spec: NodeSpec, command: str) -> list[str]:
 
 
 def switch(spec: NodeSpec, switch_id: str, rollout: str | None = None, force: bool = False,
-           dry_run: bool = False, rollback: bool = False, undo_rollout: str | None = None) -> list[str]:
+           dry_run: bool = False, rollback: bool = False, undo_rollout: str | None = None,
+           auto_rollback: bool = True) -> list[str]:
     """``flatshare-node switch``: the release bundle (or ``{}``) follows as the first line of stdin."""
     argv = _node(spec, "switch") + ["--switch-id", switch_id]
     if rollout:
         argv += ["--rollout", rollout]
     if force:
         argv.append("--force")
+    if not auto_rollback:
+        argv.append("--no-auto-rollback")
     if dry_run:
         argv.append("--dry-run")
     if undo_rollout:

@@ -31,10 +31,12 @@ class Silence(TransportError):
 
 @dataclass(frozen=True)
 class CommandResult:
-    """What a node-side command did: its exit status (None when it ended without one) and its output."""
+    """What a node-side command did: its exit status (None when it ended without one), its stdout, and its
+    stderr apart (a node's shell may print there before the command runs: a login script, pyenv's rehash)."""
 
     status: int | None
     output: str
+    errors: str = ""
 
 
 class Session:
@@ -65,6 +67,10 @@ class Session:
     def exit_status(self, timeout_s: float) -> int | None:
         """The command's exit status once it ended, waiting at most ``timeout_s``; None without one."""
         raise NotImplementedError
+
+    def errors(self) -> bytes:
+        """What the command wrote to stderr so far, when it was started with stderr apart (else ``b""``)."""
+        return b""
 
     def close(self) -> None:
         """Let go of the command (over SSH: close the channel; locally: stop reading it; it runs on)."""
@@ -107,8 +113,12 @@ class Connection:
 
     node = "?"
 
-    def start(self, argv: list[str]) -> Session:
+    def start(self, argv: list[str], stderr_apart: bool = False) -> Session:
         """Start ``argv`` on the node (a program and its arguments, never a shell string).
+
+        Args:
+            stderr_apart: keep stderr out of what :meth:`Session.read` returns (:meth:`Session.errors`
+                has it), for a command whose stdout is an answer to parse.
 
         Raises:
             TransportError: the node could not be reached.
@@ -116,12 +126,13 @@ class Connection:
         raise NotImplementedError
 
     def run(self, argv: list[str], stdin: bytes = b"", timeout_s: float = 60.0) -> CommandResult:
-        """Run ``argv`` to its end and collect its output, bounded by ``timeout_s`` seconds overall.
+        """Run ``argv`` to its end and collect its stdout and its stderr apart, bounded by ``timeout_s``
+        seconds overall.
 
         Raises:
             TransportError: unreachable, lost, or no end within ``timeout_s`` (the message names the bound).
         """
-        session = self.start(argv)
+        session = self.start(argv, stderr_apart=True)
         try:
             if stdin:
                 session.send(stdin)
@@ -138,7 +149,8 @@ class Connection:
                 if chunk:
                     chunks.append(chunk)
             status = session.exit_status(max(0.1, deadline - time.monotonic()))
-            return CommandResult(status, b"".join(chunks).decode(errors="replace"))
+            return CommandResult(status, b"".join(chunks).decode(errors="replace"),
+                                 session.errors().decode(errors="replace"))
         finally:
             session.close()
 

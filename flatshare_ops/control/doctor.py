@@ -9,7 +9,6 @@ calls, does a release hold it). ``ok`` / ``WARN`` / ``FAIL`` with the way out.
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
 from ..errors import FlatshareError, TransportError
@@ -21,6 +20,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
     from ..render import render_profile
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
+    from .fleet import answer_of
     from .targets import targets
 
     failed = 0
@@ -78,7 +78,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         result = None
         try:
             result = conn.run(argv, timeout_s=target.settings.transport.command_timeout_s)
-            answer = json.loads(result.output)
+            answer = answer_of(result)
             state = "ok" if answer.get("takes_calls") else "WARN"
             line(state, f"{name} reach", "answers over SSH; " + (
                 "takes calls" if answer.get("takes_calls") else f"does not take calls ({'; '.join(answer['problems'])})")

@@ -35,10 +35,10 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
         try:
             result = conn.run(argv, timeout_s=bound)
             try:
-                document = json.loads(result.output)
+                document = answer_of(result)
                 answers[target.name] = document if isinstance(document, dict) else {"answer": document}
             except ValueError as err:
-                answers[target.name] = {"error": not_an_answer(result.status, result.output, err)}
+                answers[target.name] = {"error": not_an_answer(result.status, result.output + result.errors, err)}
         except TransportError as err:
             answers[target.name] = {"error": str(err)}
         finally:
@@ -53,6 +53,25 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
         if thread.is_alive():
             answers[target.name] = {"error": f"{target.name}: no answer within {bound:g} s"}
     return {t.name: answers.get(t.name, {"error": f"{t.name}: no answer"}) for t in targets}
+
+
+def answer_of(result) -> object:
+    """The JSON answer of a node-side command: its stdout, or else the last line of it (a node's login shell
+    may print lines before the command runs; node-side answers are one line, serving-check's may be several).
+
+    Raises:
+        ValueError: neither is JSON (the caller names it with :func:`not_an_answer`).
+    """
+    try:
+        return json.loads(result.output)
+    except ValueError as err:
+        lines = [line for line in result.output.splitlines() if line.strip()]
+        if len(lines) < 2:
+            raise
+        try:
+            return json.loads(lines[-1])
+        except ValueError:
+            raise err from None
 
 
 def not_an_answer(status: int | None, output: str, err: ValueError) -> str:

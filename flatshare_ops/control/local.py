@@ -23,6 +23,8 @@ class LocalSession(Session):
     def __init__(self, node: str, process: subprocess.Popen) -> None:
         self.node, self.process = node, process
         self._fd = process.stdout.fileno()
+        self._err_fd = process.stderr.fileno() if process.stderr is not None else None
+        self._err = bytearray()
 
     def send(self, data: bytes) -> None:
         try:
@@ -38,8 +40,15 @@ class LocalSession(Session):
             pass
 
     def read(self, timeout_s: float) -> bytes | None:
-        ready, _, _ = select.select([self._fd], [], [], max(0.0, timeout_s))
-        if not ready:
+        # stderr apart is drained as it comes, so that a child writing much there never blocks on a full pipe.
+        fds = [self._fd] + ([self._err_fd] if self._err_fd is not None else [])
+        ready, _, _ = select.select(fds, [], [], max(0.0, timeout_s))
+        if self._err_fd is not None and self._err_fd in ready:
+            chunk = os.read(self._err_fd, 65536)
+            self._err += chunk
+            if not chunk:
+                self._err_fd = None
+        if self._fd not in ready:
             return None
         return os.read(self._fd, 65536)
 
@@ -49,8 +58,19 @@ class LocalSession(Session):
         except subprocess.TimeoutExpired:
             return None
 
+    def errors(self) -> bytes:
+        while self._err_fd is not None:  # what is left once the command ended
+            ready, _, _ = select.select([self._err_fd], [], [], 1.0)
+            chunk = os.read(self._err_fd, 65536) if ready else b""
+            self._err += chunk
+            if not chunk:
+                self._err_fd = None
+        return bytes(self._err)
+
     def close(self) -> None:
-        for stream in (self.process.stdin, self.process.stdout):
+        for stream in (self.process.stdin, self.process.stdout, self.process.stderr):
+            if stream is None:
+                continue
             try:
                 stream.close()
             except OSError:
@@ -63,9 +83,10 @@ class LocalConnection(Connection):
     def __init__(self, node: str) -> None:
         self.node = node
 
-    def start(self, argv: list[str]) -> LocalSession:
+    def start(self, argv: list[str], stderr_apart: bool = False) -> LocalSession:
         try:
-            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+            process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                       stderr=subprocess.PIPE if stderr_apart else subprocess.STDOUT,
                                        start_new_session=True)
         except OSError as err:
             raise TransportError(f"{self.node}: cannot start {argv[0]}: {err.strerror or err}") from None

@@ -19,23 +19,20 @@ connection per node for the whole command (:mod:`.targets`). This module:
 from __future__ import annotations
 
 import json
-import re
 import sys
 import threading
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
 
+from ..common import protocol
 from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
-from ..node.cli import PROTOCOL
 from ..node.output import ReleaseOutput
 from . import commands
-from .connection import Connection, Lost, Silence
-from .fleet import not_an_answer
+from .connection import CommandResult, Connection, Lost, Session, Silence
+from .fleet import answer_of, not_an_answer
 from .targets import NodeTarget
-
-SUCCESS_RESULTS = ("released", "rolled back", "repaired")
 
 
 class OperatorInterrupted(BaseException):
@@ -60,9 +57,10 @@ class Rollout:
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int = 1,
-                 undo: str | None = None) -> None:
+                 undo: str | None = None, auto_rollback: bool = True) -> None:
         self.root, self.chosen, self.everyone, self.out = root, chosen, everyone, out
         self.mode, self.force, self.dry_run, self.batch_size, self.undo = mode, force, dry_run, batch_size, undo
+        self.auto_rollback = auto_rollback
         self.id = uuid.uuid4().hex[:12]
         self.settings = chosen[0].settings
         self._connections: dict[str, Connection] = {}
@@ -71,7 +69,7 @@ class Rollout:
         self._lock = threading.Lock()
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
-        self.done_words: dict[str, str] = {}  # node -> what it said it did (released, rolled back, repaired)
+        self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -120,6 +118,57 @@ class Rollout:
             with self._lock:
                 self._connections[target.name] = conn
         return conn
+
+    def start(self, target: NodeTarget, argv: list[str]) -> Session:
+        """Start ``argv`` on the node over its kept connection; a kept connection found dead is reopened
+        (bounded by the reconnect bound) before anything is reported or decided from it.
+
+        Raises:
+            TransportError: the node could not be reached again within the reconnect bound.
+        """
+        try:
+            return self.connection(target).start(argv)
+        except Lost:
+            pass  # nothing ran: the connection was dead before the command started
+        return self.reopen(target).start(argv)
+
+    def run_command(self, target: NodeTarget, argv: list[str]) -> CommandResult:
+        """Run a read-only node-side command to its end (``command_timeout_s``), over a kept connection that is
+        reopened (within the reconnect bound) when it is found dead or drops while the command runs.
+
+        Raises:
+            TransportError: the node could not be reached, or did not answer within the bound.
+        """
+        bound = self.settings.transport.command_timeout_s
+        try:
+            return self.connection(target).run(argv, timeout_s=bound)
+        except Lost:
+            pass  # read-only: running it again on a new connection changes nothing
+        return self.reopen(target).run(argv, timeout_s=bound)
+
+    def reopen(self, target: NodeTarget) -> Connection:
+        """Drop the node's connection and open a new one, trying for at most the reconnect bound (``reconnect_s``).
+
+        Raises:
+            TransportError: no connection within the bound (the last error says why).
+        """
+        self.drop(target)
+        bound = self.settings.transport.reconnect_s
+        seen: dict = {}
+
+        def opened() -> bool:
+            try:
+                seen["connection"] = self.connection(target)
+                return True
+            except TransportError as err:
+                seen["error"] = err
+                self.drop(target)
+                return False
+
+        if poll_until(opened, bound, 1.0):
+            return seen["connection"]
+        raise TransportError(f"{target.name}: its connection dropped and it could not be reached again within "
+                             f"{bound:g} s (the reconnect bound): {seen.get('error')}")
 
     def drop(self, target: NodeTarget) -> None:
         """Forget a node's connection (lost or stalled); the next use reconnects."""
@@ -207,8 +256,9 @@ class Rollout:
                 label = "not started"
             elif self.dry_run and t.result == Exit.OK:
                 label = "planned (dry run)"
-            elif t.result == Exit.OK and t.name in self.done_words:
-                label = self.done_words[t.name]  # what the node said it did: released, rolled back, repaired
+            elif t.name in self.outcomes and t.result in (Exit.OK, Exit.ROLLED_BACK):
+                outcome = self.outcomes[t.name]  # what the node said it did: released, rolled back, repaired
+                label = outcome.result + (f": {outcome.message}" if t.result == Exit.ROLLED_BACK else "")
             else:
                 label = EXIT_NAMES.get(t.result, f"exit {t.result}")
             self.out.line(f"{t.name}: {label}")
@@ -224,10 +274,11 @@ class Rollout:
         try:
             payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
-            conn = self.connection(target)
-            session = conn.start(commands.switch(
+            session = self.start(target, commands.switch(
                 target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
-                rollback=self.mode == "rollback", undo_rollout=self.undo if self.mode == "undo-rollout" else None))
+                rollback=self.mode == "rollback", undo_rollout=self.undo if self.mode == "undo-rollout" else None,
+                auto_rollback=self.auto_rollback and (self.mode != "release"
+                                                      or target.loaded.profile.release.auto_rollback)))
         except TransportError as err:
             echo(f"flatshare: {err}")
             return err.exit_code
@@ -236,24 +287,18 @@ class Rollout:
         try:
             session.send((json.dumps(payload) + "\n").encode())
             for line in session.lines(self.settings.transport.silence_s):
-                if not line.startswith(PROTOCOL):
+                if not protocol.is_protocol(line):
                     echo(line)
-                    done = re.match(rf"{re.escape(target.name)}: ({'|'.join(SUCCESS_RESULTS)}) ", line)
-                    if done:
-                        self.done_words[target.name] = done.group(1)
                     continue
-                kind, _, rest = line[len(PROTOCOL):].partition(" ")
-                try:
-                    document = json.loads(rest)
-                except ValueError:
-                    continue
-                if kind == "admit":
+                message = protocol.parse(line)
+                if isinstance(message, protocol.AdmitRequest):
                     self.asking.add(target.name)
                     reason = self.admission(target)
-                    session.send((json.dumps({"admit": reason is None, "reason": reason}) + "\n").encode())
+                    session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
                     self.asking.discard(target.name)
-                elif kind == "outcome":
-                    outcome = document
+                elif isinstance(message, protocol.Outcome):
+                    outcome = message
+                    self.outcomes[target.name] = message
             status = session.exit_status(10.0)
         except (Silence, Lost) as err:
             echo(f"flatshare: {err}")
@@ -287,16 +332,15 @@ class Rollout:
             if other.name == target.name:
                 continue
             try:
-                result = self.connection(other).run(commands.probe(other.spec),
-                                                    timeout_s=self.settings.transport.command_timeout_s)
-                answer = json.loads(result.output)
+                result = self.run_command(other, commands.probe(other.spec))
+                answer = answer_of(result)
             except TransportError as err:
                 self.drop(other)
                 self.out.line(f"{other.name}: UNKNOWN: {err}")
                 continue
             except ValueError as err:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
-                              f"({not_an_answer(result.status, result.output, err)})")
+                              f"({not_an_answer(result.status, result.output + result.errors, err)})")
                 continue
             if answer.get("locked"):
                 self.out.line(f"{other.name}: being released by {answer.get('holder')}; it may be drained")
@@ -320,16 +364,16 @@ class Rollout:
 
         def settled() -> bool:
             try:
-                result = self.connection(target).run(commands.status(target.spec, switch_id),
-                                                     timeout_s=self.settings.transport.command_timeout_s)
+                result = self.run_command(target, commands.status(target.spec, switch_id))
             except TransportError as err:
                 seen["error"] = err
                 self.drop(target)
                 return False
             try:
-                answer = json.loads(result.output)
+                answer = answer_of(result)
             except ValueError as err:
-                seen["error"] = f"its status answer is not JSON: {not_an_answer(result.status, result.output, err)}"
+                seen["error"] = ("its status answer is not JSON: "
+                                 f"{not_an_answer(result.status, result.output + result.errors, err)}")
                 return False
             if not isinstance(answer, dict):
                 seen["error"] = f"its status answer is not an object: {result.output.strip()[:200]}"
@@ -352,12 +396,23 @@ class Rollout:
         if state == "recorded":
             record = answer.get("record") or {}
             result = record.get("result")
-            if result in SUCCESS_RESULTS:
+            if result in protocol.SUCCESS and record.get("auto"):
+                self.out.line(f"{name}: the node says: {protocol.AUTO_ROLLED_BACK} to {record.get('target')}: "
+                              f"{record.get('auto')} (switch {switch_id})")
+                return Exit.ROLLED_BACK
+            if result in protocol.SUCCESS:
                 self.out.line(f"{name}: the node says: {result} {record.get('target')} (switch {switch_id})")
                 return Exit.OK
-            self.out.line(f"{name}: the node says: {result} at {record.get('step')}: {record.get('reason')} "
-                          f"(switch {switch_id}); the next 'flatshare release' finishes it")
+            self.out.line(f"{name}: the node says: {result} at {record.get('step') or 'an unnamed step'}: "
+                          f"{record.get('reason') or 'no reason recorded'} (switch {switch_id}); the next "
+                          "'flatshare release' finishes it")
             return Exit.FAILED
+        if state == "ended":  # no switch ran: the node kept what its command ended with (node/outcomes.py)
+            kept = answer.get("outcome") or {}
+            code = kept.get("code") if isinstance(kept.get("code"), int) else Exit.UNREACHABLE
+            self.out.line(f"{name}: the node says: {kept.get('result') or 'ended'}: "
+                          f"{kept.get('message') or 'no message kept'} (switch {switch_id})")
+            return code
         if state == "switching":
             self.out.line(f"{name}: the node is still switching after {bound:g} s (the reconnect bound)"
                           + (f": {answer['journal']}" if answer.get("journal") else " (it holds its release lock)")

@@ -97,6 +97,15 @@ class SSHSession(Session):
         status = self.channel.recv_exit_status()
         return None if status == -1 else status
 
+    def errors(self) -> bytes:
+        chunks = []
+        try:
+            while self.channel.recv_stderr_ready():
+                chunks.append(self.channel.recv_stderr(65536))
+        except (OSError, EOFError, paramiko.SSHException):
+            pass
+        return b"".join(chunks)
+
     def close(self) -> None:
         try:
             self.channel.close()
@@ -176,12 +185,12 @@ class SSHConnection(Connection):
             raise
         return transport
 
-    def start(self, argv: list[str]) -> SSHSession:
+    def start(self, argv: list[str], stderr_apart: bool = False) -> SSHSession:
         if not self.transport.is_active():
             raise Lost(f"{self.node}: the SSH connection dropped")
         try:
             channel = self.transport.open_session(timeout=self.target.connect_timeout_s)
-            channel.set_combine_stderr(True)
+            channel.set_combine_stderr(not stderr_apart)
             channel.exec_command(shlex.join(argv))
         except (paramiko.SSHException, EOFError, OSError) as err:
             raise Lost(f"{self.node}: could not start a command over SSH within "

@@ -25,14 +25,18 @@ from __future__ import annotations
 
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .. import systemd
 from ..common import serving_shape
 from ..common.files import Damaged, read_json_object
 from ..common.http import HTTP_TIMEOUT_S, http_get
-from ..common.units import SERVICE_UNITS
+from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import SystemdError
 from .context import NodeContext
+
+if TYPE_CHECKING:
+    from .output import ReleaseOutput
 
 
 @dataclass(frozen=True)
@@ -109,3 +113,30 @@ def node_calls(ctx: NodeContext, serving: dict | None, trusted: bool = True, tim
 def takes_calls(ctx: NodeContext, serving: dict | None) -> list[str]:
     """Why this node does not take calls, or could not be seen to (empty when it does): see :func:`node_calls`."""
     return node_calls(ctx, serving).reasons
+
+
+def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) -> None:
+    """With no switch running: remove a voice drain file left behind, and start a stopped gateway
+    whose engine answers /health. Never raises: it only ever gives calls back."""
+    from . import drain
+
+    if serving is None:
+        return
+    try:
+        drain_file = Path(serving["voice"]["drain_file"])
+        url = serving["engine"]["url"] + "/health"
+    except (KeyError, TypeError):
+        return
+    try:
+        if drain.end_if_present(drain_file):
+            out.line(f"{ctx.node}: removed {drain_file} left behind: the voice worker takes calls again")
+    except OSError as err:
+        out.line(f"{ctx.node}: could not remove {drain_file} ({err.strerror or err}): the voice worker stays drained")
+    try:
+        state = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
+        if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:
+            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60,
+                        lambda waited: out.line(f"  still waiting for {GATEWAY_UNIT} to start ({waited:.0f} s of 60 s)"))
+            out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
+    except SystemdError as err:
+        out.line(f"{ctx.node}: could not check or start {GATEWAY_UNIT}: {err}")

@@ -5,8 +5,9 @@ when it runs), so that the node's side costs little to start. Commands:
 
 - ``switch``: carry out a release, a rollback or a rollout's undo. stdin: the
   release bundle as one JSON line (``{}`` for a rollback), then the operator's
-  answers to admission requests. stdout: progress lines, and protocol lines
-  starting with ``::flatshare:`` (an ``admit`` request; the ``outcome``).
+  answers to admission requests. stdout: progress lines for people, and the
+  protocol's lines (:mod:`flatshare_ops.common.protocol`: an admission
+  request; the outcome, last).
 - ``status`` (``--switch ID``: what became of one switch), ``history``,
   ``probe`` (does this node take calls, does a release hold it): one JSON
   document each.
@@ -25,11 +26,10 @@ import sys
 import time
 from pathlib import Path
 
+from ..common import protocol
 from ..common.files import loads
 from ..errors import Exit, FlatshareError
 
-#: Protocol lines start with this (the operator's side reads them; people never see them).
-PROTOCOL = "::flatshare:"
 #: How long the node waits for the operator's answer to an admission request (seconds).
 ADMISSION_TIMEOUT_S = 60.0
 
@@ -83,6 +83,8 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--undo-rollout", default=None, help="go back to what ran before this rollout")
             p.add_argument("--switch-id", default="", help="this switch's id (the operator's)")
             p.add_argument("--rollout", default=None, help="the rollout this switch belongs to")
+            p.add_argument("--no-auto-rollback", action="store_true",
+                           help="a release whose new engine does not serve stays failed (no automatic rollback)")
             p.add_argument("--bundle-file", type=Path, default=None,
                            help="the bundle, read from this file (the entry point's) instead of stdin's first line")
         if name == "status":
@@ -103,22 +105,33 @@ def _context(args):
     return NodeContext(args.node, args.state_dir, ManagerAddress(args.scope, args.runtime_dir))
 
 
-def _emit(kind: str, document: dict) -> None:
+def _emit(message) -> None:
     """A protocol line on stdout (never in release.log)."""
     try:
-        os.write(1, f"{PROTOCOL}{kind} {json.dumps(document)}\n".encode())
+        os.write(1, protocol.line(message).encode())
     except OSError:
         pass  # the operator is gone; the switch goes on
 
 
 def _on_sigterm(_signum, _frame):
-    from .switch import Interrupted
+    from .runner import Interrupted
 
     raise Interrupted("SIGTERM")
 
 
+def _result_of(err: FlatshareError) -> str:
+    """The result word (:mod:`common.protocol`) of an error that ended a switch command."""
+    from ..errors import Refused, SwitchFailed
+
+    if isinstance(err, Refused):
+        return protocol.REFUSED
+    if isinstance(err, SwitchFailed):
+        return protocol.FAILED
+    return protocol.FAILED if err.exit_code == Exit.FAILED else protocol.REFUSED
+
+
 def switch(args) -> int:
-    """``flatshare-node switch``: read the request, run it, print the outcome."""
+    """``flatshare-node switch``: read the request, run it, print the outcome (and keep it: node/outcomes.py)."""
     from .output import ReleaseOutput
     from .switch import Request, switch_node, validate_bundle
 
@@ -149,15 +162,15 @@ def switch(args) -> int:
         except ValueError as err:
             raise FlatshareError(f"node switch: {err}") from None
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
-                      dry_run=args.dry_run,
-                      switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout)
+                      dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
+                      auto_rollback=not args.no_auto_rollback)
     ctx.releases.mkdir(parents=True, exist_ok=True)
     out = ReleaseOutput(None if args.dry_run else ctx.log_path, nonblocking=True)
     out.watch_hangup()
 
     def admit(plan) -> str | None:
         out.line(f"{ctx.node}: asking the operator's side for admission to drain")
-        _emit("admit", {"node": ctx.node, "switch": request.switch, "dry_run": args.dry_run})
+        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         if answer is None and stdin.closed:
             return ("the operator's side went away before answering the admission request (interrupted, or "
@@ -165,20 +178,22 @@ def switch(args) -> int:
         if answer is None:
             return (f"no answer to the admission request within {ADMISSION_TIMEOUT_S:g} s "
                     "(run releases through 'flatshare release', which asks the other nodes)")
-        try:
-            document = json.loads(answer)
-        except ValueError:
-            return f"the admission answer was not JSON ({answer[:80]!r})"
-        if document.get("admit") is True:
+        document = protocol.parse_answer(answer)
+        if document is None:
+            return f"the admission answer was not one ({answer[:80]!r})"
+        if document.admit:
             return None
-        return str(document.get("reason") or "refused by the operator's side")
+        return document.reason or "refused by the operator's side"
 
     try:
-        code = switch_node(ctx, request, out, admit)
-        message = None
+        done = switch_node(ctx, request, out, admit)
+        outcome = protocol.Outcome(request.switch, int(done.code), done.result, done.release, done.message,
+                                   done.detail)
+        if done.code == Exit.ROLLED_BACK:
+            out.line(f"flatshare: {ctx.node}: rolled back automatically: {done.message}")
     except FlatshareError as err:
         out.line(f"flatshare: {err}")
-        code, message = err.exit_code, str(err)
+        outcome = protocol.Outcome(request.switch, int(err.exit_code), _result_of(err), None, str(err))
     except Exception as err:  # a bug: one line for the operator, the traceback kept in release.log
         import traceback
 
@@ -186,20 +201,34 @@ def switch(args) -> int:
         message = (f"unexpected {type(err).__name__}: {err} (a bug in flatshare-ops; the traceback is in "
                    f"{ctx.log_path}; 'flatshare status --node {ctx.node}' shows the node's state)")
         out.line(f"flatshare: {message}")
-        code = Exit.FAILED
+        outcome = protocol.Outcome(request.switch, int(Exit.FAILED), protocol.FAILED, None, message)
     except BaseException as err:  # an interrupt before the switch began: nothing was changed
-        from .switch import Interrupted
+        from .runner import Interrupted
 
         if not isinstance(err, (KeyboardInterrupt, Interrupted)):
+            out.close()
             raise
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
         out.line(f"flatshare: interrupted by {name} before the switch began; nothing was changed")
         code = Exit.TERMINATED if name == "SIGTERM" else Exit.INTERRUPTED
-        message = f"interrupted by {name}"
-    finally:
-        out.close()
-    _emit("outcome", {"switch": request.switch, "code": int(code), "message": message})
-    return int(code)
+        outcome = protocol.Outcome(request.switch, int(code), protocol.INTERRUPTED, None, f"interrupted by {name}")
+    if not args.dry_run:
+        _keep(ctx, outcome, out)
+    out.close()
+    _emit(outcome)
+    return int(outcome.code)
+
+
+def _keep(ctx, outcome, out) -> None:
+    """Keep the outcome on the node for a follow-up (node/outcomes.py); a failed write is said, never fatal."""
+    from . import outcomes
+    from .runner import describe_failure
+
+    try:
+        outcomes.append(ctx, outcome)
+    except OSError as err:
+        out.line(f"note: this command's outcome could not be kept in {ctx.releases / outcomes.OUTCOMES} "
+                 f"({describe_failure(err)}); it was still sent, and the history records any switch")
 
 
 def main(argv: list[str] | None = None) -> None:
@@ -216,7 +245,7 @@ def main(argv: list[str] | None = None) -> None:
             print(json.dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
             code = 0
         elif args.command == "history":
-            from .switch import read_history
+            from .records import read_history
 
             hist = read_history(_context(args))
             print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))

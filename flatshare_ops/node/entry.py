@@ -33,8 +33,11 @@ import tempfile
 import zipfile
 from pathlib import Path
 
-#: The bundle protocol this entry point runs. Raise it only for a change an older entry point cannot run.
-PROTOCOL = 1
+from flatshare_ops.common import protocol
+
+#: The bundle protocol this entry point runs (common/protocol.py: raise it only for a change an older
+#: entry point cannot run).
+PROTOCOL = protocol.VERSION
 #: Runs the switcher: argv[1] is the switcher directory ("" for the installed code).
 BOOT = ("import sys; d = sys.argv[1]; sys.argv = ['flatshare-node'] + sys.argv[2:]; "
         "d and sys.path.insert(0, d); from flatshare_ops.node.cli import main; main()")
@@ -85,7 +88,9 @@ def _first_line() -> bytes:
 
 def _refuse(message: str, code: int = REFUSED) -> None:
     print(f"flatshare-node: {message}", flush=True)
-    print('::flatshare:outcome ' + json.dumps({"code": code, "message": message}), flush=True)
+    switch = _option(sys.argv[1:], "--switch-id") or ""
+    result = protocol.REFUSED if code == REFUSED else protocol.FAILED
+    print(protocol.line(protocol.Outcome(switch, code, result, None, message)), end="", flush=True)
     sys.exit(code)
 
 
@@ -165,11 +170,11 @@ def main() -> None:
         _refuse('node switch: stdin is not JSON; expected a release bundle {"id", "files"}', BAD_INPUT)
     if not isinstance(bundle, dict):
         _refuse('node switch: the release bundle must be {"id": ..., "files": {...}}', BAD_INPUT)
-    protocol = bundle.get("protocol", 1)
-    if not isinstance(protocol, int) or isinstance(protocol, bool):
-        _refuse(f"node switch: the bundle's protocol must be an integer, got {protocol!r}", BAD_INPUT)
-    if protocol > PROTOCOL:
-        _refuse(f"release refused: the release's switcher speaks protocol {protocol}, this node's entry point "
+    speaks = bundle.get("protocol", 1)
+    if not isinstance(speaks, int) or isinstance(speaks, bool):
+        _refuse(f"node switch: the bundle's protocol must be an integer, got {speaks!r}", BAD_INPUT)
+    if speaks > PROTOCOL:
+        _refuse(f"release refused: the release's switcher speaks protocol {speaks}, this node's entry point "
                 f"runs protocol {PROTOCOL} at most; update the node: 'flatshare node bootstrap --node NAME' "
                 "from that checkout")
     switcher = None

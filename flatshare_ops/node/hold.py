@@ -48,6 +48,10 @@ def describe(hold: dict) -> str:
 def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     """Record a hold on the node.
 
+    A release may be switching the node right now: the hold does not stop it (it refuses the next
+    ones), and the record says which release was running when it was taken (``during_release``,
+    from the kernel's lock table: node/lock.py), so that the operator is told it goes on.
+
     Raises:
         FlatshareError (exit 2): a message (or who) that is empty or holds a control character.
         Refused: the node is already held (the message names the hold).
@@ -59,8 +63,13 @@ def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     current = read_hold(ctx)
     if current is not None:
         raise Refused(f"lock refused: {ctx.node} is already held by {describe(current)}")
+    from .lock import describe_lock, held_by
+
     hold = {"schema": 1, "who": who or f"{getpass.getuser()}@{socket.gethostname()}", "since": time.time(),
             "message": message}
+    pid = held_by(ctx.lock_path)
+    if pid is not None:
+        hold["during_release"] = describe_lock(ctx, pid)
     ctx.releases.mkdir(parents=True, exist_ok=True)
     durable.write_atomic(ctx.releases / HOLD, (json.dumps(hold, sort_keys=True) + "\n").encode())
     return hold

@@ -55,6 +55,7 @@ class Journal(BaseModel):
     started_at: float
     forced: bool = False
     resumed: int = 0
+    auto: str | None = None  # why the node started this switch by itself (an automatic rollback), else None
     kind: Literal["release", "rollback", "repair"] = "release"
     steps: list[StepRecord]
 

@@ -81,6 +81,8 @@ class Plan:
         to_id: the new release's id.
         kind: ``release``, ``rollback`` or ``repair`` (what the history will call it).
         resume: finishing (or, for a rollback, abandoning) an interrupted switch.
+        replaces: the target of an interrupted switch this one replaces (a release of another release).
+        automatic: the node started this switch by itself (an automatic rollback).
         steps: the step names, in table order.
         units: unit name -> action (``restart``, ``start``, ``stop``, ``update`` (file only),
             ``remove``, ``unchanged``).
@@ -97,6 +99,8 @@ class Plan:
     reasons: list[str] = field(default_factory=list)
     flag_changes: list[str] = field(default_factory=list)
     resume: bool = False
+    replaces: str | None = None
+    automatic: bool = False
 
     @property
     def drains(self) -> bool:
@@ -144,7 +148,7 @@ def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
 
 
 def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "release", flag_changes=None,
-         resume: bool = False) -> Plan:
+         resume: bool = False, replaces: str | None = None, automatic: bool = False) -> Plan:
     """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
 
     Args:
@@ -153,15 +157,22 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
             flags that change (:func:`common.engine_argv.changes`); None to list none.
         resume: finishing or abandoning an interrupted switch: a whole switch (its
             units may be half installed).
+        replaces: the target of an interrupted switch that this one replaces instead of finishing
+            it (the checkout renders another release): a whole switch, straight to ``new``.
+        automatic: an automatic rollback from a switch whose engine did not serve: a whole switch.
     """
     flags = flag_changes(old, new) if flag_changes else []
-    if old is None or resume or kind == "repair":
-        reason = ("finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
+    if old is None or resume or replaces or automatic or kind == "repair":
+        reason = (f"the new engine did not serve: back to {new.id}, the release that served before it, "
+                  "by the node itself; every managed service restarts" if automatic
+                  else f"replacing the interrupted switch to {replaces} (never finished) with this release, "
+                  "instead of finishing it first: every managed service restarts" if replaces
+                  else "finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
                   else "abandoning an interrupted switch: every managed service restarts" if resume
                   else "the node does not serve: every managed service restarts" if kind == "repair"
                   else "the node's first release: every unit starts")
         return Plan(node, old.id if old else None, new.id, kind, [s.name for s in STEPS],
-                    _whole_switch_actions(new.units), [reason], flags, resume)
+                    _whole_switch_actions(new.units), [reason], flags, resume, replaces, automatic)
 
     changes = unit_changes(old.units, new.units)
     classes: set[str] = set()
@@ -203,6 +214,10 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
 
 def title(p: Plan) -> str:
     """`` (rollback)``, `` (finishing an interrupted switch)``... after a switch's from -> to."""
+    if p.automatic:
+        return " (automatic rollback)"
+    if p.replaces:
+        return f" (replacing the interrupted switch to {p.replaces})"
     if p.resume:
         return " (finishing an interrupted switch)" if p.kind == "release" else " (abandoning an interrupted switch)"
     return {"rollback": " (rollback)", "repair": " (repair)"}.get(p.kind, "")

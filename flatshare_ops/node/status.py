@@ -24,10 +24,12 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     Returns:
         ``{"state": ...}``: ``recorded`` with the history ``record`` (released, failed...),
         ``switching`` (its journal is there and the lock is held), ``interrupted``
-        (its journal is there, nobody holds the lock), or ``unknown`` (neither: the
-        switch never started, or was refused before it journaled).
+        (its journal is there, nobody holds the lock), ``ended`` with the ``outcome`` the
+        switch command kept (refused, nothing to do: no switch ran; node/outcomes.py), or
+        ``unknown`` (none of these: the command never began on the node).
     """
-    from .switch import read_history
+    from .outcomes import find
+    from .records import read_history
 
     try:
         records = [r for r in read_history(ctx).records if r.get("switch") == switch_id]
@@ -48,6 +50,9 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         return {"state": "interrupted", "journal": journals.journal_summary(pending)}
     if holder is not None:
         return {"state": "switching", "journal": None, "pid": holder}
+    kept = find(ctx, switch_id)
+    if kept is not None:
+        return {"state": "ended", "outcome": kept}
     return {"state": "unknown", "damaged": damaged}
 
 
@@ -59,8 +64,8 @@ def node_status(ctx: NodeContext) -> dict:
         kernel's lock table), ``switching`` (the journal's summary), ``units`` (unit -> ActiveState),
         ``last`` (the newest history record), ``damaged`` (one line per damaged file).
     """
+    from .records import read_history
     from .store import current_release
-    from .switch import read_history
 
     status: dict = {"node": ctx.node, "release": None, "switching": None, "switching_rollout": None,
                     "in_progress": None, "units": {}, "last": None, "damaged": []}

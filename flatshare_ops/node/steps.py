@@ -35,7 +35,15 @@ VOICE_SERVING_S = 30.0
 
 
 class StepError(FlatshareError):
-    """A step could not do its work; the switch ends early (the message says what and why)."""
+    """A step could not do its work; the switch ends early (the message says what and why).
+
+    Attributes:
+        engine_output: the engine's last lines of output, when they say why (a failed start).
+    """
+
+    def __init__(self, message: str, engine_output: list[str] | tuple[str, ...] = ()) -> None:
+        super().__init__(message)
+        self.engine_output = list(engine_output)
 
 
 @dataclass
@@ -47,16 +55,21 @@ class Switch:
         plan: the plan being carried out (:class:`.plan.Plan`).
         new: the release switched to (:class:`.plan.ReleaseView`).
         out: where progress lines go.
+        journal: the switch's journal (node/journal.py), which the last step records.
         drain: the voice drain this switch opened, if any.
         gateway_stopped: this switch stopped the gateway (the early end starts it again).
+        engine_deadline: ``time.monotonic()`` at which the engine's start budget ends, once its
+            start job began (the early end waits for an engine still loading until then).
     """
 
     ctx: NodeContext
     plan: object
     new: object
     out: ReleaseOutput
+    journal: object = None
     drain: drain.VoiceDrain | None = None
     gateway_stopped: bool = False
+    engine_deadline: float | None = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -128,6 +141,7 @@ def restart_engine(sw: Switch) -> None:
     before = _invocation(sw)
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
     started = time.monotonic()
+    sw.engine_deadline = started + start_s
     sw.job("start", ENGINE_UNIT, start_s)
     if _invocation(sw) == before:
         raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
@@ -204,8 +218,10 @@ def serving_check(sw: Switch) -> None:
 
 
 def record_history(sw: Switch) -> None:
-    """Done by the switch itself (it owns the journal and the record): see :func:`.switch.record_success`."""
-    raise NotImplementedError  # the runner calls record_success for this step
+    """Append the success record (once per switch id); the runner removes the journal after this step."""
+    from .records import append_success
+
+    append_success(sw.ctx, sw.journal, sw.new.id)
 
 
 @dataclass(frozen=True)
@@ -245,7 +261,7 @@ STEPS: tuple[Step, ...] = (
          (TARGET_UNIT, CHECK_TIMER), apply_units),
     Step("switch-current", "point releases/current at the new release", ("releases/current",), switch_current),
     Step("serving-check", "run serving-check against the new release", (), serving_check),
-    Step("record-history", "append to releases/history.jsonl and remove the journal",
+    Step("record-history", "append to releases/history.jsonl (then the journal is removed)",
          ("releases/history.jsonl", "releases/switching.json"), record_history),
 )
 #: Step name -> step.

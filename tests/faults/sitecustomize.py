@@ -6,7 +6,7 @@ this file wraps the package's functions in the node-side process only
 (``python -m flatshare_ops.node`` or ``flatshare-node``):
 
 - ``{"kill_after_step": STEP}``: SIGKILL the switch right after STEP is journaled done
-  (``record-history``: right after the history record and the journal's removal);
+  (``record-history``: the history record is written, the journal not yet removed);
 - ``{"fail": PRIMITIVE, "nth": N, "errno": "ENOSPC"}``: the Nth call of a durable-write
   primitive (``write_atomic``, ``append_line``, ``rename``, ``replace_symlink``, ``remove``, or
   ``any``: every primitive counted together) raises OSError(errno) instead of writing.
@@ -40,14 +40,6 @@ def _install(spec: dict) -> None:
                 os.kill(os.getpid(), signal.SIGKILL)
 
         journal.mark = mark_then_kill
-        record = switch.record_success
-
-        def record_then_kill(*args, **kwargs):
-            record(*args, **kwargs)
-            if step == "record-history":
-                os.kill(os.getpid(), signal.SIGKILL)
-
-        switch.record_success = record_then_kill
 
     if "fail" in spec:
         names = ("write_atomic", "append_line", "rename", "replace_symlink", "remove")

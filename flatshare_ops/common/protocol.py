@@ -1,0 +1,146 @@
+"""The one protocol between the operator's side and a node's: message kinds, version, outcome (standard library only).
+
+Both sides import this module, and only this module decides what crosses
+between them (docs/reference/engineering-style.md, "Two processes speak one
+typed protocol"). Text written for people is never parsed:
+
+- **The bundle header** (the first line of a switch's stdin): the release
+  bundle, headed by ``protocol`` (:data:`VERSION`: what a node's entry point
+  must be able to run) and ``lock_sha256``; the node's small entry point
+  (node/entry.py) refuses what it cannot run.
+- **Protocol lines** on the node's stdout, among the progress lines for
+  people: :data:`PREFIX` + kind + one JSON object. The node sends
+  :class:`AdmitRequest` (it holds its lock and asks whether it may drain) and,
+  last, :class:`Outcome` (what it did); the operator answers an admission
+  request with one :class:`AdmitAnswer` line on the node's stdin.
+
+A line that does not start with :data:`PREFIX` is for people; a protocol line
+of an unknown kind or a damaged one is ignored by :func:`parse` (an older
+operator meeting a newer node), never guessed at.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import asdict, dataclass, field, fields
+
+#: The bundle protocol a node's entry point runs; raise it only for a change an older entry point cannot run.
+VERSION = 1
+#: Protocol lines start with this (the operator's side reads them; people never see them).
+PREFIX = "::flatshare:"
+
+#: What a switch did, as its :class:`Outcome` says (``result``), for summaries and the rollout's decisions.
+RELEASED, ROLLED_BACK, REPAIRED = "released", "rolled back", "repaired"
+AUTO_ROLLED_BACK = "rolled back automatically"
+NOTHING, PLANNED, REFUSED, FAILED, INTERRUPTED = "nothing to do", "planned", "refused", "failed", "interrupted"
+#: Results of a switch that left its node on the release asked for, serving.
+SUCCESS = (RELEASED, ROLLED_BACK, REPAIRED)
+
+
+@dataclass(frozen=True)
+class AdmitRequest:
+    """The node asks, holding its release lock, whether it may drain now.
+
+    Attributes:
+        node: the node's name.
+        switch: the switch's id (the operator's).
+        dry_run: a dry run asks too, so that the plan shows what the admission would say.
+    """
+
+    node: str
+    switch: str
+    dry_run: bool = False
+    kind = "admit"
+
+
+@dataclass(frozen=True)
+class AdmitAnswer:
+    """The operator's answer to an :class:`AdmitRequest`: ``admit``, else ``reason`` (one line)."""
+
+    admit: bool
+    reason: str | None = None
+    kind = "answer"
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What the node did, sent last.
+
+    Attributes:
+        switch: the switch's id.
+        code: the exit code (:class:`flatshare_ops.errors.Exit`).
+        result: one of the results above (``released``, ``rolled back automatically``, ``refused``...).
+        release: the release the node is on afterwards, when known.
+        message: the one-line reason of a failure or refusal, else None.
+        detail: a JSON-ready document of what else the node has to say (an automatic rollback's
+            cause, the engine's last lines).
+    """
+
+    switch: str
+    code: int
+    result: str
+    release: str | None = None
+    message: str | None = None
+    detail: dict = field(default_factory=dict)
+    kind = "outcome"
+
+
+_KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome)}
+
+
+def line(message: AdmitRequest | AdmitAnswer | Outcome) -> str:
+    """The message as one protocol line (with its newline): ``::flatshare:KIND {json}``."""
+    return f"{PREFIX}{message.kind} {json.dumps(asdict(message), sort_keys=True)}\n"
+
+
+def answer_line(message: AdmitAnswer) -> str:
+    """An :class:`AdmitAnswer` as the node reads it on stdin: one JSON object and a newline."""
+    return json.dumps(asdict(message), sort_keys=True) + "\n"
+
+
+def is_protocol(text: str) -> bool:
+    """Whether a line of the node's output is a protocol line (not for people)."""
+    return text.startswith(PREFIX)
+
+
+def parse(text: str) -> AdmitRequest | Outcome | None:
+    """A protocol line read back; None for a line of an unknown kind or a damaged one."""
+    if not text.startswith(PREFIX):
+        return None
+    kind, _, rest = text[len(PREFIX):].strip().partition(" ")
+    cls = _KINDS.get(kind)
+    if cls is None or cls is AdmitAnswer:
+        return None
+    return _build(cls, rest)
+
+
+def parse_answer(text: str) -> AdmitAnswer | None:
+    """An admission answer read from the node's stdin; None when it is not one."""
+    return _build(AdmitAnswer, text)
+
+
+def _build(cls, text: str):
+    try:
+        document = json.loads(text)
+    except ValueError:
+        return None
+    if not isinstance(document, dict):
+        return None
+    names = {f.name for f in fields(cls)}
+    try:
+        message = cls(**{k: v for k, v in document.items() if k in names})
+    except TypeError:
+        return None
+    for f in fields(cls):  # the types each field must have, so that a damaged line is never half-believed
+        value = getattr(message, f.name)
+        if not _fits(value, f.type):
+            return None
+    return message
+
+
+def _fits(value, annotation: str) -> bool:
+    allowed = {"str": (str,), "int": (int,), "bool": (bool,), "dict": (dict,), "str | None": (str, type(None))}
+    types = allowed.get(annotation, (object,))
+    if annotation == "int" and isinstance(value, bool):
+        return False
+    return isinstance(value, types)

@@ -1,0 +1,74 @@
+"""The history records a switch writes to ``releases/history.jsonl`` (their one writer) and how it reads them.
+
+The switch alone writes history (docs/reference/engineering-style.md, "One
+writer per record"): a success (the ``record-history`` step), a failure (the
+early-end rule, or the failure an automatic rollback follows), an abandoned
+switch (one another switch replaced). The file's format and reading are
+node/history.py's; the fields are releases/README.md's.
+"""
+
+from __future__ import annotations
+
+import time
+
+from ..common.files import Damaged
+from ..errors import NodeStateError
+from . import history as histories, journal as journals
+from .context import NodeContext
+from .output import ReleaseOutput
+
+#: What a successful switch of each kind is recorded as.
+SUCCESS = {"release": "released", "rollback": "rolled back", "repair": "repaired"}
+
+
+def read_history(ctx: NodeContext) -> histories.History:
+    """The node's history (damaged lines skipped and named).
+
+    Raises:
+        NodeStateError: ``history.jsonl`` itself is a directory, a link or unreadable.
+    """
+    try:
+        return histories.read_history(ctx.history_path)
+    except Damaged as err:
+        raise NodeStateError(f"{err}; move it aside (mv {err.path} {err.path}.bad): the node then starts "
+                             "a new history, and rollbacks have nothing to return to until a release serves") from None
+
+
+def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: str | None = None,
+           reason: str | None = None, after: str | None = None, served: bool = False, **extra) -> dict:
+    """A history record of ``journal``'s switch (schema 2: releases/README.md).
+
+    ``duration_s`` counts from when the run that carried the switch took the node's lock (its
+    refusals, preflight and admission included), to now.
+    """
+    now = time.time()
+    return {"switch": journal.switch, "rollout": journal.rollout, "node": ctx.node, "kind": journal.kind,
+            "result": result, "step": step, "reason": reason, "before": journal.from_, "after": after,
+            "target": journal.to, "served": served, "commit": journal.commit, "user": journal.user,
+            "host": journal.host, "started_at": journal.started_at, "finished_at": now,
+            "duration_s": round(max(0.0, now - journal.started_at), 3), "forced": journal.forced,
+            "resumed": journal.resumed, "auto": journal.auto, **extra}
+
+
+def append_success(ctx: NodeContext, journal: journals.Journal, release: str) -> None:
+    """Record ``journal``'s switch as done (once per switch id): the ``record-history`` step."""
+    result = SUCCESS[journal.kind]
+    if not read_history(ctx).has(journal.switch, result):
+        histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True))
+
+
+def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, **extra) -> None:
+    """Record ``journal``'s switch as failed at ``step`` (once per switch id).
+
+    Raises:
+        OSError, NodeStateError: the record could not be written (the caller prints what it would have said).
+    """
+    if not read_history(ctx).has(journal.switch, "failed"):
+        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, **extra))
+
+
+def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput, why: str) -> None:
+    """Record an interrupted switch as abandoned (another switch replaced its journal with its own)."""
+    out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
+    if pending.switch is None or not read_history(ctx).has(pending.switch, "abandoned"):
+        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why))

@@ -1,0 +1,121 @@
+"""Every refusal of a switch, decided while the node holds its lock and before anything changes.
+
+In order (docs/reference/release-protocol.md): an operator's hold (node/hold.py);
+E2 benchmark drop-ins linked into the units (``--force`` goes past, recorded); an
+engine venv without the release's vLLM; the preflight (can the new engine start at
+all: node/preflight.py); and, for a plan that drains a node taking calls, the
+admission to drain, asked of the operator's side (adr/0007). A refusal changes
+nothing; the switch then only gives calls back (node/calls.py ``give_calls_back``).
+"""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Callable
+
+from .. import systemd
+from ..common import drop_ins
+from ..common.units import SERVICE_UNITS
+from ..errors import Refused
+from . import preflight
+from .calls import active_serving, node_calls
+from .context import NodeContext
+from .output import ReleaseOutput
+from .plan import Plan, ReleaseView
+from .store import current_release
+
+#: The admission to drain: given the plan that drains, None to go ahead or the refusal's reason.
+Admission = Callable[[Plan], "str | None"]
+
+
+def foreign_drop_ins(ctx: NodeContext, serving: dict) -> list[Path]:
+    """Every drop-in systemd reads (or will read at the next daemon-reload) for the release's units.
+
+    systemd lists the applied ones in each unit's ``DropInPaths``; the directories it
+    reads (``NAME.d/``, dash-prefix ``flatshare-.service.d/``, ``service.d/``, in every
+    directory of the manager's ``UnitPath``) are read too, for ones linked since
+    (:mod:`common.drop_ins`). flatshare-ops renders none, so each is foreign.
+    """
+    units = sorted(serving.get("units") or SERVICE_UNITS)
+    found = systemd.properties(ctx.address, [(u, "Unit", "DropInPaths") for u in units] + [("", "Manager", "UnitPath")])
+    search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
+    paths: set[str] = set()
+    for unit in units:
+        paths.update(found[f"{unit}/DropInPaths"])
+        paths.update(str(p) for p in drop_ins.on_disk(unit, search))
+    return [Path(p) for p in sorted(paths)]
+
+
+def e2_drop_ins(ctx: NodeContext, serving: dict) -> list[str]:
+    """E2 benchmark drop-ins (symlinked ``*.conf``, docs/reference/release-protocol.md#e2-benchmark-drop-ins)
+    among the foreign drop-ins: ``DIR/NAME.conf -> TARGET`` lines."""
+    return [drop_ins.describe(p) for p in foreign_drop_ins(ctx, serving) if p.is_symlink()]
+
+
+def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput, action: str = "release") -> bool:
+    """Refuse (raise) unless the node can take the release; returns whether E2 drop-ins were forced past.
+
+    Raises:
+        Refused: E2 drop-ins are linked (without ``force``), or the engine venv lacks the release's vLLM.
+    """
+    from ..check.facts import installed_vllm
+
+    links = e2_drop_ins(ctx, serving)
+    if links and not force:
+        how = ("; pass --force to release anyway (recorded)" if action == "release" else "")
+        raise Refused(
+            f"{action} refused: {ctx.node} has E2 drop-ins linked: {'; '.join(links)}; remove them with the "
+            "benchmark tool's 'flatshare-bench e2 reset' (not part of flatshare-ops), or by hand: delete those "
+            f"symlinks and run 'systemctl daemon-reload'{how}"
+        )
+    if links:
+        out.line(f"--force: releasing with E2 drop-ins linked: {'; '.join(links)}")
+    installed = installed_vllm(Path(serving["engine"]["venv"]))
+    if installed != serving["vllm_release"]:
+        raise Refused(
+            f"{action} refused: {ctx.node}'s engine venv {serving['engine']['venv']} has vLLM "
+            f"{installed or 'not installed'}, the release needs {serving['vllm_release']}; install it first"
+        )
+    return bool(links)
+
+
+def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOutput, action: str) -> None:
+    """The preflight, before any drain: can the new engine start at all? (node/preflight.py)
+
+    Raises:
+        Refused: it cannot (vLLM's own message, one line per problem).
+    """
+    out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM's own parser in the engine venv)")
+    began = time.monotonic()
+    found = preflight.problems(new.serving, lambda waited: out.line(
+        f"  still waiting for vLLM's parser ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
+    if found:
+        raise Refused(f"{action} refused before draining: {ctx.node}: {'; '.join(found)}")
+    out.line(f"{ctx.node}: preflight passed ({time.monotonic() - began:.1f} s)")
+
+
+def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission,
+                   action: str) -> None:
+    """Ask for admission to drain, unless the node was seen not taking calls (draining it costs none).
+
+    What callers meet decides, never whether our own files can be read: with the active release
+    damaged, the new release's addresses stand in, and then only "seen serving" or "unknown" can
+    come of them, both of which ask (node/calls.py, adr/0007).
+
+    Raises:
+        Refused: the operator's side did not admit the drain (its reason).
+    """
+    serving_now = active_serving(ctx, current_release(ctx.state_dir))
+    calls = node_calls(ctx, serving_now or new.serving, trusted=serving_now is not None)
+    if calls.takes is False:
+        out.line(f"{ctx.node}: does not take calls now ({'; '.join(calls.reasons)}): draining it costs no calls, "
+                 "no admission needed")
+        return
+    if calls.takes is None:
+        out.line(f"{ctx.node}: whether it takes calls could not be established ({'; '.join(calls.reasons)}): "
+                 "it may, so it drains only when admitted")
+    reason = admit(plan)
+    if reason is not None:
+        raise Refused(f"{action} refused: {ctx.node} may not drain now: {reason}")
+    out.line(f"{ctx.node}: admitted to drain")

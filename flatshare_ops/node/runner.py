@@ -1,0 +1,220 @@
+"""Carrying out one plan: every step journaled, and the one early-end rule for whatever stops it.
+
+The plan is data (node/plan.py); this loop is the only place that acts on it
+(docs/reference/engineering-style.md, "Plans are data"). Each step is journaled
+``running`` before it runs and ``done`` after (adr/0004-release-journal.md), the
+last step (``record-history``) included, and the journal is removed once the
+switch is recorded: so a killed run leaves a journal that says exactly where it
+stopped, and the next run finishes or replaces that switch.
+
+The one early-end rule (:func:`early_end`): whatever ends a switch early (a
+failed step, any OSError at any write, Ctrl-C, SIGTERM), the voice drain is
+ended; the gateway is started again if this switch stopped it and the engine
+answers /health (waiting, bounded by what is left of the start budget, for an
+engine still loading); the failure is recorded (or printed, if even that write
+fails); and the journal stays as last written. The lock is released by the
+caller's ``with``.
+
+A switch whose engine did not come up, or whose serving-check is CRITICAL after
+it, may instead be rolled back by the node itself (node/switch.py): then the
+drain is kept, the failure is recorded, and :class:`RollbackNeeded` carries why.
+"""
+
+from __future__ import annotations
+
+import errno
+import getpass
+import os
+import signal
+import socket
+import time
+from pathlib import Path
+
+from .. import systemd
+from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
+from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
+from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
+from . import drain, journal as journals
+from .records import SUCCESS, append_abandoned, append_failure
+from .context import NodeContext
+from .output import ReleaseOutput
+from .plan import Plan, ReleaseView
+from .steps import STEP_BY_NAME, StepError, Switch
+
+#: Steps whose failure means the new engine does not serve: the ones a node may roll back by itself.
+ENGINE_VERDICTS = ("restart-engine", "serving-check")
+
+
+class Interrupted(BaseException):
+    """SIGTERM (or SIGINT) ended the switch: handled by the early-end rule like any failure."""
+
+    def __init__(self, signal_name: str) -> None:
+        super().__init__(signal_name)
+        self.signal_name = signal_name
+
+
+class RollbackNeeded(Exception):
+    """The new engine did not serve (``step`` failed with ``reason``); the failure is recorded and the node is
+    still drained (``switch``: the failed switch, its drain and stopped gateway), for the caller to switch back."""
+
+    def __init__(self, switch: Switch, step: str, reason: str, engine_output: list[str]) -> None:
+        super().__init__(reason)
+        self.switch, self.step, self.reason, self.engine_output = switch, step, reason, engine_output
+
+
+def new_journal(ctx: NodeContext, p: Plan, switch_id: str, rollout: str | None, commit: str | None,
+                began: float, forced: bool = False, resumed: int = 0, auto: str | None = None) -> journals.Journal:
+    """The journal of a switch about to start (every step pending); ``began``: when its run took the lock."""
+    return journals.Journal(
+        **{"from": p.from_id}, to=p.to_id, node=ctx.node, host=socket.gethostname(), pid=os.getpid(),
+        user=getpass.getuser(), started_at=began, forced=forced, resumed=resumed, kind=p.kind,
+        switch=switch_id, rollout=rollout, commit=commit, auto=auto,
+        steps=[journals.StepRecord(name=s) for s in p.steps],
+    )
+
+
+def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal: journals.Journal,
+        abandon: tuple[journals.Journal, str] | None = None, roll_back_on_failure: bool = False,
+        drain_kept: drain.VoiceDrain | None = None) -> None:
+    """Carry out plan ``p``: journal each step; on any early end apply the early-end rule.
+
+    Args:
+        abandon: an interrupted switch this one replaces, and why: its journal is superseded by
+            this switch's first journal write, and only then recorded as abandoned.
+        roll_back_on_failure: when the engine does not serve (:data:`ENGINE_VERDICTS`), record the
+            failure, keep the drain, and raise :class:`RollbackNeeded` instead of ending early.
+        drain_kept: the voice drain a switch this one continues left in place (an automatic rollback).
+
+    Raises:
+        Refused: the journal could not be written at all (nothing was changed).
+        RollbackNeeded: see ``roll_back_on_failure``.
+        SwitchFailed: a step failed, a write failed, or a signal ended the switch.
+    """
+    sw = Switch(ctx, p, new, out, journal=journal)
+    if drain_kept is not None:
+        sw.drain, sw.gateway_stopped = drain_kept, True
+    try:
+        journals.write_journal(ctx.state_dir, journal)
+    except OSError as err:
+        raise Refused(f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was changed; "
+                      "free the space or fix the filesystem, then run the command again") from None
+    step = "journal"
+    try:
+        if abandon is not None:
+            append_abandoned(ctx, abandon[0], out, abandon[1])
+        for number, step in enumerate(p.steps, 1):
+            out.line(f"step {number}/{len(p.steps)} {step}")
+            journals.mark(ctx.state_dir, journal, step, "running")
+            STEP_BY_NAME[step].run(sw)
+            journals.mark(ctx.state_dir, journal, step, "done")
+    except StepError as err:
+        if roll_back_on_failure and step in ENGINE_VERDICTS:
+            _record_failure(sw, step, str(err))
+            raise RollbackNeeded(sw, step, str(err), list(err.engine_output)) from None
+        _end_early(sw, step, str(err))
+    except (Exception, KeyboardInterrupt, Interrupted) as err:
+        _end_early(sw, step, describe_failure(err))
+    try:
+        journals.remove_journal(ctx.state_dir)
+    except OSError as err:  # the switch is recorded: the next run finds it so and removes the journal
+        out.line(f"  note: the switch is recorded, but its journal could not be removed ({describe_failure(err)}); "
+                 "the next release removes it")
+    sw.out.line(f"{ctx.node}: {SUCCESS[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
+
+
+def _end_early(sw: Switch, step: str, reason: str) -> None:
+    ctx, p = sw.ctx, sw.plan
+    early_end(sw, step, reason)
+    number = p.steps.index(step) + 1 if step in p.steps else 0
+    where = f"step {number}/{len(p.steps)} {step}" if number else "writing the journal"
+    raise SwitchFailed(
+        f"{ctx.node}: {where} failed: {reason}. The journal ({ctx.journal_path}) is kept: the next "
+        f"'flatshare release' finishes the switch to {p.to_id} once the cause is fixed, restarting every "
+        "managed unit (or switches to the checkout's release if that is another); 'flatshare rollback' "
+        "abandons it instead"
+    ) from None
+
+
+def describe_failure(err: BaseException) -> str:
+    """One line for what ended a switch: the step's message, or the file and errno of a failed write."""
+    if isinstance(err, Interrupted):
+        return f"interrupted by {err.signal_name}"
+    if isinstance(err, KeyboardInterrupt):
+        return "interrupted by SIGINT (Ctrl-C)"
+    if isinstance(err, OSError):
+        name = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
+        where = f"{err.filename}: " if err.filename else ""
+        return f"{where}{name} ({err.strerror or err})"
+    if isinstance(err, FlatshareError):
+        return str(err)
+    return f"{type(err).__name__}: {err}"
+
+
+def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None) -> None:
+    ctx, journal, out = sw.ctx, sw.journal, sw.out
+    try:
+        if step in [s.name for s in journal.steps]:
+            journals.mark(ctx.state_dir, journal, step, "failed", reason)
+    except OSError as err:
+        out.line(f"  could not write the journal ({describe_failure(err)}); it stays as last written")
+    try:
+        append_failure(ctx, journal, step, reason, **({"calls": calls} if calls else {}))
+    except (OSError, NodeStateError) as err:
+        out.line(f"  could not record the failure in {ctx.history_path} ({describe_failure(err)}): "
+                 f"switch {journal.switch} to {journal.to} failed at {step}: {reason}")
+
+
+def early_end(sw: Switch, step: str, reason: str) -> None:
+    """The one early-end rule. Never raises: each part is tried, and a part that fails is printed."""
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        calls = give_back(sw)
+        _record_failure(sw, step, reason, calls)
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+
+
+def give_back(sw: Switch) -> str:
+    """End the voice drain, and start the gateway again if this switch stopped it and the engine answers
+    (waiting for an engine still loading, bounded by what is left of its start budget); returns what became
+    of calls, one line, for the record."""
+    ctx, out = sw.ctx, sw.out
+    voice = sw.serving.get("voice", {})
+    drain_file = Path(voice.get("drain_file", "/nonexistent"))
+    said = []
+    try:
+        if drain.end_if_present(drain_file):
+            out.line("  voice drain ended early: the worker takes calls again")
+    except OSError as err:
+        out.line(f"  could not remove {drain_file} ({describe_failure(err)}): the voice worker stays drained; "
+                 f"remove it by hand (rm {drain_file})")
+        said.append(f"{drain_file} left in place")
+    if not sw.gateway_stopped:
+        return "; ".join(said) or "given back"
+    url = sw.serving["engine"]["url"] + "/health"
+    status = http_get(url, HTTP_TIMEOUT_S)[0]
+    left = (sw.engine_deadline - time.monotonic()) if sw.engine_deadline is not None else 0.0
+    if status != 200 and left > 0 and _engine_starting(sw):
+        out.line(f"  the engine is still starting: waiting for {url} (up to {left:.0f} s, what is left of its "
+                 "start budget) before starting the gateway again")
+        status = wait_for_200(url, left, sw.progress(f"{url} to answer 200", left))
+    if status == 200:
+        try:
+            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60, sw.progress(f"{GATEWAY_UNIT} to start", 60))
+            out.line(f"  {GATEWAY_UNIT} started again (the engine answers /health)")
+            sw.gateway_stopped = False
+            return "; ".join(said) or "given back"
+        except SystemdError as err:
+            out.line(f"  could not start {GATEWAY_UNIT} again: {err}")
+            return "; ".join([*said, f"{GATEWAY_UNIT} could not be started again: {err}"])
+    out.line(f"  {GATEWAY_UNIT} left stopped: the engine does not answer {url}")
+    return "; ".join([*said, f"{GATEWAY_UNIT} left stopped: the engine did not answer {url}"])
+
+
+def _engine_starting(sw: Switch) -> bool:
+    try:
+        state = systemd.properties(sw.ctx.address, [(ENGINE_UNIT, "Unit", "ActiveState")])[f"{ENGINE_UNIT}/ActiveState"]
+    except SystemdError:
+        return False
+    return state in ("active", "activating", "reloading")
