@@ -1,6 +1,6 @@
 #!/usr/bin/env bash
 # Regenerate flatshare_ops/common/vllm_options/RELEASE.json, the `vllm serve`
-# option tables engine_argv.py reads, from the vLLM parser venvs that
+# option tables vllm_argv.py reads, from the vLLM parser venvs that
 # scripts/vllm-parser-venv.sh builds (one release per venv). Each run imports
 # vLLM (~10 s of CPU), under nice, one after the other.
 set -euo pipefail

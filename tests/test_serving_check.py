@@ -14,7 +14,7 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_ADDRESSES, run_cli
-from flatshare_ops.common.engine_argv import differences, read_argv
+from flatshare_ops.common.vllm_argv import differences, read_argv
 from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.sandbox.fleet import SandboxNode

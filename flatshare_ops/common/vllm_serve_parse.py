@@ -338,7 +338,7 @@ JSON_KINDS = {"json", "json_or_str", "dataclass"}
 
 
 def classify_type(t) -> dict:
-    """How an action's `type` converts a word, as data engine_argv can act on.
+    """How an action's `type` converts a word, as data vllm_argv can act on.
 
     Derived from the live callable, not from its name alone:
     * builtins: None or str -> {"kind": "str"}; int; float; json.loads -> "json".
@@ -356,7 +356,7 @@ def classify_type(t) -> dict:
       "x" to "x" is {"kind": "lower_underscore"} (s.lower().replace("-", "_"));
       a function mapping "NoNe" and "none" to "" and other words to themselves is
       {"kind": "none_to_empty"} (0.33's parse_reasoning_parser);
-      otherwise {"kind": "unknown", "qualname": ...} (engine_argv refuses to guess).
+      otherwise {"kind": "unknown", "qualname": ...} (vllm_argv refuses to guess).
     Every dict also has "name": getattr(t, "__name__", repr(t)), which argparse
     puts in "invalid NAME value: 'V'".
     """

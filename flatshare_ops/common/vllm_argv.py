@@ -182,7 +182,7 @@ class _Table:
         self.has_negative_number_optionals = parser["has_negative_number_optionals"]
         self.allow_abbrev = parser["allow_abbrev"]
         if parser["prefix_chars"] != "-" or parser["fromfile_prefix_chars"] is not None:
-            raise ValueError(f"vLLM {self.release}: parser settings engine_argv does not mirror")
+            raise ValueError(f"vLLM {self.release}: parser settings vllm_argv does not mirror")
 
     def flag(self, dest: str) -> str:
         a = self.by_dest.get(dest)
@@ -244,7 +244,7 @@ class _ArgumentTypeError(Exception):
 
 
 class _Unsupported(Exception):
-    """Something engine_argv does not mirror."""
+    """Something vllm_argv does not mirror."""
 
 
 def _action_name(action: dict | None):
@@ -329,7 +329,7 @@ def _rewrite(words: list[str]) -> _Rewritten:
             "using `vllm serve`. i.e. `vllm serve <model> --<arg> <value>`.")
     if "--config" in args:
         raise _Stop("unsupported: --config FILE (vLLM reads the YAML file and inserts its flags; "
-                    "engine_argv does not)")
+                    "vllm_argv does not)")
 
     processed: list[str] = []
     for i, arg in enumerate(args):
@@ -557,7 +557,7 @@ class _Parse:
             raise _ArgumentError(action, f"invalid {tc['name']} value: {s!r}") from None
         except _Unsupported as e:
             self.r.errors.append(f"unsupported: {self.t.flag(action['dest'])}: {e} "
-                                 "(engine_argv cannot convert this value as vLLM does)")
+                                 "(vllm_argv cannot convert this value as vLLM does)")
             return s
 
     def check_value(self, action: dict, value) -> None:
@@ -918,10 +918,10 @@ def _finish(reading: Reading, parse: _Parse, table: _Table, rw: _Rewritten | Non
         if tc.get("kind") == "dataclass" and reading.values[dest] is not None:
             reading.unverified.append(
                 f"{table.flag(dest)}: vLLM validates it into {tc['class']} (pydantic: unknown keys, "
-                "types, defaults); engine_argv keeps the JSON as given")
+                "types, defaults); vllm_argv keeps the JSON as given")
         elif action["action"] == "LoRAParserAction":
             reading.unverified.append(f"{table.flag(dest)}: vLLM checks each entry's fields "
-                                      "(LoRAModulePath); engine_argv does not")
+                                      "(LoRAModulePath); vllm_argv does not")
 
 
 def _json_word(word: str) -> str:
