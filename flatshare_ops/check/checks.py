@@ -27,14 +27,20 @@ def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
 def check_flags(running: list[str], expected: list[str], release: str) -> Finding:
     """The running engine's flags mean to vLLM ``release`` what the release's argv means.
 
-    Both command lines are read as vLLM reads them (:mod:`common.vllm_argv`):
-    the effective values are compared (spelling, order, ``=`` forms and the JSON
-    or dotted form of a flag never matter; a changed value or type does), and a
-    form vLLM ignores or overrides in the running line (a JSON form beside dotted
-    keys, a repeated flag) is a WARNING even when the effective values match.
+    Words first: a running command line that is the release's word for word
+    (after the interpreter word a console script adds) is OK without reading
+    either, so that no gap in our reading of vLLM can fail a healthy engine.
+    Only when the words differ are both read as vLLM reads them
+    (:mod:`common.vllm_argv`): the effective values are compared (spelling,
+    order, ``=`` forms and the JSON or dotted form of a flag never matter; a
+    changed value or type does), and a form vLLM ignores or overrides in the
+    running line (a JSON form beside dotted keys, a repeated flag) is a WARNING
+    even when the effective values match.
     """
     from ..common import vllm_argv
 
+    if vllm_argv.same_words(running, expected):
+        return Finding("flags", OK, "engine flags match the profile, word for word")
     try:
         running_reading = vllm_argv.read_argv(running, release)
         expected_reading = vllm_argv.read_argv(expected, release)
@@ -49,7 +55,7 @@ def check_flags(running: list[str], expected: list[str], release: str) -> Findin
     if running_reading.warnings:
         return Finding("flags", WARNING, "the engine's command line has forms vLLM ignores or overrides",
                        list(running_reading.warnings))
-    return Finding("flags", OK, "engine flags match the profile")
+    return Finding("flags", OK, "engine flags match the profile (other words, the same meaning)")
 
 
 def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:
