@@ -12,7 +12,11 @@ line give, for every flag given, the value vLLM's namespace holds, with its
 type, and miss no flag that vLLM set.
 
 The committed option tables (flatshare_ops/common/vllm_options/RELEASE.json)
-must equal what `vllm_serve_parse.py options` prints from each venv.
+must equal what `vllm_serve_parse.py options` prints from each venv. The
+parser vllm_argv builds from them is argparse's; the lines that exercise
+argparse's own rules (prefixes, `=`, nargs, `--`, negative numbers; `--a` to
+`--z` and `-a` to `-z` list every ambiguous candidate in vLLM's registration
+order) hold it to vLLM's.
 """
 
 from __future__ import annotations
@@ -503,6 +507,10 @@ def test_argv_shapes_and_releases():
     assert vllm_argv.known_releases() == ["0.32.0", "0.33.0"]
     with pytest.raises(ValueError, match="no option table for vLLM 0.9.9"):
         vllm_argv.read_argv(["vllm", "serve", M], "0.9.9")
+    # A local label is the release's own build (PEP 440): vLLM 0.32.0+cpu reads with 0.32.0's table.
+    assert vllm_argv.read_argv(["vllm", "serve", M, "--port", "8001"], "0.32.0+cpu").values == {"port": 8001}
+    with pytest.raises(ValueError, match="no option table for vLLM 0.9.9"):
+        vllm_argv.read_argv(["vllm", "serve", M], "0.9.9+cpu")
     # 0.33.0 pairs --enable-x with --disable-x; 0.32.0 does not know --disable-x.
     assert _read(M, "--disable-prefix-caching", release="0.33.0").values == {"enable_prefix_caching": False}
     assert not _read(M, "--disable-prefix-caching").ok
