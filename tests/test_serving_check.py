@@ -14,8 +14,10 @@ from pathlib import Path
 import pytest
 
 from conftest import TEST_ADDRESSES, run_cli
-from flatshare_ops.common.engine_argv import differences, read_argv
+from flatshare_ops.check.checks import check_flags
+from flatshare_ops.check.report import CRITICAL, OK, UNKNOWN
 from flatshare_ops.common.http import wait_for_200
+from flatshare_ops.common.vllm_argv import differences, read_argv
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job
@@ -311,6 +313,33 @@ def test_differences_are_named_with_both_values():
 
 def test_the_model_is_read():
     assert read_argv(BASE).model == "/m"
+
+
+# --- words before meaning (pure) ------------------------------------------------
+
+# vLLM reads --config FILE (it splices the YAML file's flags in); vllm_argv does not.
+UNREADABLE = ["/venv/bin/vllm", "serve", "/m", "--config", "/etc/flatshare/vllm.yaml", "--port", "8000"]
+
+
+def test_the_releases_command_line_running_word_for_word_is_ok_though_our_reader_cannot_read_it():
+    assert not read_argv(UNREADABLE).ok
+    for running in (["/venv/bin/python3", *UNREADABLE], ["/usr/bin/python3.11", *UNREADABLE], UNREADABLE):
+        finding = check_flags(running, UNREADABLE, "0.32.0")
+        assert (finding.status, finding.details) == (OK, []), finding.details
+    # A release without an option table on the node: the same words need none.
+    assert check_flags(["/venv/bin/python3", *BASE[1:]], BASE, "0.99.0").status == OK
+
+
+def test_other_words_are_read_by_meaning_and_a_gap_in_the_reading_shows():
+    finding = check_flags(["/venv/bin/python3", *UNREADABLE, "--enforce-eager"], UNREADABLE, "0.32.0")
+    assert finding.status == CRITICAL
+    assert any("unsupported: --config FILE" in line for line in finding.details), finding.details
+    assert check_flags([*BASE, "--port", "8001"], BASE, "0.99.0").status == UNKNOWN
+    # Words that differ and mean the same are OK, a word before the script that is no interpreter is read.
+    assert check_flags(["/bin/sh", *BASE[1:]], BASE, "0.32.0").status == OK
+    assert check_flags(["/venv/bin/vllm", "serve", "/m", "--port=8000", "--async-scheduling",
+                        "--additional-config", '{"make_room": {"decode_hold_tokens": 48, "take_reservations": true}}'],
+                       BASE, "0.32.0").status == OK
 
 
 def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox):

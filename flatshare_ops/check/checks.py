@@ -27,20 +27,26 @@ def check_engine_unit(facts: EngineFacts, unit: str) -> Finding:
 def check_flags(running: list[str], expected: list[str], release: str) -> Finding:
     """The running engine's flags mean to vLLM ``release`` what the release's argv means.
 
-    Both command lines are read as vLLM reads them (:mod:`common.engine_argv`):
-    the effective values are compared (spelling, order, ``=`` forms and the JSON
-    or dotted form of a flag never matter; a changed value or type does), and a
-    form vLLM ignores or overrides in the running line (a JSON form beside dotted
-    keys, a repeated flag) is a WARNING even when the effective values match.
+    Words first: a running command line that is the release's word for word
+    (after the interpreter word a console script adds) is OK without reading
+    either, so that no gap in our reading of vLLM can fail a healthy engine.
+    Only when the words differ are both read as vLLM reads them
+    (:mod:`common.vllm_argv`): the effective values are compared (spelling,
+    order, ``=`` forms and the JSON or dotted form of a flag never matter; a
+    changed value or type does), and a form vLLM ignores or overrides in the
+    running line (a JSON form beside dotted keys, a repeated flag) is a WARNING
+    even when the effective values match.
     """
-    from ..common import engine_argv
+    from ..common import vllm_argv
 
+    if vllm_argv.same_words(running, expected):
+        return Finding("flags", OK, "engine flags match the profile, word for word")
     try:
-        running_reading = engine_argv.read_argv(running, release)
-        expected_reading = engine_argv.read_argv(expected, release)
+        running_reading = vllm_argv.read_argv(running, release)
+        expected_reading = vllm_argv.read_argv(expected, release)
     except ValueError as err:
         return Finding("flags", UNKNOWN, f"cannot read the engine's flags as vLLM {release} does: {err}")
-    details = engine_argv.differences(running_reading, expected_reading)
+    details = vllm_argv.differences(running_reading, expected_reading)
     details = [f"vLLM {release} would reject the running command line: {e}" for e in running_reading.errors] + details
     if expected_reading.errors:
         details.insert(0, f"vLLM {release} rejects the release's own command line: {expected_reading.errors[0]}")
@@ -49,7 +55,7 @@ def check_flags(running: list[str], expected: list[str], release: str) -> Findin
     if running_reading.warnings:
         return Finding("flags", WARNING, "the engine's command line has forms vLLM ignores or overrides",
                        list(running_reading.warnings))
-    return Finding("flags", OK, "engine flags match the profile")
+    return Finding("flags", OK, "engine flags match the profile (other words, the same meaning)")
 
 
 def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:

@@ -21,8 +21,10 @@ parse-many
             warn-once caches and the action defaults are reset before each).
 options
     stdin : ignored.
-    stdout: the serve parser's option table (see `options_table`), sorted, for
-            committing as flatshare_ops/common/vllm_options/RELEASE.json.
+    stdout: what building the `vllm serve` parser again needs (see
+            `options_table`), one action per line, for committing as
+            flatshare_ops/common/vllm_options/RELEASE.json (RELEASE: its
+            vllm_release, the public version: 0.32.0 for 0.32.0+cpu).
 
 A result is
     {"ok": true, "namespace": {dest: value}, "warnings": [...],
@@ -332,13 +334,9 @@ ACTION_KINDS = {
     "EnableDisableAction": "EnableDisableAction",
 }
 
-# Type kinds that parse a JSON object, so the flag is meant for the dotted
-# form (--flag.key value) as well as --flag '{"key": ...}'.
-JSON_KINDS = {"json", "json_or_str", "dataclass"}
-
 
 def classify_type(t) -> dict:
-    """How an action's `type` converts a word, as data engine_argv can act on.
+    """How an action's `type` converts a word, as data vllm_argv can act on.
 
     Derived from the live callable, not from its name alone:
     * builtins: None or str -> {"kind": "str"}; int; float; json.loads -> "json".
@@ -356,21 +354,24 @@ def classify_type(t) -> dict:
       "x" to "x" is {"kind": "lower_underscore"} (s.lower().replace("-", "_"));
       a function mapping "NoNe" and "none" to "" and other words to themselves is
       {"kind": "none_to_empty"} (0.33's parse_reasoning_parser);
-      otherwise {"kind": "unknown", "qualname": ...} (engine_argv refuses to guess).
-    Every dict also has "name": getattr(t, "__name__", repr(t)), which argparse
-    puts in "invalid NAME value: 'V'".
+      otherwise {"kind": "unknown", "qualname": ...} (vllm_argv refuses to guess).
+    Every dict but the identity's ({"kind": "str"} for no type) also has "name":
+    getattr(t, "__name__", repr(t)), which argparse puts in "invalid NAME value: 'V'";
+    optional and parse_type have "repr", repr(f) without its address, for their message.
     """
     import inspect
 
-    name = getattr(t, "__name__", repr(t)) if t is not None else None
-    if t is None or t is str:
+    if t is None:
+        return {"kind": "str"}  # argparse's identity: never fails, so it needs no name
+    name = getattr(t, "__name__", repr(t))
+    if t is str:
         return {"kind": "str", "name": name}
     if t is int:
         return {"kind": "int", "name": name}
     if t is float:
         return {"kind": "float", "name": name}
     if t is json.loads:
-        return {"kind": "json", "name": name, "repr": _repr(t)}
+        return {"kind": "json", "name": name}
     qual = getattr(t, "__qualname__", "")
     mod = getattr(t, "__module__", "")
     if qual.endswith("optional_type.<locals>._optional_type"):
@@ -385,7 +386,7 @@ def classify_type(t) -> dict:
         cls = (t.__defaults__ or (None,))[0]
         return {"kind": "dataclass", "name": name, "class": getattr(cls, "__name__", str(cls))}
     if qual in ("human_readable_int", "human_readable_int_or_auto") and mod.startswith("vllm"):
-        return {"kind": qual, "name": name, "repr": _repr(t)}
+        return {"kind": qual, "name": name}
     probes = {
         # s.lower().replace("-", "_")  (--moe-backend, --linear-backend, ...)
         "lower_underscore": [("Ab-Cd", "ab_cd"), ("x", "x")],
@@ -409,12 +410,6 @@ def _repr(f) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", repr(f))
 
 
-def _type_is_json(tc: dict) -> bool:
-    while tc["kind"] in ("optional", "parse_type"):
-        tc = tc["inner"]
-    return tc["kind"] in JSON_KINDS
-
-
 def _is_json_value(value) -> bool:
     try:
         json.dumps(value, allow_nan=False)
@@ -423,27 +418,83 @@ def _is_json_value(value) -> bool:
         return False
 
 
-def options_table(sp: ServeParser) -> dict:
-    """The serve subparser's actions as JSON data, sorted (dest, then option strings).
+def public_version(version: str) -> str:
+    """A version without its local label (PEP 440: ``0.32.0+cpu`` is release 0.32.0 built locally)."""
+    return version.partition("+")[0]
 
-    For each action: option_strings (every string the parser accepts for it,
-    including hidden ones such as 0.33's --no-enable-x, sorted),
-    visible_option_strings (action.option_strings, as in --help), dest, nargs,
-    action (kind, see ACTION_KINDS), const, type (classify_type), choices,
-    required, deprecated, json (the flag takes a JSON object and so the dotted
-    form), values_by_option_string (nargs=0 actions: what each option string
-    stores, found by calling the action on an empty namespace), default (the
-    value `vllm serve MODEL` leaves in the namespace after parse and validate,
-    when JSON-serialisable; otherwise default_repr). Top level: vllm_release,
-    python (argparse's behaviour is Python's), parser settings, the dests that
-    take the dotted form (json_flags) and the positional model.
+
+def _given_option_strings(action, registered: list[str]) -> list[str]:
+    """The option strings vLLM passed to add_argument for ``action``.
+
+    ``registered`` is every string the parser maps to the action, in registration
+    order. BooleanOptionalAction adds ``--no-X`` for each ``--X`` it is given, and
+    0.33's EnableDisableAction also ``--disable-X`` for ``--enable-X``: for those,
+    each registered string the class does not add itself from the ones before
+    it, checked by registering them again. Every other class registers what it
+    is given.
+    """
+    import argparse
+
+    if not isinstance(action, argparse.BooleanOptionalAction):
+        return registered
+    given: list[str] = []
+    for opt in registered:
+        if not given or opt not in type(action)(given, dest=action.dest).option_strings:
+            given.append(opt)
+    if type(action)(given, dest=action.dest).option_strings != registered:
+        raise RuntimeError(f"{action.dest}: cannot tell which option strings vLLM gave "
+                           f"{type(action).__name__} ({registered})")
+    return given
+
+
+def _action_entry(parser, action, registered: list[str]) -> dict:
+    """One action as the data argparse's add_argument needs to build it again (see options_table)."""
+    kind = ACTION_KINDS.get(type(action).__name__, type(action).__name__)
+    given = _given_option_strings(action, registered)
+    entry = {"dest": action.dest, "option_strings": given, "action": kind}
+    if kind not in ("help", "version"):
+        # What the class sets by itself is left out: add_argument sets it again.
+        bare = type(action)(given, dest=action.dest)
+        for attr in ("nargs", "const", "choices", "required"):
+            value = getattr(action, attr)
+            if value != getattr(bare, attr) and not (attr == "required" and not given):
+                if attr == "choices":
+                    value = [c if _is_json_value(c) else str(c) for c in value]
+                entry[attr] = value if _is_json_value(value) else str(value)
+        if not given and action.metavar is not None:
+            entry["metavar"] = action.metavar  # argparse names a positional by it in errors
+    if action.type is not None or action.nargs != 0:
+        entry["type"] = classify_type(action.type)
+    if action in getattr(parser, "_deprecated", ()):
+        entry["deprecated"] = True
+    return entry
+
+
+def options_table(sp: ServeParser) -> dict:
+    """What building vLLM's `vllm` parser and its `serve` subparser again needs, as JSON data.
+
+    ``actions``: the serve subparser's actions in the order vLLM adds them
+    (argparse lists the candidates of an ambiguous abbreviation in that order),
+    each with: dest; option_strings, the strings vLLM passed to add_argument
+    ([] for the positional; the class registers the rest: BooleanOptionalAction's
+    --no-X, 0.33's EnableDisableAction's --disable-X); action, its kind
+    (ACTION_KINDS, else the class name of vLLM's own action); nargs, const,
+    choices, required only where they differ from what that class sets by
+    itself; metavar for a positional that has one; type (classify_type) when
+    the action takes words; deprecated when true; default, what `vllm serve
+    MODEL` leaves in the namespace after parse and validate, when it is JSON
+    data and not None, or no_json_default true when it is not JSON (a config
+    object) or absent (a suppressed default).
+
+    Top level: vllm_release (the public version), python (argparse's
+    behaviour is that Python's), generated_by, parser (the serve subparser's
+    prog, allow_abbrev, prefix_chars, fromfile_prefix_chars), top_level (the
+    `vllm` parser's prog, its actions as above, its subparsers' dest),
+    mutually_exclusive_groups.
     """
     import argparse
 
     parser = sp.serve
-    by_action: dict[int, list[str]] = {}
-    for opt, action in parser._option_string_actions.items():
-        by_action.setdefault(id(action), []).append(opt)
     bare = sp.parse(["MODEL"])
     if not bare["ok"]:
         raise RuntimeError(f"vllm serve MODEL does not parse: {bare['error']}")
@@ -452,68 +503,57 @@ def options_table(sp: ServeParser) -> dict:
     sp._reset()
     raw = vars(parser.parse_known_args(["MODEL"])[0])
 
+    def registered(p) -> dict[int, list[str]]:
+        strings: dict[int, list[str]] = {}
+        for opt, action in p._option_string_actions.items():
+            strings.setdefault(id(action), []).append(opt)
+        return strings
+
+    serve_strings = registered(parser)
     actions = []
     for a in parser._actions:
-        kind = ACTION_KINDS.get(type(a).__name__, type(a).__name__)
-        tc = classify_type(a.type) if a.type is not None or a.nargs != 0 else None
-        entry = {
-            "dest": a.dest,
-            "option_strings": sorted(by_action.get(id(a), [])),
-            "visible_option_strings": list(a.option_strings),
-            "positional": not a.option_strings,
-            "action": kind,
-            "nargs": a.nargs,
-            "const": a.const if _is_json_value(a.const) else str(a.const),
-            "type": tc,
-            "choices": None if a.choices is None else
-            [c if _is_json_value(c) else str(c) for c in a.choices],
-            "required": bool(a.required),
-            "deprecated": a in getattr(parser, "_deprecated", ()),
-            "json": bool(tc and _type_is_json(tc)),
-        }
-        if a.nargs == 0 and kind not in ("help", "version"):
-            stored = {}
-            for opt in entry["option_strings"]:
-                ns = argparse.Namespace()
-                a(parser, ns, [], opt)
-                v = getattr(ns, a.dest, None)
-                stored[opt] = v if _is_json_value(v) else str(v)
-            entry["values_by_option_string"] = stored
+        entry = _action_entry(parser, a, serve_strings.get(id(a), []))
         if not a.option_strings:
-            # A positional's default is its own (bare_ns holds the "MODEL" we passed).
-            entry["default"] = a.default if _is_json_value(a.default) else str(a.default)
+            value = a.default
         elif a.dest == argparse.SUPPRESS or a.dest not in raw:
-            entry["default_suppressed"] = True  # absent from the namespace unless given
+            value = argparse.SUPPRESS
         else:
-            value = raw[a.dest]
-            if _is_json_value(value):
-                entry["default"] = bare_ns.get(a.dest, value)
-            else:
-                entry["default_repr"] = str(value)
+            value = bare_ns.get(a.dest, raw[a.dest]) if _is_json_value(raw[a.dest]) else argparse.SUPPRESS
+        if value is argparse.SUPPRESS or not _is_json_value(value):
+            entry["no_json_default"] = True
+        elif value is not None:
+            entry["default"] = value
         actions.append(entry)
-    actions.sort(key=lambda e: (e["dest"], e["option_strings"]))
+    top_strings = registered(sp.top)
+    subparsers = next(a for a in sp.top._actions if isinstance(a, argparse._SubParsersAction))
     return {
-        "vllm_release": sp.release,
+        "vllm_release": public_version(sp.release),
         "python": ".".join(map(str, sys.version_info[:2])),
         "generated_by": "flatshare_ops/common/vllm_serve_parse.py options",
         "parser": {
             "prog": parser.prog,
-            "top_level_prog": sp.top.prog,
             "allow_abbrev": parser.allow_abbrev,
             "prefix_chars": parser.prefix_chars,
             "fromfile_prefix_chars": parser.fromfile_prefix_chars,
-            "has_negative_number_optionals": bool(parser._has_negative_number_optionals),
-            "top_level_option_strings": list(sp.top._option_string_actions),
         },
-        # Registration order of every option string: argparse lists the
-        # candidates of an ambiguous abbreviation in this order.
-        "option_string_order": list(parser._option_string_actions),
+        "top_level": {
+            "prog": sp.top.prog,
+            "actions": [_action_entry(sp.top, a, top_strings.get(id(a), []))
+                        for a in sp.top._actions if a is not subparsers],
+            "subparsers_dest": subparsers.dest,
+        },
         "mutually_exclusive_groups": [
             {"required": g.required, "dests": [a.dest for a in g._group_actions]}
             for g in parser._mutually_exclusive_groups],
-        "json_flags": sorted(e["dest"] for e in actions if e["json"]),
         "actions": actions,
     }
+
+
+def table_text(table: dict) -> str:
+    """An option table as committed: JSON with one action per line (a diff shows one flag per line)."""
+    head = json.dumps({k: v for k, v in table.items() if k != "actions"}, indent=1, sort_keys=True)
+    actions = ",\n  ".join(json.dumps(a, sort_keys=True) for a in table["actions"])
+    return f'{head[:-2]},\n "actions": [\n  {actions}\n ]\n}}\n'
 
 
 # --------------------------------------------------------------------------
@@ -559,8 +599,11 @@ def main(argv: list[str]) -> int:
         return 2
     finally:
         sys.stdout = real_stdout
-    json.dump(result, real_stdout, indent=1, sort_keys=True)
-    real_stdout.write("\n")
+    if mode == "options":
+        real_stdout.write(table_text(result))
+    else:
+        json.dump(result, real_stdout, indent=1, sort_keys=True)
+        real_stdout.write("\n")
     return 0
 
 

@@ -154,7 +154,7 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
     Args:
         kind: ``release``, ``rollback`` or ``repair``; a repair is a whole switch.
         flag_changes: a function ``(old view or None, new view) -> lines`` naming the engine
-            flags that change (:func:`common.engine_argv.changes`); None to list none.
+            flags that change (:func:`common.vllm_argv.changes`); None to list none.
         resume: finishing or abandoning an interrupted switch: a whole switch (its
             units may be half installed).
         replaces: the target of an interrupted switch that this one replaces instead of finishing

@@ -278,12 +278,12 @@ def _unhealthy(ctx: NodeContext) -> list[str]:
 
 def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
     """The engine flags a switch changes, read as the new release's vLLM reads them."""
-    from ..common import engine_argv
+    from ..common import vllm_argv
 
-    release = str(new.serving.get("vllm_release", engine_argv.DEFAULT_RELEASE))
+    release = str(new.serving.get("vllm_release", vllm_argv.DEFAULT_RELEASE))
     try:
-        before = engine_argv.read_argv(old.argv, release) if old is not None else None
-        return engine_argv.changes(before, engine_argv.read_argv(new.argv, release))
+        before = vllm_argv.read_argv(old.argv, release) if old is not None else None
+        return vllm_argv.changes(before, vllm_argv.read_argv(new.argv, release))
     except (ValueError, TypeError) as err:
         return [f"(flags not compared: {err})"]
 

@@ -5,7 +5,7 @@ else once it is a word on a command line or a unit line: ``served_model_name
 = "--port"`` makes vLLM read ``--served-model-name`` without a value; a value
 starting with ``-`` can be taken for a flag. Rather than guess each such case,
 the render is read back: the engine's command line with the option table of
-the profile's vLLM release (:mod:`common.engine_argv`, which mirrors vLLM's
+the profile's vLLM release (:mod:`common.vllm_argv`, which mirrors vLLM's
 own parser), the units' command lines and environments as systemd reads them
 (:mod:`common.unit_file`). Anything that does not read back as the profile's
 value is refused at validation, naming the key (one line, exit 2).
@@ -13,7 +13,7 @@ value is refused at validation, naming the key (one line, exit 2).
 
 from __future__ import annotations
 
-from ..common import engine_argv, unit_file
+from ..common import unit_file, vllm_argv
 from ..config.profile import LoadedProfile
 from ..errors import ProfileError
 
@@ -75,7 +75,7 @@ def _key_in(message: str, release: str, loaded: LoadedProfile) -> str:
     if loaded.profile.engine.model.startswith("-") or "positional argument" in message:
         return "engine.model"
     for dest, key in DEST_KEYS.items():
-        if dest != "model_tag" and engine_argv.flag_name(dest, release) in message:
+        if dest != "model_tag" and vllm_argv.flag_name(dest, release) in message:
             return key
     return "engine"
 
@@ -87,9 +87,9 @@ def check_engine(loaded: LoadedProfile, argv: list[str]) -> None:
         ProfileError: vLLM would reject it, or read a value differently (names the key).
     """
     release = loaded.profile.engine.vllm_release
-    if release not in engine_argv.known_releases():
+    if release not in vllm_argv.known_releases():
         return  # no option table: the preflight on the node parses it with vLLM itself
-    reading = engine_argv.read_argv(argv, release)
+    reading = vllm_argv.read_argv(argv, release)
     if reading.errors:
         key = _key_in(reading.errors[0], release, loaded)
         raise ProfileError(f"{_place(loaded, key)}: {key}: vLLM {release} would reject the engine's command line "
@@ -99,10 +99,10 @@ def check_engine(loaded: LoadedProfile, argv: list[str]) -> None:
                            f"{loaded.profile.engine.model!r} as {reading.model!r}")
     for dest, want in expected_values(loaded).items():
         got = reading.values.get(dest)
-        if not engine_argv._same(got, want):  # noqa: SLF001 (one definition of "same by meaning")
+        if not vllm_argv._same(got, want):  # noqa: SLF001 (one definition of "same by meaning")
             key = DEST_KEYS[dest]
             raise ProfileError(f"{_place(loaded, key)}: {key}: vLLM {release} would read "
-                               f"{engine_argv.show(want)} as {engine_argv.show(got)}")
+                               f"{vllm_argv.show(want)} as {vllm_argv.show(got)}")
 
 
 def check_units(loaded: LoadedProfile, units: dict[str, str], commands: dict[tuple[str, str], list[str]]) -> None:

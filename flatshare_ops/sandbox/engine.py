@@ -67,15 +67,15 @@ DEFAULT_MAX_NUM_SEQS = 256
 
 def parse_serve_args(argv: list[str]) -> dict:
     """Read ``serve MODEL FLAGS...`` as this venv's vLLM release reads it (its option table, dumped
-    from the real parser: :mod:`flatshare_ops.common.engine_argv`); returns the effective values
+    from the real parser: :mod:`flatshare_ops.common.vllm_argv`); returns the effective values
     (``model`` added).
 
     Raises:
         SystemExit(2): what vLLM rejects, with vLLM's message on stderr (as ``vllm serve`` does).
     """
-    from flatshare_ops.common import engine_argv
+    from flatshare_ops.common import vllm_argv
 
-    reading = engine_argv.read_argv(["serve", *argv[1:]] if argv[:1] == ["serve"] else argv, installed_release())
+    reading = vllm_argv.read_argv(["serve", *argv[1:]] if argv[:1] == ["serve"] else argv, installed_release())
     if reading.errors:
         print(f"vllm serve: error: {reading.errors[0]}", file=sys.stderr, flush=True)
         sys.exit(2)

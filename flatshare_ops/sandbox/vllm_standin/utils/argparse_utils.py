@@ -5,16 +5,16 @@ import argparse
 import importlib.metadata
 import logging
 
-from flatshare_ops.common import engine_argv
+from flatshare_ops.common import vllm_argv
 
 
 class FlexibleArgumentParser(argparse.ArgumentParser):
-    """``vllm serve ...`` parsed by :func:`engine_argv.read_argv` for this venv's release."""
+    """``vllm serve ...`` parsed by :func:`vllm_argv.read_argv` for this venv's release."""
 
     def parse_args(self, args=None, namespace=None):
         if args and args[0] == "serve":
             release = importlib.metadata.version("vllm")
-            reading = engine_argv.read_argv(list(args), release)
+            reading = vllm_argv.read_argv(list(args), release)
             for warning in reading.warnings:
                 logging.getLogger("vllm").warning(warning)
             if reading.errors:

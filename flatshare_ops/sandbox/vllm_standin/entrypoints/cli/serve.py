@@ -14,7 +14,7 @@ class ServeSubcommand:
         return subparsers.add_parser("serve", help="Start the vLLM OpenAI compatible API server.")
 
     def validate(self, args) -> None:
-        """vLLM's post-parse checks are not mirrored (engine_argv's docstring says which)."""
+        """vLLM's post-parse checks are not mirrored (vllm_argv's docstring says which)."""
 
 
 def cmd_init() -> list:

@@ -1,4 +1,4 @@
-"""engine_argv.read_argv against vLLM's own `vllm serve` parser, line by line.
+"""vllm_argv.read_argv against vLLM's own `vllm serve` parser, line by line.
 
 Every command line of CORPUS (the production render and hostile variations)
 is parsed by vLLM itself, in ONE process per vLLM release, with
@@ -6,13 +6,17 @@ flatshare_ops/common/vllm_serve_parse.py's `parse-many` mode, run by the
 interpreter of the parser venv that scripts/vllm-parser-venv.sh builds:
 .venv-vllm (vLLM 0.32.0; missing is a failure unless
 FLATSHARE_SKIP_VLLM_PARSER=1) and .venv-vllm-0.33 (vLLM 0.33.0; skipped when
-missing). For each line, engine_argv.read_argv must take the same decision
+missing). For each line, vllm_argv.read_argv must take the same decision
 (accept / reject); for a rejected line give vLLM's message; for an accepted
 line give, for every flag given, the value vLLM's namespace holds, with its
 type, and miss no flag that vLLM set.
 
 The committed option tables (flatshare_ops/common/vllm_options/RELEASE.json)
-must equal what `vllm_serve_parse.py options` prints from each venv.
+must equal what `vllm_serve_parse.py options` prints from each venv. The
+parser vllm_argv builds from them is argparse's; the lines that exercise
+argparse's own rules (prefixes, `=`, nargs, `--`, negative numbers; `--a` to
+`--z` and `-a` to `-z` list every ambiguous candidate in vLLM's registration
+order) hold it to vLLM's.
 """
 
 from __future__ import annotations
@@ -27,7 +31,7 @@ from pathlib import Path
 
 import pytest
 
-from flatshare_ops.common import engine_argv
+from flatshare_ops.common import vllm_argv
 
 REPO = Path(__file__).resolve().parent.parent
 SCRIPT = REPO / "flatshare_ops/common/vllm_serve_parse.py"
@@ -240,6 +244,50 @@ CORPUS: list[tuple[str, list[str]]] = [
     ("repeated-across-spellings", [M, "--kv-offloading-size", "24", "--kv_offloading_size=25"]),
     ("optimization-repeated", [M, "-O3", "--optimization-level", "1"]),
     ("boolean-abbreviated-no", [M, "--no-enable-prefix", "--enforce"]),
+    # Where a parser built from the table could differ from vLLM's (argparse's own rules).
+    ("prefix-unique", [M, "--max-model", "4096", "--gpu-memory", "0.5"]),
+    ("prefix-eq", [M, "--po=8001"]),
+    ("prefix-of-no-boolean", [M, "--no-enable-prefix-c"]),
+    ("prefix-no-ambiguous", [M, "--no-"]),
+    ("prefix-enable-disable", [M, "--disable-"]),
+    ("prefix-help-in-serve", [M, "--he"]),
+    ("top-level-version", [M, "-v"]),
+    ("top-level-version-long", [M, "--version"]),
+    ("top-level-version-prefix", [M, "--vers"]),
+    ("top-level-ambiguous", [M, "--=x"]),
+    ("single-dash-word", [M, "-"]),
+    ("triple-dash", [M, "---port", "1"]),
+    ("eq-doubled", [M, "--port==8000"]),
+    ("eq-empty-json", [M, "--additional-config="]),
+    ("eq-short", [M, "-tp=2", "-q=fp8"]),
+    ("eq-choice", [M, "--kv-cache-dtype=fp8"]),
+    ("eq-nargs-plus", [M, "--served-model-name=a", "b"]),
+    ("nargs-plus-then-flag", [M, "--served-model-name", "a", "b", "--port", "1"]),
+    ("nargs-plus-bare", [M, "--lora-modules"]),
+    ("nargs-optional-before-flag", [M, "--hf-token", "--port", "8000"]),
+    ("nargs-optional-at-end", [M, "--port", "8000", "--hf-token"]),
+    ("append-bare", [M, "--middleware"]),
+    ("value-looks-like-option", [M, "--served-model-name", "-x"]),
+    ("value-looks-like-long-option", [M, "--response-role", "--port"]),
+    ("value-dash", [M, "--response-role", "-"]),
+    ("value-with-space-and-dash", [M, "--host", "-bad host"]),
+    ("value-negative-for-name", [M, "--served-model-name", "-1"]),
+    ("end-of-options-after-model", [M, "--", "--port", "8000"]),
+    ("end-of-options-as-value", [M, "--port", "--", "8000"]),
+    ("end-of-options-first", ["--", M, "--port", "8000"]),
+    ("end-of-options-in-nargs", [M, "--served-model-name", "a", "--", "b"]),
+    ("end-of-options-before-nargs-value", [M, "--served-model-name", "--", "a"]),
+    ("end-of-options-alone", [M, "--"]),
+    ("end-of-options-twice", [M, "--", "--"]),
+    ("negative-port", [M, "--port", "-1"]),
+    ("negative-seed", [M, "--seed", "-5"]),
+    ("negative-human-readable", [M, "--max-model-len", "-1k"]),
+    ("negative-exponent", [M, "--kv-offloading-size", "-1e3"]),
+    ("negative-positional", [M, "-5"]),
+    ("negative-model", ["-5", "--port", "8000"]),
+    ("negative-float-for-int", [M, "--max-num-seqs", "-.5"]),
+    *[(f"prefix--{c}", [M, f"--{c}"]) for c in "abcdefghijklmnopqrstuvwxyz"],
+    *[(f"prefix-{c}", [M, f"-{c}"]) for c in "abcdefghijklmnopqrstuvwxyz"],
 ]
 
 
@@ -291,7 +339,7 @@ def _same(a, b) -> bool:
 
 
 def _subset(mine, fields) -> bool:
-    """Every key given (engine_argv's dict) has the value pydantic validated."""
+    """Every key given (vllm_argv's dict) has the value pydantic validated."""
     if isinstance(mine, list):
         return isinstance(fields, list) and len(mine) == len(fields) and all(
             _subset(m, f) for m, f in zip(mine, fields))
@@ -302,20 +350,20 @@ def _norm(message: str) -> str:
     return re.sub(r" at 0x[0-9a-fA-F]+", "", message)
 
 
-# Lines whose rejection message engine_argv cannot reproduce word for word:
+# Lines whose rejection message vllm_argv cannot reproduce word for word:
 # pydantic's ValidationError text for config dataclasses.
 APPROXIMATE_MESSAGES = set()
 
 
 @pytest.mark.parametrize("release", sorted(VENVS))
 @pytest.mark.parametrize("index", range(len(CORPUS)), ids=[name for name, _ in CORPUS])
-def test_engine_argv_reads_like_vllm(release, index):
+def test_vllm_argv_reads_like_vllm(release, index):
     name, words = CORPUS[index]
     results = vllm_results(release)
     theirs, bare = results[index], results[0]
     assert bare["ok"], bare
-    mine = engine_argv.read_argv(_full_argv(index, words), release)
-    context = f"{name} {words!r}\nvLLM {release}: {json.dumps(theirs)[:1500]}\nengine_argv: {mine!r}"
+    mine = vllm_argv.read_argv(_full_argv(index, words), release)
+    context = f"{name} {words!r}\nvLLM {release}: {json.dumps(theirs)[:1500]}\nvllm_argv: {mine!r}"
 
     if not theirs["ok"] and theirs["stage"] == "validate":
         # Not mirrored (documented): what ServeSubcommand.validate checks after parsing.
@@ -338,9 +386,9 @@ def test_engine_argv_reads_like_vllm(release, index):
         if dest == "model_tag" or dest in mine.values:
             continue
         assert _same(value, bare["namespace"].get(dest)), (
-            f"vLLM set {dest}={value!r}, engine_argv did not read it\n{context}")
+            f"vLLM set {dest}={value!r}, vllm_argv did not read it\n{context}")
     # vLLM warns "Found duplicate keys K, ..." for a key given twice (by spelling,
-    # append flags included); engine_argv must warn for each that overrides.
+    # append flags included); vllm_argv must warn for each that overrides.
     table = json.loads((REPO / f"flatshare_ops/common/vllm_options/{release}.json").read_text())
     appending = {o for a in table["actions"] if a["action"] == "append" for o in a["option_strings"]}
     for warning in theirs["warnings"]:
@@ -364,22 +412,22 @@ def test_committed_option_tables_are_what_vllm_prints(release):
 
 
 # --------------------------------------------------------------------------
-# engine_argv on its own: comparing, showing, what it does not mirror
+# vllm_argv on its own: comparing, showing, what it does not mirror
 
 
 def _read(*words, release="0.32.0"):
-    return engine_argv.read_argv(["/opt/flatshare/engine-venv/bin/vllm", "serve", *words], release)
+    return vllm_argv.read_argv(["/opt/flatshare/engine-venv/bin/vllm", "serve", *words], release)
 
 
 def test_differences_by_meaning_not_spelling():
     profile = _read(*P)
-    running = engine_argv.read_argv(
+    running = vllm_argv.read_argv(
         ["/opt/flatshare/engine-venv/bin/python3", "/opt/flatshare/engine-venv/bin/vllm", "serve",
          *_reversed_pairs(_underscores(_eq_forms(BASE))), "--additional-config", json.dumps(ADDITIONAL)])
     assert running.ok and profile.ok
-    assert engine_argv.differences(running, profile) == []
+    assert vllm_argv.differences(running, profile) == []
     # A flag given at its default on one side only is no difference.
-    assert engine_argv.differences(_read(M, "--no-enforce-eager", "--port", "8000"), _read(M)) == []
+    assert vllm_argv.differences(_read(M, "--no-enforce-eager", "--port", "8000"), _read(M)) == []
 
 
 def test_differences_lines():
@@ -388,13 +436,13 @@ def test_differences_lines():
     running = _read(M, "--enforce-eager", "--additional-config",
                     '{"flatshare_jit": {"margin_ms": 30}, "make_room": {"decode_hold_tokens": 0}}',
                     "--speculative-config", SPEC_REORDERED)
-    assert engine_argv.differences(running, profile, "0.32.0") == [
+    assert vllm_argv.differences(running, profile, "0.32.0") == [
         "--additional-config.make_room.decode_hold_tokens: running 0, profile 48",
         "--enforce-eager: extra (running on)",
         "--max-num-seqs: missing (profile 32)",
     ]
     # Types matter: the string "48" is not the number 48, 1 is not true, 30 is not 30.0.
-    assert engine_argv.differences(
+    assert vllm_argv.differences(
         _read(M, "--additional-config.a", '"48"', "--additional-config.b", "1",
               "--additional-config.c", "30.0"),
         _read(M, "--additional-config.a", "48", "--additional-config.b", "true",
@@ -403,15 +451,15 @@ def test_differences_lines():
         "--additional-config.b: running 1, profile on",
         "--additional-config.c: running 30.0, profile 30",
     ]
-    assert engine_argv.differences(_read("/m/a"), _read("/m/b"), labels=("engine", "checkout")) == [
+    assert vllm_argv.differences(_read("/m/a"), _read("/m/b"), labels=("engine", "checkout")) == [
         "model: engine /m/a, checkout /m/b"]
-    assert engine_argv.differences(_read(M, "--speculative-config", SPEC), _read(M)) == [
+    assert vllm_argv.differences(_read(M, "--speculative-config", SPEC), _read(M)) == [
         '--speculative-config: extra (running {"method": "eagle3", "model": "/m/draft", '
         '"num_speculative_tokens": 2})']
 
 
 def test_show():
-    assert [engine_argv.show(v) for v in (True, False, "/m", 48, 0.9, None, ["a"], {"b": 1, "a": 2})] == [
+    assert [vllm_argv.show(v) for v in (True, False, "/m", 48, 0.9, None, ["a"], {"b": 1, "a": 2})] == [
         "on", "off", "/m", "48", "0.9", "null", '["a"]', '{"a": 2, "b": 1}']
 
 
@@ -445,7 +493,7 @@ def test_what_is_not_mirrored_is_reported():
     assert not r.ok and r.errors[0].startswith("unsupported: --config FILE")
     r = _read(M, "--compilation-config", '{"mode": 3}')
     assert r.ok and r.unverified and "CompilationConfig" in r.unverified[0]
-    # validate() is not mirrored: vLLM refuses this after parsing, engine_argv accepts it.
+    # validate() is not mirrored: vLLM refuses this after parsing, vllm_argv accepts it.
     assert _read(M, "--enable-auto-tool-choice").ok
 
 
@@ -453,21 +501,25 @@ def test_argv_shapes_and_releases():
     words = [M, "--port", "8001"]
     for prefix in (["/v/bin/python3", "/v/bin/vllm"], ["/v/bin/vllm"], ["vllm"], [],
                    ["python", "-m", "vllm.entrypoints.cli.main"]):
-        assert engine_argv.read_argv([*prefix, "serve", *words]).values == {"port": 8001}
-    assert engine_argv.read_argv(["/v/bin/python3", "-m", "http.server"]).errors == [
+        assert vllm_argv.read_argv([*prefix, "serve", *words]).values == {"port": 8001}
+    assert vllm_argv.read_argv(["/v/bin/python3", "-m", "http.server"]).errors == [
         "not a `vllm serve` command line"]
-    assert engine_argv.known_releases() == ["0.32.0", "0.33.0"]
+    assert vllm_argv.known_releases() == ["0.32.0", "0.33.0"]
     with pytest.raises(ValueError, match="no option table for vLLM 0.9.9"):
-        engine_argv.read_argv(["vllm", "serve", M], "0.9.9")
+        vllm_argv.read_argv(["vllm", "serve", M], "0.9.9")
+    # A local label is the release's own build (PEP 440): vLLM 0.32.0+cpu reads with 0.32.0's table.
+    assert vllm_argv.read_argv(["vllm", "serve", M, "--port", "8001"], "0.32.0+cpu").values == {"port": 8001}
+    with pytest.raises(ValueError, match="no option table for vLLM 0.9.9"):
+        vllm_argv.read_argv(["vllm", "serve", M], "0.9.9+cpu")
     # 0.33.0 pairs --enable-x with --disable-x; 0.32.0 does not know --disable-x.
     assert _read(M, "--disable-prefix-caching", release="0.33.0").values == {"enable_prefix_caching": False}
     assert not _read(M, "--disable-prefix-caching").ok
-    assert engine_argv.flag_name("max_num_seqs") == "--max-num-seqs"
+    assert vllm_argv.flag_name("max_num_seqs") == "--max-num-seqs"
 
 
-def test_engine_argv_imports_only_the_standard_library_quickly():
+def test_vllm_argv_imports_only_the_standard_library_quickly():
     code = ("import json, sys, time; before = set(sys.modules); t = time.perf_counter(); "
-            "import flatshare_ops.common.engine_argv; seconds = time.perf_counter() - t; "
+            "import flatshare_ops.common.vllm_argv; seconds = time.perf_counter() - t; "
             "print(json.dumps([seconds, sorted(set(sys.modules) - before)]))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
@@ -476,5 +528,5 @@ def test_engine_argv_imports_only_the_standard_library_quickly():
     not_stdlib = [m for m in modules if m.split(".")[0] not in sys.stdlib_module_names
                   and not m.startswith("flatshare_ops")]
     assert not_stdlib == []
-    assert "flatshare_ops.common.engine_argv" in modules
+    assert "flatshare_ops.common.vllm_argv" in modules
     assert seconds < 0.5  # ~2.5 ms with bytecode cached; generous for an uncompiled, loaded machine
