@@ -62,21 +62,58 @@ class Monitoring(StrictModel):
     runbook_url: Annotated[str, Field(pattern=r"^https?://[^\s#\"\\]+$")] | None = None
 
 
+#: A share of the fleet, as Ansible's ``serial: "50%"`` and Kamal's ``boot.limit`` write it.
+Share = Annotated[str, Field(pattern=r"^([1-9][0-9]?|100)%$")]
+
+
+def nodes_of(value: int | str, total: int, round_up: bool) -> int:
+    """A count of nodes: ``value`` itself, or its share of ``total`` nodes (``"50%"``), rounded up (a floor that
+    must hold: ``min_serving``) or down but at least 1 (a batch, as Ansible rounds ``serial``)."""
+    if isinstance(value, int):
+        return value
+    share = int(value.rstrip("%")) * total
+    return -(-share // 100) if round_up else max(1, share // 100)
+
+
+class Strategy(StrictModel):
+    """How a rollout (``release --all``, ``rollback --all``) goes through the fleet.
+
+    Attributes:
+        canaries: the first batch: these many nodes switch first and are analysed (the profile's
+            ``[release.analysis]``) before any other node switches; 0: no canary, no analysis.
+        batch: then batches of this many nodes switch at once (a count, or a share of the fleet: "50%");
+            each node of a batch is admitted to drain on its own (adr/0007).
+        max_failed: nodes whose switch may fail (or roll back by itself) before the rollout stops; 0: the
+            first failure stops it.
+    """
+
+    canaries: int = Field(default=1, ge=0, le=1000)
+    batch: Annotated[int, Field(ge=1, le=1000)] | Share = 1
+    max_failed: int = Field(default=0, ge=0, le=1000)
+
+    def batch_size(self, total: int) -> int:
+        """Nodes per batch in a fleet of ``total``."""
+        return nodes_of(self.batch, total, round_up=False)
+
+
 class Inventory(StrictModel):
     """The whole inventory file.
 
     Attributes:
         known_hosts: the fleet's known_hosts file (relative to the inventory), for nodes that name none;
             ``flatshare node bootstrap --accept-host-key`` adds a new node's key there.
-        min_serving: how many nodes must take calls at any moment while releases run (default 1);
-            at most ``len(nodes) - min_serving`` nodes that take calls are drained at once.
+        min_serving: how many nodes must take calls at any moment while releases run (default 1), a count
+            or a share of the fleet ("50%", rounded up: :attr:`serving_floor`); at most
+            ``len(nodes) - serving_floor`` nodes that take calls are drained at once.
+        rollout: the rollout strategy (canaries, batches, failures tolerated).
         transport: the SSH bounds.
         monitoring: what the rendered alert rules link to.
     """
 
     schema_: int = Field(alias="schema", ge=1, le=1)
     known_hosts: str | None = None
-    min_serving: int = Field(default=1, ge=0)
+    min_serving: Annotated[int, Field(ge=0)] | Share = 1
+    rollout: Strategy = Field(default_factory=Strategy)
     transport: Transport = Field(default_factory=Transport)
     monitoring: Monitoring = Field(default_factory=Monitoring)
     nodes: dict[NodeName, Node] = Field(min_length=1)
@@ -92,10 +129,15 @@ class Inventory(StrictModel):
 
     @model_validator(mode="after")
     def _a_node_can_be_released(self) -> "Inventory":
-        if self.min_serving >= len(self.nodes):
+        if self.serving_floor >= len(self.nodes):
             raise ValueError(f"min_serving: {self.min_serving} leaves no node that may drain among "
                              f"{len(self.nodes)}; use at most {len(self.nodes) - 1} (0 for a one-node fleet)")
         return self
+
+    @property
+    def serving_floor(self) -> int:
+        """How many nodes must take calls at any moment: ``min_serving``, a share rounded up."""
+        return nodes_of(self.min_serving, len(self.nodes), round_up=True)
 
 
 def load_inventory(path: Path) -> Inventory:

@@ -99,3 +99,13 @@ def serving_check(spec: NodeSpec) -> list[str]:
     if spec.runtime_dir:
         argv += ["--runtime-dir", spec.runtime_dir]
     return argv
+
+
+def metrics(spec: NodeSpec) -> list[str]:
+    """``flatshare-node metrics``: the node's engine ``/metrics`` as JSON (a canary analysis's scrape)."""
+    return _node(spec, "metrics")
+
+
+def record_analysis(spec: NodeSpec, switch_id: str, rollout: str | None) -> list[str]:
+    """``flatshare-node record-analysis``: the analysis document follows on stdin, one JSON line."""
+    return _node(spec, "record-analysis") + ["--switch", switch_id] + (["--rollout", rollout] if rollout else [])

@@ -56,13 +56,14 @@ class Rollout:
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
-                 mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int = 1,
-                 undo: str | None = None, auto_rollback: bool = True) -> None:
+                 mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
+                 undo: str | None = None, auto_rollback: bool = True, analysis: str = "on") -> None:
         self.root, self.chosen, self.everyone, self.out = root, chosen, everyone, out
-        self.mode, self.force, self.dry_run, self.batch_size, self.undo = mode, force, dry_run, batch_size, undo
-        self.auto_rollback = auto_rollback
-        self.id = uuid.uuid4().hex[:12]
+        self.mode, self.force, self.dry_run, self.undo = mode, force, dry_run, undo
+        self.auto_rollback, self.analysis = auto_rollback, analysis
         self.settings = chosen[0].settings
+        self.batch_size = batch_size or self.settings.rollout.batch_size(len(everyone))
+        self.id = uuid.uuid4().hex[:12]
         self._connections: dict[str, Connection] = {}
         self._opening: dict[str, Future] = {}
         self._closed = False
@@ -70,6 +71,9 @@ class Rollout:
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
+        self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
+        self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
+        self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -194,32 +198,46 @@ class Rollout:
     # --- the run ------------------------------------------------------------------------------------
 
     def run(self) -> int:
-        """Switch the chosen nodes, ``batch_size`` at a time, stopping at the first that does not end well.
+        """Switch the chosen nodes batch by batch (canaries first, analysed), stopping once more nodes failed
+        than the strategy's ``max_failed``, or when the canaries' analysis says so.
 
         Returns:
-            The exit code: the first failing node's, else ``Exit.OK`` if any node switched,
-            else ``Exit.NOTHING_TO_DO``.
+            The exit code: the analysis's (``ANALYSIS_FAILED``, ``PAUSED``), else the first failing node's once
+            the rollout stopped, else ``Exit.OK`` if any node switched, else ``Exit.NOTHING_TO_DO``.
         """
-        total = len(self.everyone)
-        if total > 1 and self.batch_size > total - self.settings.min_serving:
+        total, floor, strategy = len(self.everyone), self.settings.serving_floor, self.settings.rollout
+        if total > 1 and self.batch_size > total - floor:
             raise FlatshareError(
-                f"--batch-size {self.batch_size} would drain more than {total - self.settings.min_serving} of "
-                f"{total} nodes at once (min_serving {self.settings.min_serving}); use at most "
-                f"{max(1, total - self.settings.min_serving)}")
+                f"batches of {self.batch_size} would drain more than {total - floor} of {total} nodes at once "
+                f"(min_serving {self.settings.min_serving}); use at most {max(1, total - floor)} "
+                "(--batch-size, or the inventory's rollout.batch)")
+        canaries = min(strategy.canaries, len(self.chosen) - 1) if len(self.chosen) > 1 else 0
+        batches = plan_batches(self.chosen, canaries, self.batch_size)
         if len(self.chosen) > 1 or self.mode != "release":
             self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
-                          + (" (dry run)" if self.dry_run else ""))
+                          + (" (dry run)" if self.dry_run else "")
+                          + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
+                             + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
+                             if len(batches) > 1 else ""))
         worst = None
+        failures: list[NodeTarget] = []
         try:
             # The first batch, and the nodes its admission probes.
-            self.prefetch(self.chosen[: self.batch_size] + [t for t in self.everyone if t not in self.chosen])
-            for i in range(0, len(self.chosen), self.batch_size):
-                batch = self.chosen[i : i + self.batch_size]
+            self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
+            for number, batch in enumerate(batches):
                 self._run_batch(batch)
-                failed = [t for t in batch if t.result not in (Exit.OK, Exit.NOTHING_TO_DO)]
-                if failed:
-                    worst = failed[0].result
+                failures += [t for t in batch if t.result not in (Exit.OK, Exit.NOTHING_TO_DO)]
+                if len(failures) > strategy.max_failed:
+                    worst = failures[0].result
+                    if len(failures) > 1 or strategy.max_failed:
+                        self.out.line(f"rollout {self.id} stops: {len(failures)} node(s) failed, more than "
+                                      f"max_failed {strategy.max_failed}")
                     break
+                if number == 0 and canaries and number + 1 < len(batches) and self.mode in ("release", "undo-rollout"):
+                    code = self._canary_analysis(batch, batches[number + 1:])
+                    if code is not None:
+                        worst = code
+                        break
         except OperatorInterrupted as stop:
             self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
                           "operator's side only; a node that was switching carries on and records its outcome")
@@ -232,6 +250,46 @@ class Rollout:
         if worst is not None:
             return worst
         return Exit.OK if any(t.result == Exit.OK for t in self.chosen) else Exit.NOTHING_TO_DO
+
+    def _canary_analysis(self, canaries: list[NodeTarget], later: list[list[NodeTarget]]) -> int | None:
+        """Analyse the canaries that switched; None to go on with the next batch, else the rollout's exit code
+        (the canaries rolled back: ``ANALYSIS_FAILED``; left in place: ``PAUSED``)."""
+        from .analysis import Action
+        from .canary import analyse, record
+
+        switched = [t for t in canaries if t.result == Exit.OK]
+        if self.dry_run or not switched:
+            return None
+        if self.analysis == "skip":
+            for target in switched:
+                self.analysed[target.name] = "analysis skipped (--analysis skip)"
+                record(self, target, self.switch_ids[target.name],
+                       {"schema": 1, "skipped": True, "summary": "the canary analysis was skipped (--analysis skip)",
+                        "canary": target.name, "measurements": []})
+            self.out.line("canary analysis skipped (--analysis skip): recorded in the canaries' history")
+            return None
+        waiting = [t for batch in later for t in batch] + [t for t in self.everyone if t not in self.chosen]
+        baseline = next((t for t in waiting if t not in switched), None)
+        verdict = analyse(self, switched, baseline, dry_run=self.analysis == "dry-run")
+        self.analyses += verdict.documents()
+        for name, result in verdict.results.items():
+            self.analysed[name] = f"analysis {result.phase}" + (" (dry run)" if result.dry_run else "")
+            record(self, next(t for t in switched if t.name == name), self.switch_ids[name], result.document())
+        if verdict.action == Action.ROLLBACK:
+            self.out.line(f"the canary analysis failed: rolling back {', '.join(t.name for t in switched)}; the "
+                          "rollout stops")
+            for target in switched:
+                target.result = self.switch(target, mode="rollback")
+                self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
+                                               else f", its rollback ended with exit {target.result}")
+            return Exit.ANALYSIS_FAILED
+        if verdict.action == Action.PAUSE:
+            self.out.line(f"the canary analysis was inconclusive and the profile says pause: the rollout stops with "
+                          f"{', '.join(t.name for t in switched)} on the new release. To go on: 'flatshare release "
+                          "--all --analysis skip' (recorded), or again with calls to measure; to undo it: 'flatshare "
+                          "rollback --all'")
+            return Exit.PAUSED
+        return None
 
     def _run_batch(self, batch: list[NodeTarget]) -> None:
         if len(batch) == 1:
@@ -261,23 +319,28 @@ class Rollout:
                 label = outcome.result + (f": {outcome.message}" if t.result == Exit.ROLLED_BACK else "")
             else:
                 label = EXIT_NAMES.get(t.result, f"exit {t.result}")
+            if t.name in self.analysed:
+                label += f" ({self.analysed[t.name]})"
             self.out.line(f"{t.name}: {label}")
 
     # --- one node --------------------------------------------------------------------------------------
 
-    def switch(self, target: NodeTarget) -> int:
-        """Run the node's switch and report what the node says; returns its exit code."""
+    def switch(self, target: NodeTarget, mode: str | None = None) -> int:
+        """Run the node's switch (``mode``: this run's, or ``rollback`` for a canary that failed its analysis)
+        and report what the node says; returns its exit code."""
         from .bundle import bundle
 
+        mode = mode or self.mode
         echo = ReleaseOutput(None, self.out.stream, prefix=f"[{target.name}] ").line
         switch_id = uuid.uuid4().hex[:16]
+        self.switch_ids[target.name] = switch_id
         try:
-            payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
+            payload = bundle(self.root, target, ship=not target.local) if mode == "release" else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
             session = self.start(target, commands.switch(
                 target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
-                rollback=self.mode == "rollback", undo_rollout=self.undo if self.mode == "undo-rollout" else None,
-                auto_rollback=self.auto_rollback and (self.mode != "release"
+                rollback=mode == "rollback", undo_rollout=self.undo if mode == "undo-rollout" else None,
+                auto_rollback=self.auto_rollback and (mode != "release"
                                                       or target.loaded.profile.release.auto_rollback)))
         except TransportError as err:
             echo(f"flatshare: {err}")
@@ -350,7 +413,7 @@ class Rollout:
                 self.out.line(f"{other.name}: takes calls, no release holds it (must stay so while "
                               f"{target.name} drains)")
                 serving.append(other.name)
-        need = self.settings.min_serving
+        need = self.settings.serving_floor
         if len(serving) >= need:
             return None
         return (f"{len(serving)} other node(s) take calls and are not being released "
@@ -425,6 +488,17 @@ class Rollout:
         self.out.line(f"{name}: the node has no record of switch {switch_id}: it was refused or never began "
                       "(its releases/release.log says which)")
         return Exit.UNREACHABLE
+
+
+def plan_batches(chosen: list, canaries: int, batch_size: int) -> list[list]:
+    """The rollout's batches, in order: the first ``canaries`` nodes alone (when there are any and nodes remain
+    after them), then batches of ``batch_size``.
+
+    >>> plan_batches(list("abcd"), 1, 2), plan_batches(list("ab"), 1, 1), plan_batches(list("abc"), 0, 2)
+    ([['a'], ['b', 'c'], ['d']], [['a'], ['b']], [['a', 'b'], ['c']])
+    """
+    head, rest = (chosen[:canaries], chosen[canaries:]) if 0 < canaries < len(chosen) else ([], chosen)
+    return ([head] if head else []) + [rest[i:i + batch_size] for i in range(0, len(rest), batch_size)]
 
 
 def progress_cadence(silence_s: float) -> float:

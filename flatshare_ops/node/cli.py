@@ -70,6 +70,8 @@ def _parser() -> argparse.ArgumentParser:
                        ("history", "this node's release history as JSON"),
                        ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
                        ("module", "the serve module this node built (path, sha256), as JSON"),
+                       ("metrics", "this node's engine /metrics (for a canary analysis), as JSON"),
+                       ("record-analysis", "record a canary analysis of this node's release (JSON on stdin)"),
                        ("hold", "an operator's hold on this node (flatshare lock), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
@@ -91,6 +93,9 @@ def _parser() -> argparse.ArgumentParser:
             p.add_argument("--switch", default=None, help="what became of this switch")
         if name == "module":
             p.add_argument("--path", default=None, help="the module file (default: the active release's)")
+        if name == "record-analysis":
+            p.add_argument("--switch", required=True, help="the switch the analysis judged")
+            p.add_argument("--rollout", default=None, help="the rollout it belongs to")
         if name == "hold":
             p.add_argument("--acquire", metavar="MESSAGE", default=None, help="hold the node, saying why")
             p.add_argument("--who", default=None, help="who holds it (default user@host)")
@@ -231,6 +236,24 @@ def _keep(ctx, outcome, out) -> None:
                  f"({describe_failure(err)}); it was still sent, and the history records any switch")
 
 
+def _record_analysis(args) -> int:
+    """``flatshare-node record-analysis``: the analysis document (one JSON object) on stdin, into history."""
+    from .records import append_analysis
+    from .store import current_release
+
+    ctx = _context(args)
+    text = _Stdin().line(30.0)
+    try:
+        document = loads(text or "")
+    except ValueError as err:
+        raise FlatshareError(f"node record-analysis: stdin is not JSON ({err})") from None
+    if not isinstance(document, dict):
+        raise FlatshareError("node record-analysis: stdin is not an analysis document (a JSON object)")
+    record = append_analysis(ctx, args.switch, args.rollout, current_release(ctx.state_dir), document)
+    print(json.dumps({"node": ctx.node, "recorded": bool(record)}, sort_keys=True))
+    return 0
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: exit with :class:`Exit`'s code; an operator error is one line, never a traceback."""
     args = _parser().parse_args(argv)
@@ -265,6 +288,13 @@ def main(argv: list[str] | None = None) -> None:
                 current = hold.read_hold(ctx)
                 answer = {"held": current is not None, "hold": current}
             print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
+        elif args.command == "metrics":
+            from .probe import engine_metrics
+
+            print(json.dumps(engine_metrics(_context(args)), sort_keys=True))
+            code = 0
+        elif args.command == "record-analysis":
+            code = _record_analysis(args)
         elif args.command == "module":
             from .probe import built_module
 

@@ -22,8 +22,8 @@ from ..common.files import loads, read_bytes
 HISTORY_SCHEMA = 2
 #: Results of a switch that ended with its release active and serving-check passed.
 SERVED_RESULTS = ("released", "rolled back")
-#: Every result a record may carry.
-RESULTS = ("released", "rolled back", "repaired", "failed", "abandoned")
+#: Every result a record may carry (``analysed``: a canary analysis of the node's release, not a switch).
+RESULTS = ("released", "rolled back", "repaired", "failed", "abandoned", "analysed")
 
 
 class History:

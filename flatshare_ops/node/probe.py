@@ -59,3 +59,35 @@ def probe(ctx: NodeContext) -> dict:
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
     return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": pid is not None,
             "holder": describe_lock(ctx, pid) if pid is not None else None}
+
+
+#: The bound of one scrape of the engine's /metrics (seconds).
+METRICS_TIMEOUT_S = 5.0
+
+
+def engine_metrics(ctx: NodeContext) -> dict:
+    """The node's engine ``GET /metrics`` (its release's engine URL), for a canary analysis; the engine listens
+    where only the node reaches it (docs/reference/vllm.md#metrics).
+
+    Returns:
+        ``{"node", "at" (Unix seconds), "status", "text"}``, or ``{"node", "at", "error"}`` naming what is missing.
+    """
+    import time
+
+    from ..common.http import http_get
+    from .calls import active_serving
+    from .store import current_release
+
+    at = time.time()
+    try:
+        serving = active_serving(ctx, current_release(ctx.state_dir))
+    except NodeStateError as err:
+        return {"node": ctx.node, "at": at, "error": str(err)}
+    if serving is None:
+        return {"node": ctx.node, "at": at, "error": "no readable active release: its engine's address is not known"}
+    url = serving["engine"]["url"] + "/metrics"
+    status, body = http_get(url, METRICS_TIMEOUT_S)
+    if status != 200:
+        heard = f"answered {status}" if status else f"did not answer within {METRICS_TIMEOUT_S:g} s"
+        return {"node": ctx.node, "at": at, "error": f"{url} {heard}"}
+    return {"node": ctx.node, "at": at, "status": status, "text": body.decode("utf-8", errors="replace")}

@@ -72,3 +72,29 @@ def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOu
     out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
     if pending.switch is None or not read_history(ctx).has(pending.switch, "abandoned"):
         histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why))
+
+
+def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:
+    """Record a canary analysis of the node's release (the operator's side ran it: control/analysis.py), once
+    per switch id: ``result`` ``analysed``, the whole analysis under ``analysis``; never a switch (it serves no
+    rollback rule).
+
+    Raises:
+        OSError, NodeStateError: the record could not be written.
+    """
+    import getpass
+    import socket
+
+    if read_history(ctx).has(switch, "analysed"):
+        return {}
+    now = time.time()
+    started = next((m.get("canary", {}).get("start_s") for m in document.get("measurements", [])
+                    if isinstance(m, dict)), None)
+    record = {"switch": switch, "rollout": rollout, "node": ctx.node, "kind": "analysis", "result": "analysed",
+              "step": None, "reason": document.get("summary"), "before": current, "after": current,
+              "target": current, "served": False, "commit": None, "user": getpass.getuser(),
+              "host": socket.gethostname(), "started_at": started if isinstance(started, (int, float)) else now,
+              "finished_at": now, "duration_s": round(max(0.0, now - (started or now)), 3), "forced": False,
+              "resumed": 0, "auto": None, "analysis": document}
+    histories.append(ctx.history_path, record)
+    return record

@@ -226,7 +226,7 @@ def rules_document(inventory: Inventory, by_node: dict[str, LoadedProfile]) -> d
     watches = {node: Watch.of(loaded) for node, loaded in by_node.items()}
     alerts = _Alerts(inventory.monitoring.runbook_url)
     _serving_check_alerts(alerts, watches)
-    _fleet_alerts(alerts, watches, inventory.min_serving)
+    _fleet_alerts(alerts, watches, inventory.serving_floor)
     _engine_alerts(alerts, watches)
     return {"groups": [{"name": "flatshare-recordings", "rules": _recordings()},
                        {"name": "flatshare-alerts", "rules": alerts.rules}]}

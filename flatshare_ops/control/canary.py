@@ -1,0 +1,117 @@
+"""A rollout's canary analysis, carried out: scrape the canaries' and a baseline's engines through their nodes, every
+``interval_s``, ``count`` times, and decide (the core's rules: :mod:`.analysis`).
+
+After the first batch of a rollout (its canaries) switched, the rollout asks :func:`analyse` whether to go on.
+Each canary's engine ``/metrics`` and the baseline's (a node still on the old release) are read through the
+nodes (``flatshare-node metrics``: engines listen where only their node reaches them), with no Prometheus
+server. Each measurement is one line; the analysis's summary and what the rollout does follow; the whole
+analysis goes into each canary's history (``flatshare-node record-analysis``: the node writes its own
+history) and into ``release --json``. docs/reference/canary-analysis.md has the rules.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from dataclasses import dataclass
+from typing import Callable
+
+from ..errors import TransportError
+from . import commands
+from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape
+from .fleet import answer_of
+from .targets import NodeTarget
+
+#: What the rollout does after several canaries' analyses: the most cautious action wins.
+_CAUTION = {Action.CONTINUE: 0, Action.MEASURE: 0, Action.PAUSE: 1, Action.ROLLBACK: 2}
+
+
+@dataclass
+class Verdict:
+    """The analyses of one rollout's canaries: each canary's result, and what the rollout does."""
+
+    results: dict[str, AnalysisResult]
+
+    @property
+    def action(self) -> Action:
+        """Roll back if any canary's analysis says so, else pause if any does, else go on."""
+        actions = [r.rollout_action for r in self.results.values()] or [Action.CONTINUE]
+        return max(actions, key=lambda a: _CAUTION[a])
+
+    def documents(self) -> list[dict]:
+        """Each canary's analysis document (:meth:`.analysis.AnalysisResult.document`)."""
+        return [r.document() for r in self.results.values()]
+
+
+def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dry_run: bool,
+            sleep: Callable[[float], None] = time.sleep) -> Verdict:
+    """Analyse the canaries against ``baseline`` (None: no node is left on the old release) for the canaries'
+    profile's ``[release.analysis]``: ``count`` measurements, one every ``interval_s`` seconds, stopping early
+    when the result can no longer change.
+
+    Args:
+        rollout: the :class:`.rollout.Rollout` (its connections and its terminal).
+        dry_run: ``--analysis dry-run``: measure and report, decide nothing.
+        sleep: how the loop waits (seconds); a signal to the operator interrupts it.
+    """
+    settings = canaries[0].loaded.profile.release.analysis
+    runs = {c.name: AnalysisRun(settings, c.name, baseline.name if baseline else None, dry_run=dry_run)
+            for c in canaries}
+    out = rollout.out
+    against = f"against baseline {baseline.name} (still on the old release)" if baseline else \
+        "with no baseline (no node is left on the old release)"
+    out.line(f"canary analysis of {', '.join(runs)} {against}: {settings.count} measurement(s), one every "
+             f"{settings.interval_s:g} s" + (" (dry run: nothing is acted on)" if dry_run else ""))
+    deadline = time.monotonic()
+    while not all(run.result.done for run in runs.values()):
+        base = scrape(rollout, baseline) if baseline is not None else None
+        for name, run in list(runs.items()):
+            if run.result.done:
+                continue
+            target = next(c for c in canaries if c.name == name)
+            before = len(run.measurements)
+            run = runs[name] = run.record(scrape(rollout, target), base)
+            if len(run.measurements) > before:
+                out.line(run.measurements[-1].line())
+        if all(run.result.done for run in runs.values()):
+            break
+        deadline += settings.interval_s
+        sleep(max(0.0, deadline - time.monotonic()))
+    verdict = Verdict({name: run.result for name, run in runs.items()})
+    for result in verdict.results.values():
+        out.line(result.summary())
+    return verdict
+
+
+def scrape(rollout, target: NodeTarget):
+    """One scrape of ``target``'s engine through its node: a :class:`.analysis.Scrape`, or a
+    :class:`.analysis.FailedScrape` saying why none could be read (unreachable, no engine answer, not JSON)."""
+    at = time.time()
+    try:
+        result = rollout.run_command(target, commands.metrics(target.spec))
+        answer = answer_of(result)
+    except TransportError as err:
+        return FailedScrape(target.name, at, f"the node could not be asked: {err}")
+    except ValueError as err:
+        return FailedScrape(target.name, at, f"the node's metrics answer is not JSON ({err})")
+    if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
+        reason = answer.get("error") if isinstance(answer, dict) else None
+        return FailedScrape(target.name, at, reason or "the node's metrics answer holds no /metrics text")
+    return read_scrape(target.name, at, answer["text"])
+
+
+def record(rollout, target: NodeTarget, switch_id: str, document: dict) -> None:
+    """Put the analysis into the canary's history (the node writes it); a failure is said, never fatal."""
+    try:
+        session = rollout.start(target, commands.record_analysis(target.spec, switch_id, rollout.id))
+        try:
+            session.send((json.dumps(document) + "\n").encode())
+            session.close_stdin()
+            status = session.exit_status(rollout.settings.transport.command_timeout_s)
+        finally:
+            session.close()
+    except TransportError as err:
+        rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history ({err})")
+        return
+    if status != 0:
+        rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history (exit {status})")

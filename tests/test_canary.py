@@ -1,0 +1,261 @@
+"""A rollout's canary is judged by its engine's own metrics before the next batch switches (issue 17).
+
+On the sandbox (stand-in engines, this module's own addresses), with calls streaming through both gateways
+(the sandbox's caller, two numbers each, in both orders, so that the canary and the baseline both serve).
+The stand-in engine serves vLLM 0.32.0's series and buckets, and its time to first token is chosen through
+its environment (docs/reference/stand-ins.md). The truth: each node's history (what the node recorded),
+the engine's command line in /proc, and the exit code the README names.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import threading
+from contextlib import contextmanager
+from pathlib import Path
+
+import pytest
+from conftest import BIN, REPO, copy_checkout
+
+from flatshare_ops.sandbox.caller import Gateway, run_calls
+from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.systemd import ManagerAddress, connect, unit_property
+
+ADDRESSES = {"cyan": "127.82.0.2", "peacock": "127.82.0.3"}
+NODES = ("cyan", "peacock")
+ENGINE = "flatshare-engine.service"
+HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+#: Short measurements (the profile's values are minutes of calls).
+FAST_ANALYSIS = {"interval_s": 1.5, "count": 3, "min_requests": 4, "failure_limit": 0, "inconclusive_limit": 0}
+
+
+class Fleet:
+    def __init__(self, checkout: Path, base: Path) -> None:
+        self.checkout, self.base = checkout, base
+        self.inventory = base / "fleet.toml"
+
+    def node(self, name: str) -> SandboxNode:
+        return SandboxNode(name, ADDRESSES[name], self.base)
+
+    def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
+        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        return subprocess.run([str(BIN / "flatshare"), *args, "--inventory", str(self.inventory), "--root",
+                               str(self.checkout)], capture_output=True, text=True, env=env, timeout=timeout)
+
+    def history(self, name: str) -> list[dict]:
+        path = self.node(name).state_dir / "releases/history.jsonl"
+        return [json.loads(line) for line in path.read_text().splitlines() if line.strip()] if path.exists() else []
+
+    def current(self, name: str) -> str:
+        return os.readlink(self.node(name).state_dir / "releases/current")
+
+    def engine_env(self, name: str) -> dict[str, str]:
+        """The running engine's environment, from /proc (the truth of what it runs with)."""
+        with connect(ManagerAddress("user", self.node(name).manager.runtime_dir)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+        raw = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+        return dict(item.decode().split("=", 1) for item in raw if b"=" in item)
+
+    def hold(self) -> int:
+        text = (self.checkout / "profiles/rtx-5060-ti-serve.toml").read_text()
+        return int(re.search(r"(?m)^decode_hold_tokens = (\d+)", text).group(1))
+
+    def running_hold(self, name: str) -> int:
+        """decode_hold_tokens in the node's running engine's command line (/proc)."""
+        with connect(ManagerAddress("user", self.node(name).manager.runtime_dir)) as bus:
+            pid = unit_property(bus, ENGINE, "Service", "MainPID")
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().decode().split("\0")
+        return int(argv[argv.index(HOLD_FLAG) + 1])
+
+    def new_hold(self) -> None:
+        """The checkout renders a release neither node runs (relative to what the profile and the engines hold)."""
+        taken = {self.hold(), *(self.running_hold(n) for n in NODES)}
+        value = next(v for v in (48, 0, 16, 7) if v not in taken)
+        result = subprocess.run([str(BIN / "flatshare"), "profiles", "set", "engine.make_room.decode_hold_tokens",
+                                 str(value), "--root", str(self.checkout)], capture_output=True, text=True)
+        assert result.returncode == 0, result.stdout + result.stderr
+
+    @contextmanager
+    def node_profile(self, name: str, env: dict[str, str] | None = None, analysis: dict | None = None):
+        """The node's own profile with engine environment and [release.analysis] values, restored after."""
+        path = self.node(name).profile
+        original = path.read_text()
+        text = original
+        if env:
+            lines = "".join(f'{k} = "{v}"\n' for k, v in env.items())
+            text = text.replace("[engine.environment]\n", "[engine.environment]\n" + lines, 1)
+            assert text != original, f"{path} has no [engine.environment] table"
+        if analysis:
+            text += "\n[release.analysis]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in analysis.items())
+        path.write_text(text)
+        try:
+            yield
+        finally:
+            path.write_text(original)
+
+    @contextmanager
+    def calls(self):
+        """Calls streaming through both gateways while the block runs (each caller dials both numbers)."""
+        urls = {n: f"http://{ADDRESSES[n]}:8080" for n in NODES}
+        stop = threading.Event()
+        reports: list = []
+        orders = ([Gateway("cyan", urls["cyan"]), Gateway("peacock", urls["peacock"])],
+                  [Gateway("peacock", urls["peacock"]), Gateway("cyan", urls["cyan"])])
+        threads = [threading.Thread(target=lambda o=o: reports.extend(
+            run_calls(o, concurrency=2, duration_s=600, tokens=4, timeout_s=30, stop=stop)), daemon=True)
+            for o in orders]
+        for thread in threads:
+            thread.start()
+        try:
+            yield reports
+        finally:
+            stop.set()
+            for thread in threads:
+                thread.join(60)
+
+    def settled(self, name: str) -> None:
+        releases = self.node(name).state_dir / "releases"
+        assert not (releases / "switching.json").exists()
+        assert not (self.node(name).run_dir / "voice.drain").exists()
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    root = tmp_path_factory.mktemp("canary")
+    checkout = copy_checkout(REPO, root / "checkout")
+    base = root / "sandbox"
+    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    try:
+        f = Fleet(checkout, base)
+        synced = f.cli("release", "--all", "--analysis", "skip")
+        assert synced.returncode in (0, 4), synced.stdout + synced.stderr
+        yield f
+    finally:
+        down(base, echo=lambda _l: None)
+
+
+def _since(fleet: Fleet, name: str, start: int) -> list[tuple]:
+    return [(r["result"], r.get("target")) for r in fleet.history(name)[start:]]
+
+
+def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_rolls_back_alone(fleet):
+    # cyan's new release makes each first token take 0.6 s: over the profile's 0.5 s, and over the baseline's.
+    left = {n: fleet.current(n) for n in NODES}
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.6"}, analysis=FAST_ANALYSIS), fleet.calls():
+        result = fleet.cli("release", "--all", "--json")
+    text = result.stdout + result.stderr
+    assert result.returncode == 10, text  # the canary analysis failed (README, "Exit codes")
+    assert "Traceback" not in text
+    assert re.search(r"^measurement 1 of 3, .*: fail \(.*ttft_p95_max_s", result.stdout, re.MULTILINE), text
+    document = json.loads(result.stdout.strip().splitlines()[-1])
+    (analysis,) = document["analyses"]
+    assert analysis["canary"] == "cyan" and analysis["baseline"] == "peacock" and analysis["phase"] == "failed"
+    rules = {c["rule"]: c["verdict"] for c in analysis["measurements"][0]["checks"]}
+    assert rules.get("ttft_p95_max_s") == "fail" and rules.get("baseline") == "fail", rules
+    # cyan: released, analysed, rolled back to what it left; peacock never switched.
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed", "rolled back"]
+    assert fleet.current("cyan") == left["cyan"] and "FLATSHARE_STANDIN_TTFT_S" not in fleet.engine_env("cyan")
+    assert _since(fleet, "peacock", start["peacock"]) == [] and fleet.current("peacock") == left["peacock"]
+    recorded = fleet.history("cyan")[start["cyan"] + 1]["analysis"]
+    assert recorded["phase"] == "failed" and len(recorded["measurements"]) >= 1
+    for name in NODES:
+        fleet.settled(name)
+
+
+def test_a_canary_worse_than_its_baseline_fails_even_under_the_fixed_threshold(fleet):
+    # 0.3 s to the first token: under a relaxed 5 s threshold, but far over 1.5 x the baseline's + 0.1 s.
+    start = len(fleet.history("cyan"))
+    fleet.new_hold()
+    analysis = {**FAST_ANALYSIS, "ttft_p95_max_s": 5}
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.3"}, analysis=analysis), fleet.calls():
+        result = fleet.cli("release", "--all", "--json")
+    assert result.returncode == 10, result.stdout + result.stderr
+    (doc,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    rules = {c["rule"]: c["verdict"] for c in doc["measurements"][0]["checks"]}
+    assert rules.get("ttft_p95_max_s") == "pass" and rules.get("baseline") == "fail", rules
+    assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
+
+
+@pytest.mark.parametrize("inconclusive, code, cyan_after", [
+    ("pause", 11, ["released", "analysed"]),
+    ("pass", 0, ["released", "analysed"]),
+    ("fail", 10, ["released", "analysed", "rolled back"]),
+])
+def test_with_no_calls_the_analysis_is_inconclusive_and_does_what_the_profile_says(fleet, inconclusive, code,
+                                                                                    cyan_after):
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", analysis={**FAST_ANALYSIS, "inconclusive": inconclusive}):
+        result = fleet.cli("release", "--all")
+    text = result.stdout + result.stderr
+    assert result.returncode == code, text
+    assert re.search(r"measurement 1 of 3, .*: inconclusive \(.*min_requests", result.stdout), text
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == cyan_after
+    peacock = [r for r, _ in _since(fleet, "peacock", start["peacock"])]
+    assert peacock == (["released"] if inconclusive == "pass" else []), text
+    if inconclusive == "pause":
+        assert "To go on: 'flatshare release --all --analysis skip'" in result.stdout, result.stdout
+        resumed = fleet.cli("release", "--all", "--analysis", "skip")
+        assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    elif inconclusive == "fail":
+        again = fleet.cli("release", "--all", "--analysis", "skip")  # the two nodes on one release again
+        assert again.returncode == 0, again.stdout + again.stderr
+    for name in NODES:
+        fleet.settled(name)
+
+
+def test_a_harmless_change_passes_its_analysis_and_rolls_on(fleet):
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", analysis=FAST_ANALYSIS), fleet.calls() as reports:
+        result = fleet.cli("release", "--all")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"analysis of canary cyan against baseline peacock: passed", result.stdout), result.stdout
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
+    assert [r for r, _ in _since(fleet, "peacock", start["peacock"])] == ["released"]
+    assert reports and all(r.done for r in reports), [r for r in reports if not r.done][:3]
+    for name in NODES:
+        fleet.settled(name)
+
+
+def test_a_dry_run_analysis_measures_and_reports_and_decides_nothing(fleet):
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.6"}, analysis=FAST_ANALYSIS), fleet.calls():
+        result = fleet.cli("release", "--all", "--analysis", "dry-run")
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"dry run: analysis of canary cyan .*: failed, .*it would roll the canary back", result.stdout)
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
+    assert [r for r, _ in _since(fleet, "peacock", start["peacock"])] == ["released"]
+    assert fleet.history("cyan")[start["cyan"] + 1]["analysis"]["dry_run"] is True
+    fleet.cli("release", "--all", "--analysis", "skip")  # cyan back to the checkout's render without the slow engine
+
+
+def test_an_empty_metrics_page_is_a_measurement_not_taken_and_enough_of_them_fail_the_analysis(fleet):
+    start = len(fleet.history("cyan"))
+    fleet.new_hold()
+    analysis = {**FAST_ANALYSIS, "consecutive_error_limit": 2}
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_METRICS": "empty"}, analysis=analysis), fleet.calls():
+        result = fleet.cli("release", "--all")
+    assert result.returncode == 10, result.stdout + result.stderr
+    assert re.search(r"measurement 1 of 3, .*: error", result.stdout), result.stdout
+    assert "2 measurements in a row could not be taken" in result.stdout, result.stdout
+    assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
+
+
+def test_a_skipped_analysis_is_recorded_in_the_canarys_history(fleet):
+    start = len(fleet.history("cyan"))
+    fleet.new_hold()
+    result = fleet.cli("release", "--all", "--analysis", "skip")
+    assert result.returncode == 0, result.stdout + result.stderr
+    records = fleet.history("cyan")[start:]
+    assert [r["result"] for r in records] == ["released", "analysed"]
+    assert records[1]["analysis"]["skipped"] is True
+    shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--inventory", str(fleet.inventory)],
+                           capture_output=True, text=True, timeout=120)
+    assert "the canary analysis was skipped (--analysis skip)" in shown.stdout, shown.stdout
