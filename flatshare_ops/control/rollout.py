@@ -202,8 +202,9 @@ class Rollout:
         than the strategy's ``max_failed``, or when the canaries' analysis says so.
 
         Returns:
-            The exit code: the analysis's (``ANALYSIS_FAILED``, ``PAUSED``), else the first failing node's once
-            the rollout stopped, else ``Exit.OK`` if any node switched, else ``Exit.NOTHING_TO_DO``.
+            The exit code: the analysis's (``ANALYSIS_FAILED``, ``PAUSED``), else the first failing node's (the
+            rollout stopped, or went on within ``max_failed``: those nodes do not run the release), else
+            ``Exit.OK`` if any node switched, else ``Exit.NOTHING_TO_DO``.
         """
         total, floor, strategy = len(self.everyone), self.settings.serving_floor, self.settings.rollout
         if total > 1 and self.batch_size > total - floor:
@@ -245,6 +246,8 @@ class Rollout:
             return stop.code
         finally:
             self.close()
+        if worst is None and failures:  # tolerated (max_failed), but those nodes do not run the release
+            worst = failures[0].result
         if len(self.chosen) > 1 or worst is not None:
             self._summary()
         if worst is not None:
