@@ -39,7 +39,7 @@ def test_node_check_and_common_never_import_the_operators_side_or_the_renderer(p
     for path in sorted((PACKAGE / part).rglob("*.py")):
         bad = sorted(n for n in _imports(path)
                      if n.startswith(("flatshare_ops.control", "flatshare_ops.render", "flatshare_ops.cli",
-                                      "flatshare_ops.config")))
+                                      "flatshare_ops.config", "flatshare_ops.sandbox")))
         if bad:
             offenders[str(path.relative_to(REPO))] = bad
     assert offenders == {}
@@ -85,3 +85,40 @@ def test_the_readmes_layout_section_names_every_module_under_its_folder():
         if f"`{path.name}`" not in where and f"`{folder}/{path.name}`" not in where:
             missing.append(str(relative))
     assert not missing, f"README.md's Layout section does not name: {missing}"
+
+
+def test_a_release_ships_exactly_what_the_node_runs():
+    """The switcher a release ships (control/bundle.py) holds every module the node's side can import (the
+    closure of node/cli.py and node/entry.py's imports, function-level ones included), and nothing else."""
+    import base64
+    import io
+    import zipfile
+
+    from flatshare_ops.control.bundle import PACKAGE, switcher
+
+    def file_of(module: str) -> Path | None:
+        path = REPO / Path(*module.split("."))
+        return path / "__init__.py" if (path / "__init__.py").exists() else (
+            path.with_suffix(".py") if path.with_suffix(".py").exists() else None)
+
+    needed, todo = set(), ["flatshare_ops.node.cli", "flatshare_ops.node.entry", "flatshare_ops.node.__main__"]
+    while todo:
+        module = todo.pop()
+        path = file_of(module)
+        if path is None or path in needed:
+            continue
+        needed.add(path)
+        parts = module.split(".")
+        todo += [".".join(parts[:i]) for i in range(1, len(parts))]
+        todo += [n for n in _imports(path) if n.startswith("flatshare_ops")]
+    data = base64.b64decode(switcher(PACKAGE)["zip_b64"])
+    names = set(zipfile.ZipFile(io.BytesIO(data)).namelist())
+    wanted = {f"flatshare_ops/{p.relative_to(PACKAGE).as_posix()}" for p in needed}
+    wanted |= {f"flatshare_ops/common/{p.relative_to(PACKAGE / 'common').as_posix()}"
+               for p in (PACKAGE / "common").rglob("*") if p.is_file() and p.suffix in (".py", ".json")
+               and "__pycache__" not in p.parts}  # the engine venv's parse script and vLLM's option tables
+    assert not wanted - names, f"not shipped: {sorted(wanted - names)}"
+    python = {n for n in names if n.endswith(".py")}
+    extra = python - wanted
+    assert not extra, f"shipped but never run by the node: {sorted(extra)}"
+    assert not [n for n in names if n.split("/")[1] in ("sandbox", "control", "render", "config", "cli.py")]

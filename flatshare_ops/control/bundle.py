@@ -32,13 +32,34 @@ def source(root: Path) -> Path:
     return own if (own / "node" / "cli.py").is_file() else PACKAGE
 
 
+#: What the node runs of the package, and so all a release ships of it (tests/test_layout.py holds that these
+#: parts import nothing else): the node's side, serving-check (its post-switch step), what they share, and
+#: the top-level modules they import. Not shipped: the operator's side, the renderer, the profile's loading,
+#: the sandbox, the operator's command line.
+SHIPPED_PARTS = ("node", "check", "common")
+SHIPPED_MODULES = ("__init__.py", "errors.py", "schema_errors.py", "systemd.py")
+#: serving-check's command line: its timer runs the node's installed flatshare-ops, never a switcher.
+NOT_SHIPPED = ("check/cli.py",)
+
+
+def shipped(package: Path, path: Path) -> bool:
+    """Whether ``path`` (a file under ``package``) is part of the switcher a release ships."""
+    relative = path.relative_to(package)
+    if "__pycache__" in relative.parts or path.suffix in (".pyc", ".pyo"):
+        return False
+    if len(relative.parts) == 1:
+        return relative.name in SHIPPED_MODULES
+    return relative.parts[0] in SHIPPED_PARTS and relative.as_posix() not in NOT_SHIPPED
+
+
 @lru_cache(maxsize=4)
 def switcher(package: Path) -> dict:
-    """The package zipped reproducibly (sorted names, fixed times; no bytecode): ``{"sha256", "zip_b64"}``."""
+    """What the node runs of the package (:func:`shipped`), zipped reproducibly (sorted names, fixed times; no
+    bytecode): ``{"sha256", "zip_b64"}``."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
         for path in sorted(package.rglob("*")):
-            if path.is_file() and "__pycache__" not in path.parts and path.suffix not in (".pyc", ".pyo"):
+            if path.is_file() and shipped(package, path):
                 info = zipfile.ZipInfo(f"flatshare_ops/{path.relative_to(package).as_posix()}", (2026, 1, 1, 0, 0, 0))
                 info.external_attr = 0o644 << 16
                 info.compress_type = zipfile.ZIP_DEFLATED
