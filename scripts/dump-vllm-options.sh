@@ -1,11 +1,11 @@
 #!/usr/bin/env bash
 # Regenerate flatshare_ops/common/vllm_options/RELEASE.json, the `vllm serve`
 # option tables engine_argv.py reads, from the vLLM parser venvs that
-# scripts/vllm-parser-venv.sh builds (one release per venv). Each run imports
+# scripts/vllm-venvs.sh builds (one release per venv). Each run imports
 # vLLM (~10 s of CPU), under nice, one after the other.
 set -euo pipefail
 cd "$(dirname "$0")/.."
-./scripts/vllm-parser-venv.sh
+./scripts/vllm-venvs.sh
 out=flatshare_ops/common/vllm_options
 mkdir -p "$out"
 for venv in .venv-vllm .venv-vllm-0.33; do

