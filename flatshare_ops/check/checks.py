@@ -151,12 +151,17 @@ def check_services(states: dict[str, str], drain_file: Path, inside_release: boo
     return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
 
 
-def check_turn_hints(metrics: dict[str, float]) -> Finding:
-    """Calls running but no voice turn ever announced: the hints do not reach the engine."""
-    running = metrics.get("vllm:num_requests_running", 0.0)
-    turns = metrics.get("flatshare:make_room_turns_announced_total")
+def check_turn_hints(running: float, turns: float | None, source: str = "the engine's metrics") -> Finding:
+    """Calls running but no voice turn ever announced: the hints do not reach the engine.
+
+    Args:
+        running: ``vllm:num_requests_running``.
+        turns: the voice turns make-room counted since the engine started (None: not found).
+        source: where ``turns`` was read, for the message (the stand-in's /metrics, or the engine's
+            output, where the real serve module prints its count).
+    """
     if turns is None:
-        return Finding("turn_hints", WARNING, "engine metrics have no make-room turn counter")
+        return Finding("turn_hints", WARNING, f"no make-room turn count in {source}")
     if running > 0 and turns == 0:
         return Finding(
             "turn_hints", WARNING,

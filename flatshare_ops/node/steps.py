@@ -19,7 +19,7 @@ from .. import systemd
 from ..common import durable
 from ..common.http import wait_for_200
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
-from ..errors import FlatshareError
+from ..errors import FlatshareError, SystemdError
 from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
@@ -128,7 +128,10 @@ def restart_engine(sw: Switch) -> None:
     before = _invocation(sw)
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
     started = time.monotonic()
-    sw.job("start", ENGINE_UNIT, start_s)
+    try:
+        sw.job("start", ENGINE_UNIT, start_s)
+    except SystemdError as err:
+        raise StepError(f"{err}; the engine's {_engine_output(sw)}") from None
     if _invocation(sw) == before:
         raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
     url = engine["url"] + "/health"
@@ -137,8 +140,16 @@ def restart_engine(sw: Switch) -> None:
     status = wait_for_200(url, remaining, sw.progress(f"{url} to answer 200", start_s))
     if status != 200:
         heard = f"last answer {status}" if status else "nothing answered"
-        raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard})")
+        raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard}); "
+                        f"the engine's {_engine_output(sw)}")
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
+
+
+def _engine_output(sw: Switch) -> str:
+    """The engine's last lines, from wherever the node keeps its output (common/unit_output.py)."""
+    from ..common.unit_output import last_lines
+
+    return last_lines(sw.serving["layout"], ENGINE_UNIT).quote()
 
 
 def _invocation(sw: Switch) -> object:
