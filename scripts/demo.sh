@@ -10,8 +10,8 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "render: the checkout's files match the profile" && $bin/flatshare profiles render || exit $?
 step "verify: systemd-analyze verify prints nothing for the units" && $bin/flatshare profiles verify || exit $?
-step "sandbox: cyan and peacock, each its own systemd manager and sshd" && $bin/flatshare sandbox up || exit $?
-step "release: both nodes, one at a time, over SSH"
+step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstrapped (no release yet)" && $bin/flatshare sandbox up || exit $?
+step "release: both nodes, one at a time, over SSH (the first time: each node's first release, a real switch)"
 $bin/flatshare release --all --inventory "$inv"
 code=$?
 case $code in

@@ -59,10 +59,14 @@ class Tail:
         """The last ``count`` lines for a message: ``the engine's last lines (SOURCE): a | b | c``."""
         if self.problem:
             return f"its output could not be read ({self.problem})"
-        shown = [line for line in self.lines if line.strip()][-count:]
+        lines = [line for line in self.lines if line.strip()]
+        shown = lines[-count:]
         if not shown:
             return f"its output ({self.source}) is empty"
-        return f"its last lines ({self.source}): " + " | ".join(shown)
+        # A traceback's cause may lie above the lines quoted (vLLM's API server prints its own traceback
+        # after its engine core's): its exception lines come first.
+        causes = [line for line in lines[:-count] if _EXCEPTION.match(line)][-3:]
+        return f"its last lines ({self.source}): " + " | ".join([*causes, *(["..."] if causes else []), *shown])
 
 
 def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:
@@ -101,7 +105,7 @@ def _file(path: str, count: int) -> Tail:
         return Tail([], path, f"{path}: {err.strerror or err}")
     finally:
         os.close(fd)
-    lines = data.decode("utf-8", errors="replace").splitlines()
+    lines = _split(data)
     if start > 0 and lines:
         lines = lines[1:]  # the first line read may be cut
     return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], path)
@@ -120,11 +124,20 @@ def _journal(unit: str, scope: str, count: int) -> Tail:
     if done.returncode != 0:
         why = done.stderr.decode(errors="replace").strip().splitlines()
         return Tail([], source, f"journalctl exited {done.returncode}" + (f": {one_line(why[-1])}" if why else ""))
-    lines = done.stdout.decode("utf-8", errors="replace").splitlines()
+    lines = _split(done.stdout)
     return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], source)
 
 
+def _split(data: bytes) -> list[str]:
+    # Lines end at a newline only (str.splitlines would also split at \r, U+2028, ...: a progress bar's \r
+    # is shown escaped, not taken for a line of its own).
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
 _ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: The last line of a Python traceback (``ValueError: ...``), after vLLM's ``(EngineCore pid=N)`` prefix if any.
+_EXCEPTION = re.compile(r"^(?:\(\S+ pid=\d+\)\s*)?[A-Za-z_][\w.]*(?:Error|Exception)\b:")
 
 
 def _strip_ansi(line: str) -> str:

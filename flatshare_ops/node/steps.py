@@ -17,7 +17,6 @@ from typing import Callable
 
 from .. import systemd
 from ..common import durable
-from ..common.http import wait_for_200
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
 from ..errors import FlatshareError, SystemdError
 from . import drain
@@ -137,12 +136,54 @@ def restart_engine(sw: Switch) -> None:
     url = engine["url"] + "/health"
     remaining = max(1.0, start_s - (time.monotonic() - started))
     sw.out.line(f"  waiting for {url} to answer 200 (up to {remaining:.0f} s of the {start_s:g} s start budget)")
-    status = wait_for_200(url, remaining, sw.progress(f"{url} to answer 200", start_s))
+    status, exited = _wait_ready(sw, url, remaining, start_s)
+    if exited:
+        # Restart=on-failure would start the same command line again and again for the whole budget.
+        raise StepError(f"the engine exited during its start ({exited}) after {time.monotonic() - started:.0f} s; "
+                        f"the engine's {_engine_output(sw)}")
     if status != 200:
         heard = f"last answer {status}" if status else "nothing answered"
         raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard}); "
                         f"the engine's {_engine_output(sw)}")
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
+
+
+#: How often the start's wait asks systemd whether the engine's process is still the one started (seconds).
+EXIT_CHECK_S = 1.0
+
+
+def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tuple[int, str | None]:
+    """Wait for ``url`` to answer 200, and stop as soon as the engine's process has exited.
+
+    systemd counts the automatic restarts of a unit since it was last started (``NRestarts``,
+    org.freedesktop.systemd1(5); docs/reference/systemd.md): one more than at the start, or the unit
+    failed, means the engine started did not survive its start.
+
+    Returns:
+        (the last /health status, 0 for no answer; why the engine is known to have exited, or None).
+    """
+    from ..common.http import HTTP_TIMEOUT_S, http_get
+    from ..common.poll import poll_until
+
+    queries = [(ENGINE_UNIT, "Service", "NRestarts"), (ENGINE_UNIT, "Unit", "ActiveState")]
+    deadline = time.monotonic() + timeout_s
+    last, exited, next_check = [0], [None], [time.monotonic() + EXIT_CHECK_S]
+
+    def done() -> bool:
+        last[0] = http_get(url, min(HTTP_TIMEOUT_S, max(0.1, deadline - time.monotonic())))[0]
+        if last[0] == 200:
+            return True
+        if time.monotonic() >= next_check[0]:
+            next_check[0] = time.monotonic() + EXIT_CHECK_S
+            found = systemd.properties(sw.ctx.address, queries)
+            restarts, state = int(found[f"{ENGINE_UNIT}/NRestarts"]), found[f"{ENGINE_UNIT}/ActiveState"]
+            if restarts > 0 or state in ("failed", "inactive"):
+                exited[0] = f"systemd: {ENGINE_UNIT} {state}, restarted {restarts} time(s)"
+                return True
+        return False
+
+    poll_until(done, timeout_s, 0.05, sw.progress(f"{url} to answer 200", budget_s))
+    return last[0], exited[0]
 
 
 def _engine_output(sw: Switch) -> str:
