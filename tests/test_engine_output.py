@@ -51,7 +51,7 @@ def test_a_quote_keeps_the_cause_of_a_traceback_above_its_last_lines(tmp_path):
     lines = ["(EngineCore pid=7) ValueError: flatshare make-room: decode_hold_tokens ...", *[f"frame {i}" for i in range(20)],
              "RuntimeError: Engine core initialization failed. See root cause above."]
     (tmp_path / "flatshare-engine.service.log").write_text("\n".join(lines) + "\n")
-    quote = last_lines(_layout(tmp_path), "flatshare-engine.service").quote(5)
+    quote = last_lines(_layout(tmp_path), "flatshare-engine.service").quote(count=5)
     assert quote.index("ValueError: flatshare make-room") < quote.index("...") < quote.index("Engine core initialization")
     assert "frame 10" not in quote and "frame 19" in quote
 

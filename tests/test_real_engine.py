@@ -181,7 +181,7 @@ def test_a_turn_hint_reaches_the_real_scheduler(fleet):
     def turns() -> float:
         report = run_checks(fleet.node("cyan").state_dir, "cyan", fleet.node("cyan").manager.runtime_dir)
         assert {f.check: f.status for f in report.findings}["turn_hints"] == "OK"
-        return report.perf["turns_announced"]
+        return report.perfdata["turns_announced"]
 
     before = turns()
     body = json.dumps({"model": "flatshare-chat", "prompt": "w1 w2", "max_tokens": 1,

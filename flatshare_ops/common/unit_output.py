@@ -55,18 +55,18 @@ class Tail:
     def __init__(self, lines: list[str], source: str, problem: str | None = None) -> None:
         self.lines, self.source, self.problem = lines, source, problem
 
-    def quote(self, count: int = QUOTED_LINES) -> str:
-        """The last ``count`` lines for a message: ``the engine's last lines (SOURCE): a | b | c``."""
+    def quote(self, whose: str = "its", count: int = QUOTED_LINES) -> str:
+        """The last ``count`` lines for a message: ``WHOSE last lines (SOURCE): a | b | c``."""
         if self.problem:
-            return f"its output could not be read ({self.problem})"
+            return f"{whose} output could not be read ({self.problem})"
         lines = [line for line in self.lines if line.strip()]
         shown = lines[-count:]
         if not shown:
-            return f"its output ({self.source}) is empty"
+            return f"{whose} output ({self.source}) is empty"
         # A traceback's cause may lie above the lines quoted (vLLM's API server prints its own traceback
         # after its engine core's): its exception lines come first.
         causes = [line for line in lines[:-count] if _EXCEPTION.match(line)][-3:]
-        return f"its last lines ({self.source}): " + " | ".join([*causes, *(["..."] if causes else []), *shown])
+        return f"{whose} last lines ({self.source}): " + " | ".join([*causes, *(["..."] if causes else []), *shown])
 
 
 def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:

@@ -130,7 +130,7 @@ def restart_engine(sw: Switch) -> None:
     try:
         sw.job("start", ENGINE_UNIT, start_s)
     except SystemdError as err:
-        raise StepError(f"{err}; the engine's {_engine_output(sw)}") from None
+        raise StepError(f"{err}; {_engine_output(sw)}") from None
     if _invocation(sw) == before:
         raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
     url = engine["url"] + "/health"
@@ -140,11 +140,11 @@ def restart_engine(sw: Switch) -> None:
     if exited:
         # Restart=on-failure would start the same command line again and again for the whole budget.
         raise StepError(f"the engine exited during its start ({exited}) after {time.monotonic() - started:.0f} s; "
-                        f"the engine's {_engine_output(sw)}")
+                        f"{_engine_output(sw)}")
     if status != 200:
         heard = f"last answer {status}" if status else "nothing answered"
         raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard}); "
-                        f"the engine's {_engine_output(sw)}")
+                        f"{_engine_output(sw)}")
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
 
 
@@ -155,9 +155,9 @@ EXIT_CHECK_S = 1.0
 def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tuple[int, str | None]:
     """Wait for ``url`` to answer 200, and stop as soon as the engine's process has exited.
 
-    systemd counts the automatic restarts of a unit since it was last started (``NRestarts``,
-    org.freedesktop.systemd1(5); docs/reference/systemd.md): one more than at the start, or the unit
-    failed, means the engine started did not survive its start.
+    systemd says so (org.freedesktop.systemd1(5); docs/reference/systemd.md): the unit waits to be
+    restarted (``SubState`` ``auto-restart``), has been restarted (``NRestarts`` above its value when
+    the wait began: a start job does not always reset it) or failed or stopped (``ActiveState``).
 
     Returns:
         (the last /health status, 0 for no answer; why the engine is known to have exited, or None).
@@ -165,8 +165,10 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
     from ..common.http import HTTP_TIMEOUT_S, http_get
     from ..common.poll import poll_until
 
-    queries = [(ENGINE_UNIT, "Service", "NRestarts"), (ENGINE_UNIT, "Unit", "ActiveState")]
+    queries = [(ENGINE_UNIT, "Service", "NRestarts"), (ENGINE_UNIT, "Unit", "ActiveState"),
+               (ENGINE_UNIT, "Unit", "SubState")]
     deadline = time.monotonic() + timeout_s
+    first = int(systemd.properties(sw.ctx.address, queries[:1])[f"{ENGINE_UNIT}/NRestarts"])
     last, exited, next_check = [0], [None], [time.monotonic() + EXIT_CHECK_S]
 
     def done() -> bool:
@@ -176,9 +178,10 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
         if time.monotonic() >= next_check[0]:
             next_check[0] = time.monotonic() + EXIT_CHECK_S
             found = systemd.properties(sw.ctx.address, queries)
-            restarts, state = int(found[f"{ENGINE_UNIT}/NRestarts"]), found[f"{ENGINE_UNIT}/ActiveState"]
-            if restarts > 0 or state in ("failed", "inactive"):
-                exited[0] = f"systemd: {ENGINE_UNIT} {state}, restarted {restarts} time(s)"
+            restarts = int(found[f"{ENGINE_UNIT}/NRestarts"])
+            state, sub = found[f"{ENGINE_UNIT}/ActiveState"], found[f"{ENGINE_UNIT}/SubState"]
+            if restarts > first or sub == "auto-restart" or state in ("failed", "inactive"):
+                exited[0] = f"systemd: {ENGINE_UNIT} {state} ({sub}), restarted {restarts - first} time(s)"
                 return True
         return False
 
@@ -190,7 +193,7 @@ def _engine_output(sw: Switch) -> str:
     """The engine's last lines, from wherever the node keeps its output (common/unit_output.py)."""
     from ..common.unit_output import last_lines
 
-    return last_lines(sw.serving["layout"], ENGINE_UNIT).quote()
+    return last_lines(sw.serving["layout"], ENGINE_UNIT).quote("the engine's")
 
 
 def _invocation(sw: Switch) -> object:
