@@ -596,7 +596,7 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         inventory = _up(base, production, chosen, vllm_release, echo)
     waiting = [n for n in chosen if not n.bare and current_release(n.state_dir) is None]
     if release and waiting:
-        first_release(inventory, production.resolve().parent.parent, echo)
+        first_release(inventory, production.resolve().parent.parent, [n.name for n in waiting], echo)
     elif waiting:
         echo(f"no release on {', '.join(n.name for n in waiting)} yet: its first is the real one "
              f"('flatshare release --all --inventory {inventory}')")
@@ -615,22 +615,24 @@ def _refuse_missing_engine_venv() -> None:
                            "scripts/vllm-venvs.sh (make demo and make test do), or use --engine stand-in", exit_code=2)
 
 
-def first_release(inventory: Path, root: Path, echo=print) -> None:
-    """The nodes' first release, the real one: ``flatshare release --all`` from checkout ``root``
-    (the node's switch installs and starts the units and writes the history; nothing here does).
+def first_release(inventory: Path, root: Path, names: list[str], echo=print) -> None:
+    """The nodes' first release, the real one: ``flatshare release --node NAME`` from checkout ``root`` for
+    each of ``names``, one at a time (the node's switch installs and starts the units and writes the
+    history; nothing here does).
 
     Raises:
-        SandboxError: the release did not succeed; the message ends with its last lines.
+        SandboxError: a release did not succeed; the message ends with its last lines.
     """
-    command = [str(Path(sys.executable).parent / "flatshare"), "release", "--all", "--inventory", str(inventory),
-               "--root", str(root)]
-    echo(f"first release: {' '.join(command[1:])}")
-    done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
-    for line in done.stdout.splitlines():
-        echo(f"  {line}")
-    if done.returncode not in (0, 4):
-        tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-6:])
-        raise SandboxError(f"the first release exited {done.returncode}: {tail}")
+    for name in names:
+        command = [str(Path(sys.executable).parent / "flatshare"), "release", "--node", name, "--inventory",
+                   str(inventory), "--root", str(root)]
+        echo(f"first release: {' '.join(command[1:])}")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        for line in done.stdout.splitlines():
+            echo(f"  {line}")
+        if done.returncode not in (0, 4):
+            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-6:])
+            raise SandboxError(f"{name}: its first release exited {done.returncode}: {tail}")
 
 
 def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
