@@ -15,7 +15,6 @@ from __future__ import annotations
 
 import os
 import re
-import subprocess
 
 from .text import one_line
 
@@ -112,6 +111,8 @@ def _file(path: str, count: int) -> Tail:
 
 
 def _journal(unit: str, scope: str, count: int) -> Tail:
+    import subprocess  # here: serving-check imports this module every minute, and a sandbox reads files
+
     which = "--user-unit" if scope == "user" else "--unit"
     argv = [JOURNALCTL, which, unit, "-n", str(count), "-o", "cat", "--no-pager", "-q"]
     source = f"journalctl {which} {unit}"
