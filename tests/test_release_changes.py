@@ -349,3 +349,26 @@ def test_serving_check_quotes_a_stopped_engines_last_lines(fleet):
     finally:
         assert fleet.release("--node", name).returncode == 0  # repaired: the node does not serve
     fleet.settled(name)
+
+
+def test_a_venv_whose_vllm_carries_a_local_label_releases_and_checks_on_the_stand_in(fleet, tmp_path):
+    # PEP 440: 0.32.0+cpu is release 0.32.0 with a local label (the real engine's venv says so too).
+    from flatshare_ops.sandbox.fleet import make_engine_venv
+
+    name = "cyan"
+    served = fleet.current(name)
+    venv = tmp_path / "engine-venv-cpu"
+    make_engine_venv(fleet.node(name), "0.32.0+cpu", venv)
+    assert (next(venv.glob("lib/python*/site-packages")) / "vllm-0.32.0+cpu.dist-info/METADATA").is_file()
+    with fleet.node_profile(name, {"engine.venv": str(venv)}):
+        result = fleet.release("--node", name)
+        assert result.returncode == 0, result.stdout + result.stderr
+        from flatshare_ops.check.run import run_checks
+
+        report = run_checks(fleet.node(name).state_dir, name, fleet.node(name).manager.runtime_dir)
+        found = {f.check: f for f in report.findings}
+        assert report.status == "OK", [(f.check, f.status, f.summary) for f in report.findings]
+        assert "0.32.0+cpu" in found["vllm_release"].summary
+    assert fleet.release("--node", name).returncode == 0  # back to the node's own venv
+    assert fleet.current(name) == served
+    fleet.settled(name)

