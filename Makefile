@@ -12,10 +12,11 @@ setup:
 # The main job on the local sandbox fleet (scripts/demo.sh): check the checkout,
 # bring cyan and peacock up, release both, serving-check both, print their status.
 demo: setup
+	@./scripts/vllm-venvs.sh
 	@./scripts/demo.sh
 
 test: setup
-	@./scripts/vllm-parser-venv.sh
+	@./scripts/vllm-venvs.sh
 	$(BIN)/python -m pytest -q
 
 sandbox-down: setup

@@ -246,13 +246,19 @@ def sandbox_up(
         "--system-scope", help="A node reached on the system-scope path, through a bus of its own (repeatable).")] = None,
     bare: Annotated[Optional[list[str]], typer.Option(
         "--bare", help="A fresh node: sshd, its manager and an engine venv only; bootstrap it (repeatable).")] = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="vllm (vLLM 0.32.0's real CPU engine, .venv-vllm; the default for a new sandbox) or "
+                         "stand-in (starts in a second); default: what the sandbox was brought up with.")] = None,
 ) -> None:
-    """Bring the sandbox up (idempotent): managers, sshd, layout, stand-ins; install and start the units."""
+    """Bring the sandbox up (idempotent): managers, sshd, each node's layout and profile, bootstrapped with no
+    release: the first release is the real one ('flatshare release --all --inventory DIR/fleet.toml')."""
     from .render.checkout import DEFAULT_PROFILE
     from .sandbox.fleet import parse_addresses, up
 
+    if engine is None and not (directory / "state.json").exists():
+        engine = "vllm"
     inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo,
-                   system_scope=tuple(system_scope or ()), bare=tuple(bare or ()))
+                   system_scope=tuple(system_scope or ()), bare=tuple(bare or ()), engine=engine, release=False)
     typer.echo(f"sandbox up: inventory {inventory}")
 
 

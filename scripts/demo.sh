@@ -10,10 +10,11 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "render: the checkout's files match the profile" && $bin/flatshare profiles render || exit $?
 step "verify: systemd-analyze verify prints nothing for the units" && $bin/flatshare profiles verify || exit $?
-step "sandbox: cyan and peacock, each its own systemd manager and sshd" && $bin/flatshare sandbox up || exit $?
-step "release: both nodes, one at a time, over SSH, while calls stream through both gateways"
+step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstrapped (no release yet)" && $bin/flatshare sandbox up || exit $?
+step "release: both nodes, one at a time, over SSH (the first time: each node's first release, a real switch), while calls stream through both gateways"
 calls=$(mktemp)
-$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --for 600 --tokens 32 --brief >"$calls" 2>&1 &
+# A call waits (bounded) while no gateway answers yet: on the first run no node has a release until cyan's first switch ends.
+$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --for 600 --tokens 32 --timeout 240 --brief >"$calls" 2>&1 &
 caller=$!
 $bin/flatshare release --all --inventory "$inv"
 code=$?

@@ -1,16 +1,16 @@
 #!/usr/bin/env bash
 # Regenerate flatshare_ops/common/vllm_options/RELEASE.json, the `vllm serve`
 # option tables vllm_argv.py builds its parsers from, from the vLLM parser
-# venvs that scripts/vllm-parser-venv.sh builds (one release per venv). Each
+# venvs that scripts/vllm-venvs.sh builds (one release per venv). Each
 # run imports vLLM (~10 s of CPU), under nice, one after the other.
-#   --as-built   use the venvs as they are (do not run vllm-parser-venv.sh,
+#   --as-built   use the venvs as they are (do not run vllm-venvs.sh,
 #                e.g. when they are shared with another checkout)
 # RELEASE is the table's own vllm_release: the public version, so a venv whose
 # vLLM says 0.32.0+cpu writes 0.32.0.json.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 if [ "${1:-}" != "--as-built" ]; then
-  ./scripts/vllm-parser-venv.sh
+  ./scripts/vllm-venvs.sh
 fi
 out=flatshare_ops/common/vllm_options
 mkdir -p "$out"

@@ -14,15 +14,17 @@ REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
 
-def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None):
-    """Run one of the project's console scripts; returns the CompletedProcess (text)."""
+def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None,
+            timeout: float = 120):
+    """Run one of the project's console scripts; returns the CompletedProcess (text). ``timeout`` in seconds
+    (a release of real engines takes minutes)."""
     return subprocess.run(
         [str(BIN / program), *args],
         cwd=cwd,
         capture_output=True,
         text=True,
         env={**os.environ, **(env or {})},
-        timeout=120,
+        timeout=timeout,
     )
 
 

@@ -25,6 +25,9 @@ HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
 class Fleet:
     """The release tests' checkout and sandbox."""
 
+    #: How long one of the tool's commands may take (seconds): the real engine's tier raises it.
+    cli_timeout_s = 120.0
+
     def __init__(self, checkout: Path, base: Path, addresses: dict[str, str]) -> None:
         self.checkout, self.base, self.addresses = checkout, base, addresses
         self.inventory = base / "fleet.toml"
@@ -36,7 +39,12 @@ class Fleet:
         return ManagerAddress("user", self.node(name).manager.runtime_dir)
 
     def release(self, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        return run_cli("release", "--inventory", str(self.inventory), "--root", str(self.checkout), *args, env=env)
+        return run_cli("release", "--inventory", str(self.inventory), "--root", str(self.checkout), *args, env=env,
+                       timeout=self.cli_timeout_s)
+
+    def rollback(self, *args: str) -> subprocess.CompletedProcess:
+        return run_cli("rollback", "--inventory", str(self.inventory), "--root", str(self.checkout), *args,
+                       timeout=self.cli_timeout_s)
 
     def local_release(self, name: str, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
         """`flatshare release` as run on the node itself (no --node)."""
@@ -85,6 +93,27 @@ class Fleet:
         assert not self.drain_file(name).exists()
         self.check_ok(name)
 
+
+    @contextmanager
+    def node_profile(self, name: str, values: dict):
+        """The node's own profile with ``values`` ({"engine.max_model_len": 4096}) set, restored byte for byte
+        after (tomlkit: the rest of the file is kept as written)."""
+        import tomlkit
+
+        path = self.node(name).profile
+        saved = path.read_bytes()
+        doc = tomlkit.parse(saved.decode())
+        for dotted, value in values.items():
+            table = doc
+            *parents, leaf = dotted.split(".")
+            for part in parents:
+                table = table.setdefault(part, tomlkit.table())
+            table[leaf] = value
+        path.write_text(tomlkit.dumps(doc))
+        try:
+            yield
+        finally:
+            path.write_bytes(saved)
 
     def invocations(self, name: str) -> dict[str, bytes]:
         """Each managed service's InvocationID (it changes at every start)."""

@@ -15,9 +15,10 @@ VLLM_0_32_FLAGS = {
     "--gpu-memory-utilization", "--max-model-len", "--max-num-seqs", "--max-num-batched-tokens",
     "--enable-prefix-caching", "--no-enable-prefix-caching",
     "--host", "--port", "--served-model-name", "--api-server-count", "--speculative-config",
-    "--compilation-config",
+    "--compilation-config", "--enforce-eager", "--no-enforce-eager",
 }
-BOOLEAN_FLAGS = {"--async-scheduling", "--no-async-scheduling", "--enable-prefix-caching", "--no-enable-prefix-caching"}
+BOOLEAN_FLAGS = {"--async-scheduling", "--no-async-scheduling", "--enable-prefix-caching", "--no-enable-prefix-caching",
+                 "--enforce-eager", "--no-enforce-eager"}
 
 
 def parse_like_vllm(words: list[str]) -> tuple[dict[str, str | bool], dict]:
@@ -80,6 +81,7 @@ def test_flags_give_exactly_the_profiles_values():
         **({"--kv-offloading-size": json.dumps(e.kv_offloading.size_gib),
             "--kv-offloading-backend": e.kv_offloading.backend} if e.kv_offloading.enabled else {}),
         "--async-scheduling" if e.async_scheduling else "--no-async-scheduling": True,
+        "--enforce-eager" if e.enforce_eager else "--no-enforce-eager": True,
         "--attention-backend": e.attention_backend,
         "--scheduler-cls": e.scheduler_cls,
     }

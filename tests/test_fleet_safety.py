@@ -1230,7 +1230,14 @@ def test_a_slow_preflight_is_not_taken_for_a_stalled_session(fleet):
     fleet.new_hold(name)
     expected = fleet.expected_id(name)
     argv, env = fleet.argv("local-release", name, inventory)
-    result = fleet.cli(*argv[1:], env={**env, "PYTHONPATH": str(SLOW_PARSE), "FLEET_SAFETY_SLOW_PARSE_S": "12"})
+    # The preflight runs vLLM with the engine's own PYTHONPATH (the serve module's directory): the slow start
+    # goes there for this test only.
+    slow = fleet.node(name).state_dir / "module" / "sitecustomize.py"
+    slow.write_bytes((SLOW_PARSE / "sitecustomize.py").read_bytes())
+    try:
+        result = fleet.cli(*argv[1:], env={**env, "FLEET_SAFETY_SLOW_PARSE_S": "12"})
+    finally:
+        slow.unlink()
     _no_traceback(result.stdout, result.stderr)
     fleet.settled(name)
     assert "silence bound" not in result.stdout, result.stdout

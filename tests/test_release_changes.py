@@ -292,3 +292,83 @@ def test_profile_set_writes_through_a_symlink_and_keeps_mode_and_line_endings(tm
     data = real.read_bytes()
     assert b"retain_s = 31" in data and b"\r\n" in data and b"\n" not in data.replace(b"\r\n", b"")
     assert stat.S_IMODE(real.stat().st_mode) == 0o640
+
+
+# --- what the real engine's tier (tests/test_real_engine.py) checks, on the stand-in ---------------------------
+
+
+def test_a_max_model_len_above_the_models_positions_is_refused_before_any_drain_on_the_stand_in(fleet):
+    # The stand-in model's config.json holds 16,384 positions; the stand-in's engine config refuses more, in
+    # vLLM's words, as vLLM's create_engine_config does (the real one: tests/test_real_engine.py).
+    name = "cyan"
+    before = fleet.invocations(name)
+    with fleet.node_profile(name, {"engine.max_model_len": 20000}):
+        result = fleet.release("--node", name)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert "refused before draining" in result.stdout
+    assert "is greater than the derived max_model_len (max_position_embeddings=16384" in result.stdout
+    assert fleet.invocations(name) == before
+    fleet.settled(name)
+
+
+def test_a_failed_start_quotes_the_engines_last_lines_on_the_stand_in(fleet):
+    # The stand-in engine reads its load time from its environment: "never" fails its start after the
+    # preflight passed (the preflight does not read it); the engine's own output says why.
+    name = "cyan"
+    served = fleet.current(name)
+    with fleet.node_profile(name, {"engine.environment.FLATSHARE_STANDIN_LOAD_S": "never"}):
+        result = fleet.release("--node", name)
+    try:
+        assert result.returncode == 1, result.stdout + result.stderr
+        assert "preflight passed" in result.stdout
+        assert "the engine exited during its start" in result.stdout, result.stdout
+        assert "could not convert string to float: 'never'" in result.stdout, result.stdout
+        record = fleet.history(name)[-1]
+        assert (record["result"], record["step"]) == ("failed", "restart-engine")
+        assert "could not convert string to float: 'never'" in record["reason"]
+    finally:
+        back = fleet.rollback("--node", name)
+    assert back.returncode == 0, back.stdout + back.stderr
+    assert fleet.current(name) == served
+    fleet.settled(name)
+
+
+def test_serving_check_quotes_a_stopped_engines_last_lines(fleet):
+    from flatshare_ops.check.run import run_checks
+
+    name = "peacock"
+    log = fleet.node(name).output_dir / f"{ENGINE}.log"
+    last = [line for line in log.read_text().splitlines() if line.strip()][-1]
+    with connect(fleet.address(name)) as bus:
+        run_job(bus, "stop", ENGINE, 30)
+    try:
+        report = run_checks(fleet.node(name).state_dir, name, fleet.node(name).manager.runtime_dir)
+        unit = {f.check: f for f in report.findings}["engine_unit"]
+        assert unit.status == "CRITICAL"
+        assert any(last in detail and str(log) in detail for detail in unit.details), unit.details
+    finally:
+        assert fleet.release("--node", name).returncode == 0  # repaired: the node does not serve
+    fleet.settled(name)
+
+
+def test_a_venv_whose_vllm_carries_a_local_label_releases_and_checks_on_the_stand_in(fleet, tmp_path):
+    # PEP 440: 0.32.0+cpu is release 0.32.0 with a local label (the real engine's venv says so too).
+    from flatshare_ops.sandbox.fleet import make_engine_venv
+
+    name = "cyan"
+    served = fleet.current(name)
+    venv = tmp_path / "engine-venv-cpu"
+    make_engine_venv(fleet.node(name), "0.32.0+cpu", venv)
+    assert (next(venv.glob("lib/python*/site-packages")) / "vllm-0.32.0+cpu.dist-info/METADATA").is_file()
+    with fleet.node_profile(name, {"engine.venv": str(venv)}):
+        result = fleet.release("--node", name)
+        assert result.returncode == 0, result.stdout + result.stderr
+        from flatshare_ops.check.run import run_checks
+
+        report = run_checks(fleet.node(name).state_dir, name, fleet.node(name).manager.runtime_dir)
+        found = {f.check: f for f in report.findings}
+        assert report.status == "OK", [(f.check, f.status, f.summary) for f in report.findings]
+        assert "0.32.0+cpu" in found["vllm_release"].summary
+    assert fleet.release("--node", name).returncode == 0  # back to the node's own venv
+    assert fleet.current(name) == served
+    fleet.settled(name)

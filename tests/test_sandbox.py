@@ -4,6 +4,7 @@ and the rendered units installed and running."""
 from __future__ import annotations
 
 import json
+import os
 import socket
 import subprocess
 import threading
@@ -304,7 +305,7 @@ def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(
     holder = socket.create_server((addresses["peacock"], 2222))
     base = tmp_path / "sb"
     try:
-        result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO),
+        result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in",
                          env={"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"})
         assert result.returncode == 1
         assert f"peacock: {addresses['peacock']}:2222 is already in use" in result.stderr
@@ -318,7 +319,7 @@ def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(
 
 
 def test_a_node_sandbox_up_made_is_enabled_and_comes_back_after_a_reboot(sandbox):
-    """`sandbox up` installs a node's first release as a release would, enablement included: a reboot
+    """A node's first release (the real one, which `up` runs) enables what a release enables: a reboot
     right after it (no release since) finds the node serving (systemd's own UnitFileState, then /health)."""
     from flatshare_ops.sandbox.fleet import reboot
 
@@ -354,3 +355,37 @@ def test_up_refuses_a_directory_made_for_other_addresses_before_starting_anythin
         up(base, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None)
     assert refused.value.exit_code == 2
     assert not (base / "state.json").exists()  # nothing was started
+
+
+def test_each_nodes_first_release_is_the_real_one(sandbox):
+    # One writer of the history: the node's switch. 'up' ran the real release ('flatshare release --all').
+    for name in ("cyan", "peacock"):
+        state = sandbox / name / "var/lib/flatshare/releases"
+        records = [json.loads(line) for line in (state / "history.jsonl").read_text().splitlines()]
+        assert [(r["kind"], r["result"], r["before"], r["served"]) for r in records[:1]] == [
+            ("release", "released", None, True)]
+        assert records[0]["after"] == os.readlink(state / "current")
+        assert f"switching (no release) -> {records[0]['after']}" in (state / "release.log").read_text()
+
+
+def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path):
+    # What `make demo` meets on a fresh clone: bootstrapped nodes with no release, so its release is a
+    # real switch on each node.
+    addresses = loopback_pair(2)
+    base = tmp_path / "sb"
+    env = {"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"}
+    try:
+        result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in", env=env)
+        assert result.returncode == 0, result.stdout + result.stderr
+        assert "its first is the real one" in result.stdout
+        for name in ("cyan", "peacock"):
+            state = base / name / "var/lib/flatshare"
+            assert not (state / "releases/current").exists() and not (state / "releases/history.jsonl").exists()
+            assert (state / "module/flatshare_make_room_serve.py").is_file()  # built once, as bootstrap builds it
+            assert not list((base / name / "etc/systemd/user").glob("flatshare*"))
+        released = run_cli("release", "--all", "--inventory", str(base / "fleet.toml"), "--root", str(REPO))
+        assert released.returncode == 0, released.stdout + released.stderr
+        for name in ("cyan", "peacock"):
+            assert f"[{name}] {name}: switching (no release) -> " in released.stdout
+    finally:
+        assert run_cli("sandbox", "down", "--dir", str(base)).returncode == 0

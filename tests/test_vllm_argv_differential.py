@@ -3,7 +3,7 @@
 Every command line of CORPUS (the production render and hostile variations)
 is parsed by vLLM itself, in ONE process per vLLM release, with
 flatshare_ops/common/vllm_serve_parse.py's `parse-many` mode, run by the
-interpreter of the parser venv that scripts/vllm-parser-venv.sh builds:
+interpreter of the parser venv that scripts/vllm-venvs.sh builds:
 .venv-vllm (vLLM 0.32.0; missing is a failure unless
 FLATSHARE_SKIP_VLLM_PARSER=1) and .venv-vllm-0.33 (vLLM 0.33.0; skipped when
 missing). For each line, vllm_argv.read_argv must take the same decision
@@ -304,10 +304,10 @@ def _venv_python(release: str) -> Path:
     python = VENVS[release] / "bin/python"
     if not python.exists():
         if release != "0.32.0":
-            pytest.skip(f"{VENVS[release]} not built (scripts/vllm-parser-venv.sh builds it)")
+            pytest.skip(f"{VENVS[release]} not built (scripts/vllm-venvs.sh builds it)")
         if os.environ.get("FLATSHARE_SKIP_VLLM_PARSER") == "1":
             pytest.skip("FLATSHARE_SKIP_VLLM_PARSER=1")
-        pytest.fail(f"{python} missing: run scripts/vllm-parser-venv.sh (make test does)")
+        pytest.fail(f"{python} missing: run scripts/vllm-venvs.sh (make test does)")
     return python
 
 

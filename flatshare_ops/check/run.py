@@ -25,8 +25,10 @@ from ..common.locks import held_by
 from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
 from ..common.proc import read_cmdline
 from . import checks
+from ..common.unit_output import last_lines
 from .calls import takes_calls
-from .facts import active_release, installed_vllm, lock_holder_record, parse_metrics, switch_started_at, systemd_facts
+from .facts import (active_release, installed_vllm, lock_holder_record, parse_metrics, switch_started_at,
+                    systemd_facts, turns_announced)
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
@@ -36,6 +38,10 @@ STALE_LOCK_S = 3600.0
 #: serving-check's own deadline (seconds), and the bound of its systemd exchange.
 DEADLINE_S = 10.0
 SYSTEMD_S = 5.0
+#: The stand-in engine's make-room counter in /metrics (vLLM's own has none).
+TURNS_METRIC = "flatshare:make_room_turns_announced_total"
+#: How many of the engine's last output lines serving-check reads (the turn count, a stopped engine's why).
+OUTPUT_LINES = 400
 
 
 class _Deadline(BaseException):
@@ -192,11 +198,20 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
         metrics_status, metrics_body = http_get(engine["url"] + "/metrics")
         if metrics_status == 200:
             metrics = parse_metrics(metrics_body.decode(errors="replace"))
-            findings.append(checks.check_turn_hints(metrics))
-            perf["requests_running"] = metrics.get("vllm:num_requests_running", 0.0)
-            perf["turns_announced"] = metrics.get("flatshare:make_room_turns_announced_total", 0.0)
+            running = metrics.get("vllm:num_requests_running", 0.0)
+            turns, source = metrics.get(TURNS_METRIC), "the engine's metrics"
+            if turns is None:  # vLLM's own /metrics has no make-room counter: the module prints its count
+                stage[0] = "reading the engine's output"
+                tail = last_lines(serving["layout"], engine["unit"], OUTPUT_LINES)
+                turns, source = turns_announced(tail.lines, facts.engine.main_pid), tail.source
+            findings.append(checks.check_turn_hints(running, turns, source))
+            perf["requests_running"] = running
+            perf["turns_announced"] = turns or 0.0
         else:
             findings.append(Finding("turn_hints", WARNING, f"GET /metrics answered {metrics_status or 'nothing'}"))
+    else:
+        tail = last_lines(serving["layout"], engine["unit"], OUTPUT_LINES)
+        unit_finding.details.append(f"{engine['unit']}: {tail.quote()}")
     stage[0] = "checking the services, the module and the units"
     in_release = inside_release or "release_in_progress" in perf
     findings.append(checks.check_services(facts.states, Path(serving["voice"]["drain_file"]), in_release))

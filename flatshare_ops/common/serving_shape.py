@@ -46,7 +46,8 @@ KEYS: dict[str, tuple] = {
     "gateway.drain_timeout_s": NUMBER,
 }
 #: Keys a newer serving.json may lack in an older schema, or an older one may have without.
-OPTIONAL = {"engine.stop_timeout_s": NUMBER, "module.build_command": (list,), "gateway.url": (str,)}
+OPTIONAL = {"engine.stop_timeout_s": NUMBER, "module.build_command": (list,), "gateway.url": (str,),
+            "engine.environment": (dict,), "layout.output": (str,)}
 
 
 def _get(document: dict, dotted: str):
@@ -80,6 +81,9 @@ def problem(document: dict) -> str | None:
         value = _get(document, key)
         if value is not _MISSING and not all(isinstance(w, str) for w in value):
             return f"{key}: must be a list of strings"
+    environment = _get(document, "engine.environment")
+    if environment is not _MISSING and not all(isinstance(k, str) and isinstance(v, str) for k, v in environment.items()):
+        return "engine.environment: must map variable names to strings"
     if not all(isinstance(k, str) and isinstance(v, str) for k, v in document["units"].items()):
         return "units: must map unit names to sha256 strings"
     for name, digest in document["units"].items():

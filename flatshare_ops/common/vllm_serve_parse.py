@@ -19,6 +19,19 @@ parse-many
             with one parser (built once); nothing carries over from one parse to
             the next (fresh namespace, the parser's per-parse attributes, vLLM's
             warn-once caches and the action defaults are reset before each).
+preflight
+    stdin : JSON list of the words after `vllm serve`, model first.
+    stdout: {"ok": true, "checked": [...], "seconds": {stage: s}} or
+            {"ok": false, "stage": STAGE, "error": MESSAGE, "checked": [...], "seconds": {...}}.
+    What `vllm serve` runs before it touches the device, in this process's environment (the caller
+    gives it the engine unit's own: VLLM_TARGET_DEVICE is NOT defaulted here): stage "parser" builds
+    vLLM's serve parser (it builds vLLM's config defaults, so a venv whose platform cannot be inferred
+    fails here: "RuntimeError: Failed to infer device type"); "parse" and "validate" as for `parse`;
+    "config" runs AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=
+    OPENAI_API_SERVER), as vllm/entrypoints/launchers/api_server/entry.py does at start (the model's
+    config.json is read: --max-model-len above its positions, a speculative draft model that is not
+    there); "scheduler" imports --scheduler-cls as the engine core does
+    (vllm_config.scheduler_config.get_scheduler_cls()). `checked` names the stages passed.
 options
     stdin : ignored.
     stdout: what building the `vllm serve` parser again needs (see
@@ -94,7 +107,7 @@ import json
 import os
 import re
 
-MODES = ("parse", "parse-many", "options")
+MODES = ("parse", "parse-many", "options", "preflight")
 
 
 class Usage(Exception):
@@ -126,11 +139,12 @@ def _startup_module() -> str:
 class ServeParser:
     """vLLM's `vllm serve` parser, built once; `parse` runs one argv through it."""
 
-    def __init__(self) -> None:
+    def __init__(self, default_device: bool = True) -> None:
         import importlib
         import importlib.metadata
 
-        os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
+        if default_device:
+            os.environ.setdefault("VLLM_TARGET_DEVICE", "cpu")
         import vllm.entrypoints.cli.serve as serve_mod
         from vllm.logger import configure_logging_from_args
         from vllm.utils.argparse_utils import FlexibleArgumentParser
@@ -557,6 +571,78 @@ def table_text(table: dict) -> str:
 
 
 # --------------------------------------------------------------------------
+# The preflight
+
+
+def preflight(words: list[str]) -> dict:
+    """What `vllm serve WORDS` runs before it touches the device; see the module docstring ("preflight")."""
+    import time
+
+    checked: list[str] = []
+    seconds: dict[str, float] = {}
+    stage = "parser"
+    started = time.monotonic()
+
+    release: list[str] = []  # what importlib.metadata says this vLLM is, once the parser is built
+
+    def failed(error: str) -> dict:
+        seconds[stage] = round(time.monotonic() - started, 3)
+        return {"ok": False, "stage": stage, "error": error, "checked": checked, "seconds": seconds,
+                **({"release": release[0]} if release else {})}
+
+    def passed() -> None:
+        nonlocal started
+        seconds[stage] = round(time.monotonic() - started, 3)
+        checked.append(stage)
+        started = time.monotonic()
+
+    try:
+        sp = ServeParser(default_device=False)
+    except Exception as e:  # noqa: BLE001 - vLLM could not even build its parser here
+        return failed(f"{type(e).__name__}: {e}")
+    release.append(sp.release)
+    passed()
+    stage = "parse"
+    parsed = sp.parse(words)  # argparse's own messages, as `parse` gives them
+    if not parsed["ok"]:
+        stage = parsed["stage"]
+        return failed(parsed["error"])
+    sp._reset()  # again, for the namespace object itself (the parse above keeps only its JSON)
+    args = sp.top.parse_args(["serve", *words])
+    sp.configure_logging_from_args(args)
+    sp.cmds[args.subparser].validate(args)
+    if getattr(args, "model_tag", None) is not None:
+        args.model = args.model_tag  # as ServeSubcommand.cmd does first
+    passed()
+    checked.append("validate")
+    stage = "config"
+    try:
+        from vllm.engine.arg_utils import AsyncEngineArgs
+        from vllm.usage.usage_lib import UsageContext
+
+        config = AsyncEngineArgs.from_cli_args(args).create_engine_config(
+            usage_context=UsageContext.OPENAI_API_SERVER)
+    except Exception as e:  # noqa: BLE001 - pydantic's ValidationError, ValueError, RuntimeError, ...
+        return failed(f"{type(e).__name__}: {_first_lines(str(e))}")
+    passed()
+    stage = "scheduler"
+    try:
+        config.scheduler_config.get_scheduler_cls()
+    except Exception as e:  # noqa: BLE001 - ModuleNotFoundError, AttributeError, an error in the module
+        return failed(f"{type(e).__name__}: {e}")
+    passed()
+    return {"ok": True, "checked": checked, "seconds": seconds, "release": release[0]}
+
+
+def _first_lines(text: str, count: int = 4) -> str:
+    """A long message (pydantic's) on one line: its first lines, without pydantic's echo of the input
+    (``[type=value_error, input_value=ArgsKwargs(...)``) and its link to its own documentation."""
+    lines = [line.strip() for line in text.strip().splitlines() if line.strip()]
+    lines = [re.sub(r"\s*\[type=.*$", "", line) for line in lines if not line.startswith("For further information")]
+    return " ".join(lines[:count]) + (" ..." if len(lines) > count else "")
+
+
+# --------------------------------------------------------------------------
 # Entry point
 
 
@@ -588,6 +674,8 @@ def main(argv: list[str]) -> int:
             if mode == "parse":
                 words = _read_argv_list(data)
                 result = ServeParser().parse(words)
+            elif mode == "preflight":
+                result = preflight(_read_argv_list(data))
             else:
                 if not isinstance(data, list):
                     raise Usage("stdin must be a JSON list of argv lists")

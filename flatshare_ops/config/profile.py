@@ -140,6 +140,9 @@ class Engine(StrictModel):
     enable_prefix_caching: bool
     kv_cache_dtype: Literal["auto", "bfloat16", "fp8", "fp8_e4m3", "fp8_e5m2", "fp8_inc"]
     async_scheduling: bool
+    #: vLLM ``--enforce-eager``: no torch.compile and no CUDA graphs (rendered ``--enforce-eager`` /
+    #: ``--no-enforce-eager``). Production keeps it off (CUDA graphs are part of its step time).
+    enforce_eager: bool = False
     attention_backend: Annotated[str, Field(pattern=r"^[A-Z0-9_]+$")]
     scheduler_cls: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")]
     start_timeout_s: Seconds
@@ -243,14 +246,30 @@ class Check(StrictModel):
     interval_s: int = Field(ge=10, le=86400)
 
 
+def _journal_or_directory(value: str) -> str:
+    # systemd.exec(5) StandardOutput=append:PATH takes the rest of the line as the path: no whitespace.
+    if value == "journal":
+        return value
+    if not value.startswith("/") or any(c.isspace() for c in value):
+        raise ValueError(f'must be "journal" or an absolute directory path without spaces, got {value!r}')
+    return value
+
+
 class Layout(StrictModel):
-    """Where a node keeps units, state and runtime files, and which manager runs them."""
+    """Where a node keeps units, state and runtime files, and which manager runs them.
+
+    ``output`` is where the services' output goes: ``"journal"`` (systemd's default, read with
+    ``journalctl``) or a directory, where each service appends to ``UNIT.log`` (``StandardOutput=append:``;
+    a manager without journald, as the sandbox's, has nowhere else to put it). The node's switch and
+    serving-check quote the engine's last lines from there (:mod:`flatshare_ops.common.unit_output`).
+    """
 
     scope: Literal["system", "user"]
     unit_dir: AbsPath
     state_dir: AbsPath
     run_dir: AbsPath
     service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
+    output: Annotated[Text, AfterValidator(_journal_or_directory)] = "journal"
 
     @model_validator(mode="after")
     def _run_dir_is_what_runtime_directory_makes(self) -> "Layout":

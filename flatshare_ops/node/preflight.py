@@ -4,16 +4,21 @@ A drain costs calls, and an engine that cannot start keeps the node drained
 for its whole start budget (900 s in production) before the release fails.
 So, before anything is drained, on the node itself:
 
-- the engine's command line is parsed by the node's own engine venv, with
-  vLLM's own ``vllm serve`` argument parser (no model load, no GPU):
-  ``ENGINE_VENV/bin/python flatshare_ops/common/vllm_serve_parse.py parse``,
-  the script that runs unchanged on vLLM 0.32.0 and 0.33.0; a rejection
-  refuses the release with vLLM's own message;
 - the model path exists (when it is a path), and the speculative draft model's;
-- the serve module's build command exists and is executable.
+- the serve module's build command exists and is executable;
+- in the node's own engine venv, with the engine's own environment (serving.json's
+  ``engine.environment``: the unit's ``Environment=``, ``PYTHONPATH`` included, and no ``VLLM_*`` or
+  ``HF_*`` variable of the switch's own; ``HF_HUB_OFFLINE=1``, a node fetches nothing), what
+  ``vllm serve`` runs before it touches the device:
+  ``ENGINE_VENV/bin/python flatshare_ops/common/vllm_serve_parse.py preflight``: vLLM's own parser
+  (which builds vLLM's config defaults, so a venv whose platform cannot be inferred is refused here),
+  ``AsyncEngineArgs.from_cli_args(args).create_engine_config()`` (the model's config.json: a
+  ``--max-model-len`` above its positions, a draft model that is not there) and the import of
+  ``--scheduler-cls`` as the engine core imports it. Any refusal refuses the release with vLLM's
+  own message. What needs the device is not checked, and the plan says so (:data:`NOT_CHECKED`).
 
-The real parser costs about 7 s of CPU per process, so it runs only here (and
-in the tests), once per release that restarts the engine.
+Importing vLLM costs about 5-7 s of CPU per process, so it runs only here (and in the tests),
+once per release that restarts the engine; the plan line gives its time.
 """
 
 from __future__ import annotations
@@ -21,16 +26,26 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import time
+from dataclasses import dataclass, field
 from pathlib import Path
 
-#: How long the parse may take (seconds): importing vLLM is most of it.
+#: How long the parse (or the preflight) may take (seconds): importing vLLM is most of it.
 PARSE_TIMEOUT_S = 180.0
+#: What the preflight cannot check without the device (named in the plan).
+NOT_CHECKED = ("loading the weights", "the attention backend and kernels on the device",
+               "memory for the weights and the KV cache", "the serve module the start builds (the one "
+               "built now is imported)")
+#: vLLM's stages (vllm_serve_parse.py preflight) as the plan names them.
+STAGES = {"parser": "vLLM's parser", "parse": "the command line", "validate": "vLLM's post-parse checks",
+          "config": "the engine's configuration", "scheduler": "the scheduler class"}
 #: The parse script, run by the engine venv's interpreter.
 PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
 
 
-def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S, progress=None) -> dict:
-    """Parse ``vllm serve WORDS`` with the vLLM installed in ``venv``.
+def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S, progress=None,
+                    mode: str = "parse", env: dict[str, str] | None = None) -> dict:
+    """Parse ``vllm serve WORDS`` with the vLLM installed in ``venv`` (or run its preflight).
 
     Args:
         venv: the engine venv (its ``bin/python`` runs the parse script).
@@ -38,6 +53,8 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         timeout_s: the parse's bound, in seconds.
         progress: called with the seconds waited, at :func:`common.poll.progress_every` (vLLM's import
             takes several).
+        mode: ``parse`` or ``preflight`` (vllm_serve_parse.py's modes).
+        env: the script's environment (default: this process's, with ``VLLM_LOGGING_LEVEL=ERROR``).
 
     Returns:
         The script's result: ``{"ok": True, "namespace": {...}}`` or ``{"ok": False, "error": MESSAGE}``;
@@ -51,11 +68,11 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
 
     from ..common.poll import poll_until
 
+    env = env if env is not None else {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         try:
-            process = subprocess.Popen([str(python), str(PARSE_SCRIPT), "parse"], stdin=subprocess.PIPE,
-                                       stdout=stdout, stderr=stderr, text=True,
-                                       env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+            process = subprocess.Popen([str(python), str(PARSE_SCRIPT), mode], stdin=subprocess.PIPE,
+                                       stdout=stdout, stderr=stderr, text=True, env=env)
         except OSError as err:
             return {"ok": False, "preflight": True, "error": f"cannot run {python}: {err.strerror or err}"}
         try:
@@ -80,15 +97,72 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         return {"ok": False, "preflight": True, "error": f"the parse script exited {process.returncode}: {tail}"}
 
 
+def engine_environment(serving: dict) -> dict[str, str]:
+    """The environment the preflight runs vLLM in: the engine's own, as its unit sets it.
+
+    This process's environment without ``PYTHONPATH`` and any ``VLLM_*`` or ``HF_*`` variable (vLLM reads
+    those; the engine started by systemd never sees the switch's), then serving.json's
+    ``engine.environment`` (the unit's ``Environment=``; an older release without it: ``PYTHONPATH`` as
+    the module's directory), then ``HF_HUB_OFFLINE=1`` (a node fetches no model: a missing local path
+    is refused at once rather than after the hub's retries) and ``VLLM_LOGGING_LEVEL=ERROR``.
+    """
+    engine = serving.get("engine", {})
+    own = engine.get("environment")
+    if not isinstance(own, dict):
+        module = (serving.get("module") or {}).get("path")
+        own = {"PYTHONPATH": os.path.dirname(module)} if isinstance(module, str) else {}
+    kept = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("VLLM_", "HF_"))}
+    return {**kept, **{str(k): str(v) for k, v in own.items()}, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+@dataclass
+class Outcome:
+    """What the preflight found.
+
+    Attributes:
+        problems: why the engine cannot start, one line each (empty: it may).
+        seconds: the preflight's own time (wall clock).
+        checked: what vLLM checked, as the plan names it (:data:`STAGES`).
+        not_checked: what needs the device and was not checked (:data:`NOT_CHECKED`).
+    """
+
+    problems: list[str] = field(default_factory=list)
+    seconds: float = 0.0
+    checked: list[str] = field(default_factory=list)
+    not_checked: tuple[str, ...] = NOT_CHECKED
+
+    def summary(self) -> str:
+        """``checked: ...; not checked: ...`` for the plan line."""
+        return f"checked: {', '.join(self.checked) or 'nothing'}; not checked: {', '.join(self.not_checked)}"
+
+
 def problems(serving: dict, progress=None) -> list[str]:
     """Why the release's engine cannot start on this node (empty when it can), one line each."""
+    return run(serving, progress).problems
+
+
+def run(serving: dict, progress=None) -> Outcome:
+    """The whole preflight (module docstring): the paths, then vLLM in the engine venv.
+
+    Args:
+        serving: the new release's serving.json.
+        progress: called with the seconds waited while vLLM works.
+
+    Returns:
+        An :class:`Outcome`; it never raises for what it finds.
+    """
+    from ..check.vllm_release import same_release
+
+    started = time.monotonic()
+    outcome = Outcome()
     engine = serving.get("engine", {})
     argv = list(engine.get("argv", []))
     venv = Path(engine.get("venv", "/nonexistent"))
-    release = serving.get("vllm_release", "?")
-    found = []
+    release = str(serving.get("vllm_release", "the profile's release"))
+    found = outcome.problems
     if "serve" not in argv[:3]:
-        return [f"the engine's command line is not 'vllm serve MODEL ...': {argv[:3]}"]
+        found.append(f"the engine's command line is not 'vllm serve MODEL ...': {argv[:3]}")
+        return outcome
     words = argv[argv.index("serve") + 1 :]
     model = words[0] if words else ""
     if model.startswith("/") and not Path(model).exists():
@@ -103,10 +177,31 @@ def problems(serving: dict, progress=None) -> list[str]:
     build = (serving.get("module") or {}).get("build_command") or []
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")
-    answer = parse_with_venv(venv, words, progress=progress)
+    answer = parse_with_venv(venv, words, progress=progress, mode="preflight", env=engine_environment(serving))
+    outcome.checked = [STAGES.get(stage, stage) for stage in answer.get("checked", []) if stage in STAGES]
     if not answer.get("ok"):
+        stage = answer.get("stage")
         if answer.get("preflight"):
-            found.append(f"vLLM's parser in {venv} could not check the command line: {answer['error']}")
-        else:
+            found.append(f"vLLM in {venv} could not be asked about the engine: {answer['error']}")
+        elif stage == "parser":
+            hint = ""
+            if "infer device type" in str(answer.get("error")):
+                hint = (" (vLLM's platform detection found no device in this venv: its vLLM's version names none "
+                        "and the engine's environment sets no VLLM_TARGET_DEVICE)")
+            found.append(f"vLLM {release} in {venv} cannot start with the engine's environment: "
+                         f"{answer['error']}{hint}")
+        elif stage in ("parse", "validate"):
             found.append(f"vLLM {release} in {venv} rejects the engine's command line: {answer['error']}")
-    return found
+        elif stage == "config":
+            found.append(f"vLLM {release} in {venv} refuses the engine's configuration: {answer['error']}")
+        elif stage == "scheduler":
+            found.append(f"vLLM {release} in {venv} cannot import the scheduler class "
+                         f"({engine.get('environment', {}).get('PYTHONPATH', 'no PYTHONPATH')} on PYTHONPATH): "
+                         f"{answer['error']}")
+        else:
+            found.append(f"vLLM {release} in {venv}: {answer.get('error')}")
+    running = answer.get("release")
+    if isinstance(running, str) and not same_release(running, release):
+        found.append(f"vLLM in {venv} says it is {running} (importlib.metadata), the release needs {release}")
+    outcome.seconds = time.monotonic() - started
+    return outcome

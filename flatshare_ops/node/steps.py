@@ -17,9 +17,8 @@ from typing import Callable
 
 from .. import systemd
 from ..common import durable
-from ..common.http import wait_for_200
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
-from ..errors import FlatshareError
+from ..errors import FlatshareError, SystemdError
 from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
@@ -142,17 +141,76 @@ def restart_engine(sw: Switch) -> None:
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
     started = time.monotonic()
     sw.engine_deadline = started + start_s
-    sw.job("start", ENGINE_UNIT, start_s)
+    try:
+        sw.job("start", ENGINE_UNIT, start_s)
+    except SystemdError as err:
+        raise _failed_start(sw, str(err)) from None
     if _invocation(sw) == before:
         raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
     url = engine["url"] + "/health"
     remaining = max(1.0, start_s - (time.monotonic() - started))
     sw.out.line(f"  waiting for {url} to answer 200 (up to {remaining:.0f} s of the {start_s:g} s start budget)")
-    status = wait_for_200(url, remaining, sw.progress(f"{url} to answer 200", start_s))
+    status, exited = _wait_ready(sw, url, remaining, start_s)
+    if exited:
+        # Restart=on-failure would start the same command line again and again for the whole budget.
+        raise _failed_start(sw, f"the engine exited during its start ({exited}) after "
+                                f"{time.monotonic() - started:.0f} s")
     if status != 200:
         heard = f"last answer {status}" if status else "nothing answered"
-        raise StepError(f"{url} did not answer 200 within the engine's start budget of {start_s:g} s ({heard})")
+        raise _failed_start(sw, f"{url} did not answer 200 within the engine's start budget of {start_s:g} s "
+                                f"({heard})")
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
+
+
+#: How often the start's wait asks systemd whether the engine's process is still the one started (seconds).
+EXIT_CHECK_S = 1.0
+
+
+def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tuple[int, str | None]:
+    """Wait for ``url`` to answer 200, and stop as soon as the engine's process has exited.
+
+    systemd says so (org.freedesktop.systemd1(5); docs/reference/systemd.md): the unit waits to be
+    restarted (``SubState`` ``auto-restart``), has been restarted (``NRestarts`` above its value when
+    the wait began: a start job does not always reset it) or failed or stopped (``ActiveState``).
+
+    Returns:
+        (the last /health status, 0 for no answer; why the engine is known to have exited, or None).
+    """
+    from ..common.http import HTTP_TIMEOUT_S, http_get
+    from ..common.poll import poll_until
+
+    queries = [(ENGINE_UNIT, "Service", "NRestarts"), (ENGINE_UNIT, "Unit", "ActiveState"),
+               (ENGINE_UNIT, "Unit", "SubState")]
+    deadline = time.monotonic() + timeout_s
+    first = int(systemd.properties(sw.ctx.address, queries[:1])[f"{ENGINE_UNIT}/NRestarts"])
+    last, exited, next_check = [0], [None], [time.monotonic() + EXIT_CHECK_S]
+
+    def done() -> bool:
+        last[0] = http_get(url, min(HTTP_TIMEOUT_S, max(0.1, deadline - time.monotonic())))[0]
+        if last[0] == 200:
+            return True
+        if time.monotonic() >= next_check[0]:
+            next_check[0] = time.monotonic() + EXIT_CHECK_S
+            found = systemd.properties(sw.ctx.address, queries)
+            restarts = int(found[f"{ENGINE_UNIT}/NRestarts"])
+            state, sub = found[f"{ENGINE_UNIT}/ActiveState"], found[f"{ENGINE_UNIT}/SubState"]
+            if restarts > first or sub == "auto-restart" or state in ("failed", "inactive"):
+                exited[0] = f"systemd: {ENGINE_UNIT} {state} ({sub}), restarted {restarts - first} time(s)"
+                return True
+        return False
+
+    poll_until(done, timeout_s, 0.05, sw.progress(f"{url} to answer 200", budget_s))
+    return last[0], exited[0]
+
+
+def _failed_start(sw: Switch, what: str) -> StepError:
+    """The restart-engine step's failure: ``what`` went wrong, and the engine's last lines, from wherever the node
+    keeps its output (common/unit_output.py), quoted in the message and kept for the history record."""
+    from ..common.unit_output import QUOTED_LINES, last_lines
+
+    tail = last_lines(sw.serving["layout"], ENGINE_UNIT)
+    quoted = tail.quote("the engine's")
+    return StepError(f"{what}; {quoted}", [line for line in tail.lines if line.strip()][-QUOTED_LINES:])
 
 
 def _invocation(sw: Switch) -> object:

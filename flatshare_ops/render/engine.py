@@ -68,6 +68,7 @@ def engine_flags(engine: Engine) -> list[str]:
         ]
     flags += [
         _bool_flag("async-scheduling", engine.async_scheduling),
+        _bool_flag("enforce-eager", engine.enforce_eager),
         "--attention-backend", engine.attention_backend,
         "--scheduler-cls", engine.scheduler_cls,
     ]

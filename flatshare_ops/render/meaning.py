@@ -32,6 +32,7 @@ DEST_KEYS = {
     "kv_offloading_size": "engine.kv_offloading.size_gib",
     "kv_offloading_backend": "engine.kv_offloading.backend",
     "async_scheduling": "engine.async_scheduling",
+    "enforce_eager": "engine.enforce_eager",
     "attention_backend": "engine.attention_backend",
     "scheduler_cls": "engine.scheduler_cls",
     "additional_config": "engine.make_room",
@@ -47,7 +48,7 @@ def expected_values(loaded: LoadedProfile) -> dict[str, object]:
         "gpu_memory_utilization": e.gpu_memory_utilization, "max_model_len": e.max_model_len,
         "max_num_seqs": e.max_num_seqs, "max_num_batched_tokens": e.max_num_batched_tokens,
         "enable_prefix_caching": e.enable_prefix_caching, "kv_cache_dtype": e.kv_cache_dtype,
-        "async_scheduling": e.async_scheduling, "attention_backend": e.attention_backend,
+        "async_scheduling": e.async_scheduling, "enforce_eager": e.enforce_eager, "attention_backend": e.attention_backend,
         "scheduler_cls": e.scheduler_cls,
         "additional_config": {"make_room": e.make_room.model_dump(), "flatshare_jit": e.flatshare_jit.model_dump()},
     }

@@ -12,7 +12,7 @@ from ..common.hashing import sha256_text
 from ..common.units import ENGINE_UNIT, SERVICE_UNITS
 from ..config.profile import LoadedProfile
 from .engine import engine_argv
-from .units import drain_file, drain_status_file, engine_url
+from .units import drain_file, drain_status_file, engine_environment, engine_url
 
 SERVING_SCHEMA = 1
 
@@ -38,6 +38,7 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
             "argv": engine_argv(profile.engine),
             "url": engine_url(profile),
             "venv": profile.engine.venv,
+            "environment": engine_environment(profile),
             "start_timeout_s": profile.engine.start_timeout_s,
             "stop_timeout_s": profile.engine.stop_timeout_s,
         },

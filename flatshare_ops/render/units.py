@@ -10,6 +10,7 @@ from pathlib import PurePosixPath
 
 import jinja2
 
+from ..common.unit_output import output_file
 from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, UNIT_NAMES, VOICE_UNIT
 from ..config.profile import Profile
 from . import systemd_escape
@@ -58,9 +59,16 @@ def check_argv(profile: Profile) -> list[str]:
     return [*profile.check.command, "--state-dir", profile.layout.state_dir]
 
 
+def engine_environment(profile: Profile) -> dict[str, str]:
+    """The engine unit's ``Environment=``: the profile's ``engine.environment`` and ``PYTHONPATH`` (the serve
+    module's directory, where ``--scheduler-cls`` is imported from), sorted by name. serving.json carries
+    it, so the node's preflight runs vLLM with the environment the engine will have."""
+    return dict(sorted({**profile.engine.environment, "PYTHONPATH": profile.module.directory}.items()))
+
+
 def _context(profile: Profile) -> dict:
     engine = profile.engine
-    engine_env = sorted({**engine.environment, "PYTHONPATH": profile.module.directory}.items())
+    engine_env = list(engine_environment(profile).items())
     common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
     gateway_env = [*common, ("FLATSHARE_GATEWAY_URL", profile.gateway.url),
                    ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
@@ -86,6 +94,9 @@ def _context(profile: Profile) -> dict:
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
         "check_argv": check_argv(profile),
         "run_dir_name": PurePosixPath(profile.layout.run_dir).name,
+        # unit -> the file its output is appended to, or None for the journal (profile layout.output)
+        "output": {unit: output_file(profile.layout.output, unit)
+                   for unit in (ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT, CHECK_SERVICE)},
     }
 
 

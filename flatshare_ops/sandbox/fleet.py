@@ -7,7 +7,10 @@ Each node gets, under ``BASE/NODE/``:
 - ``run/user/``: its systemd user manager's ``XDG_RUNTIME_DIR``;
 - ``opt/engine-venv/``: an engine venv with the stand-in ``bin/vllm``, vLLM's metadata and the
   stand-in ``vllm`` package (sandbox/vllm_standin) the preflight parses with; a variant on
-  another vLLM release gets ``opt/engine-venv-RELEASE/`` beside it;
+  another vLLM release gets ``opt/engine-venv-RELEASE/`` beside it. With ``--engine vllm`` the
+  node's profile points at the checkout's ``.venv-vllm`` instead (vLLM 0.32.0's real engine, shared
+  by the nodes) and at a tiny model made at ``up`` (``var/lib/flatshare/models/tiny-llama``);
+- ``var/log/flatshare/``: each service's output (``UNIT.log``: the manager has no journald);
 - ``ssh/``: its OpenSSH server's host key, config and log;
 - ``profile.toml``: the production profile, extended with this node's layout, and
   ``profile-VARIANT.toml`` for each variant profile beside production.
@@ -15,17 +18,23 @@ Each node gets, under ``BASE/NODE/``:
 ``BASE/ssh/`` holds the operator's client key, ``authorized_keys`` and
 ``known_hosts``; ``BASE/fleet.toml`` is the sandbox inventory and
 ``BASE/state.json`` the process ids ``down`` stops.
+
+A node that is not ``--bare`` is brought up as a bootstrapped node would be (its layout, the
+serve module built once, its host key known, flatshare-ops this checkout's): with no release.
+Its first release is the real one (``flatshare release``), which installs and starts the units
+and writes the node's history: ``up`` runs it (:func:`first_release`) unless told not to, as
+``flatshare sandbox up`` is, so that ``make demo``'s release is that first switch.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import re
 import signal
 import subprocess
 import sys
-import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -41,20 +50,18 @@ from ..common.poll import poll_until
 from ..common.proc import pid_alive, read_cmdline
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
 from ..config.profile import load_profile
-from ..node import history
-from ..node.store import current_release, release_id, store_release, switch_current
-from ..render import render_profile
+from ..node.store import current_release
 from ..render.units import engine_url
 from ..schema_errors import one_line
 from ..systemd import ManagerAddress
 from .manager import ManagerDirs, SandboxError, start_manager, stop_manager
-from .module_build import MODULE_NAME, module_source
+from . import node_profile
 
 DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
 SSH_PORT = 2222
 ENGINE_PORT = 8000  # the production profile's engine port, kept in the sandbox
-GATEWAY_PORT = 8080
-VOICE_PORT = 8090
+GATEWAY_PORT = node_profile.GATEWAY_PORT
+VOICE_PORT = node_profile.VOICE_PORT
 SSHD = "/usr/sbin/sshd"
 
 
@@ -75,6 +82,7 @@ class SandboxNode:
     base: Path
     scope: str = "user"
     bare: bool = False
+    engine: str = "stand-in"
 
     @property
     def bus(self) -> Path:
@@ -118,6 +126,17 @@ class SandboxNode:
         return self.manager.runtime_dir / "flatshare"
 
     @property
+    def output_dir(self) -> Path:
+        """Where the node's services append their output (``UNIT.log``; the profile's layout.output)."""
+        return self.root / "var/log/flatshare"
+
+    @property
+    def model(self) -> Path:
+        """The model the node's engine serves: the tiny Llama (real engine) or the stand-in's directory."""
+        name = node_profile.TINY_MODEL if self.engine == "vllm" else "flatshare-chat"
+        return self.state_dir / "models" / name
+
+    @property
     def ssh_dir(self) -> Path:
         """The node's sshd files."""
         return self.root / "ssh"
@@ -156,79 +175,40 @@ def parse_addresses(text: str | None) -> dict[str, str] | None:
 
 
 def nodes(base: Path, addresses: dict[str, str] | None = None, system_scope: tuple[str, ...] = (),
-          bare: tuple[str, ...] = ()) -> list[SandboxNode]:
+          bare: tuple[str, ...] = (), engine: str = "stand-in") -> list[SandboxNode]:
     """The sandbox's nodes, in inventory order (``system_scope`` and ``bare`` name nodes set up so)."""
-    return [SandboxNode(name, address, base, "system" if name in system_scope else "user", name in bare)
+    return [SandboxNode(name, address, base, "system" if name in system_scope else "user", name in bare, engine)
             for name, address in (addresses or DEFAULT_ADDRESSES).items()]
 
 
 # --- files -----------------------------------------------------------------
 
 
-def _toml_string(value: str) -> str:
-    return json.dumps(value)  # a JSON string is a valid TOML basic string
-
-
-def _toml_array(values: list[str]) -> str:
-    return "[" + ", ".join(_toml_string(v) for v in values) + "]"
-
-
 def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, venv_dir: Path | None = None,
-                       path: Path | None = None) -> None:
-    """Write the node's profile: ``production``'s (or a variant's), with the sandbox layout and stand-in commands.
+                       path: Path | None = None, engine: str | None = None) -> None:
+    """Write the node's profile: ``production``'s (or a variant's), with the sandbox layout and its engine
+    (:mod:`.node_profile`), in TOML written by tomlkit.
 
     Args:
         production: the profile it extends.
-        venv_dir: the engine venv (default the node's, for production's vLLM release).
+        venv_dir: the engine venv (default: the real engine's shared venv, or the node's stand-in venv).
         path: where to write it (default the node's ``profile.toml``).
+        engine: ``vllm`` or ``stand-in`` (default the node's).
     """
-    python = sys.executable
+    engine = engine or node.engine
     module_dir = node.state_dir / "module"
-    text = f"""# Written by `flatshare sandbox up`: {production.name}, with this sandbox
-# node's layout, its loopback address and the stand-ins' commands.
-extends = {_toml_string(str(production))}
-
-[engine]
-venv = {_toml_string(str(venv_dir or node.venv))}
-model = {_toml_string(str(node.state_dir / "models/flatshare-chat"))}
-host = {_toml_string(node.address)}
-start_timeout_s = 60
-stop_timeout_s = 15
-
-[engine.environment]
-FLATSHARE_STANDIN_LOAD_S = "1"   # the stand-in engine's load time, seconds
-
-[engine.flatshare_jit]
-step_time_model = {_toml_string(str(node.state_dir / "step-time/rtx-5060-ti.json"))}
-
-[module]
-directory = {_toml_string(str(module_dir))}
-path = {_toml_string(str(module_dir / f"{MODULE_NAME}.py"))}
-build_command = {_toml_array([python, "-m", "flatshare_ops.sandbox.module_build", "--out", str(module_dir)])}
-sha256 = {_toml_string(_sha256(module_source()))}  # the stand-in build's output
-
-[gateway]
-command = {_toml_array([python, "-m", "flatshare_ops.sandbox.gateway"])}
-url = {_toml_string(f"http://{node.address}:{GATEWAY_PORT}")}
-drain_timeout_s = 5
-
-[voice]
-command = {_toml_array([python, "-m", "flatshare_ops.sandbox.voice", "--listen", f"{node.address}:{VOICE_PORT}"])}
-drain_timeout_s = 20
-
-[check]
-command = {_toml_array([str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"])}
-
-[layout]
-scope = {_toml_string(node.scope)}
-unit_dir = {_toml_string(str(node.manager.unit_dir))}
-state_dir = {_toml_string(str(node.state_dir))}
-run_dir = {_toml_string(str(node.run_dir))}
-"""
+    layout = {"scope": node.scope, "unit_dir": str(node.manager.unit_dir), "state_dir": str(node.state_dir),
+              "run_dir": str(node.run_dir)}
     if node.scope == "system":
         # A user manager runs the services (it cannot switch to another user): User=root, its own.
-        text += 'service_user = "root"\n'
-
+        layout["service_user"] = "root"
+    default_venv = node_profile.engine_venv() if engine == "vllm" else node.venv
+    model = node.model if engine == node.engine else node.state_dir / "models/flatshare-chat"
+    text = node_profile.node_document(
+        extends=production, engine=engine, venv=venv_dir or default_venv, model=model, address=node.address,
+        state_dir=node.state_dir, module_dir=module_dir,
+        check_command=[str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"], layout=layout,
+        output_dir=node.output_dir)
     _write_if_changed(path or node.profile, text.encode())
     load_profile(path or node.profile)  # refuse to go on with a profile that does not validate
 
@@ -329,24 +309,28 @@ Subsystem sftp internal-sftp
 
 
 def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
-    """Write ``BASE/fleet.toml``, the sandbox's inventory; returns its path."""
-    lines = ["# The sandbox inventory, written by `flatshare sandbox up`.", "schema = 1", ""]
+    """Write ``BASE/fleet.toml``, the sandbox's inventory (tomlkit); returns its path."""
+    import tomlkit
+
+    doc = tomlkit.document()
+    doc.add(tomlkit.comment("The sandbox inventory, written by `flatshare sandbox up`."))
+    doc["schema"] = 1
+    table = tomlkit.table(is_super_table=True)
     for node in sandbox_nodes:
-        lines += [
-            f"[nodes.{node.name}]",
-            f"host = {_toml_string(node.address)}",
-            f"port = {SSH_PORT}",
-            'user = "root"',
-            f"profile = {_toml_string(str(node.profile.relative_to(base)))}",
-            'known_hosts = "ssh/known_hosts"',
-            'identity = "ssh/id_ed25519"',
-            f"scope = {_toml_string(node.scope)}",
-            *([f"runtime_dir = {_toml_string(str(node.manager.runtime_dir.relative_to(base)))}"]
-              if node.scope == "user" else []),
-            "",
-        ]
+        entry = tomlkit.table()
+        entry["host"] = node.address
+        entry["port"] = SSH_PORT
+        entry["user"] = "root"
+        entry["profile"] = str(node.profile.relative_to(base))
+        entry["known_hosts"] = "ssh/known_hosts"
+        entry["identity"] = "ssh/id_ed25519"
+        entry["scope"] = node.scope
+        if node.scope == "user":
+            entry["runtime_dir"] = str(node.manager.runtime_dir.relative_to(base))
+        table[node.name] = entry
+    doc["nodes"] = table
     path = base / "fleet.toml"
-    _write_if_changed(path, "\n".join(lines).encode())
+    _write_if_changed(path, tomlkit.dumps(doc).encode())
     return path
 
 
@@ -361,6 +345,7 @@ class NodeRecord(BaseModel):
     sshd_pid: int | None = Field(default=None, gt=1)
     scope: Literal["user", "system"] = "user"
     bare: bool = False
+    engine: Literal["vllm", "stand-in"] = "stand-in"
 
 
 class SandboxState(BaseModel):
@@ -554,19 +539,27 @@ def install_units(node: SandboxNode, units: dict[str, str]) -> list[str]:
 
 
 def up(base: Path, production: Path, addresses: dict[str, str] | None = None, echo=print,
-       system_scope: tuple[str, ...] = (), bare: tuple[str, ...] = ()) -> Path:
-    """Bring the sandbox fleet up (idempotent) and start the rendered units on each node.
+       system_scope: tuple[str, ...] = (), bare: tuple[str, ...] = (), engine: str | None = None,
+       release: bool = True) -> Path:
+    """Bring the sandbox fleet up (idempotent): managers, sshd, each node's layout and profile.
 
-    A node with no active release gets the checkout's render as its first
-    release; a node that has one keeps it (releases change it, not ``up``).
+    The nodes are brought up as bootstrapped nodes with no release (``bare`` ones as fresh nodes,
+    for ``flatshare node bootstrap``); a node's first release is the real one (``flatshare release``,
+    run here when ``release`` is true and a bootstrapped node has none: :func:`first_release`). A
+    node that has a release keeps it (releases change it, not ``up``).
 
     Args:
         base: the sandbox directory (``.sandbox``).
-        production: the production profile every node's profile extends.
+        production: the production profile every node's profile extends (in a checkout: its root
+            is what the first release renders).
         addresses: node name -> loopback address (default cyan 127.0.0.2, peacock 127.0.0.3).
         echo: where progress lines go.
         system_scope: nodes that get a bus of their own and are reached on the system-scope path.
         bare: fresh nodes (sshd, manager, engine venv only) for ``flatshare node bootstrap``.
+        engine: ``vllm`` (vLLM 0.32.0's real engine, the checkout's ``.venv-vllm``) or ``stand-in``;
+            None keeps what the sandbox was brought up with (``stand-in`` for a new one).
+        release: run the first release on bootstrapped nodes without one (``flatshare sandbox up``
+            does not: ``make demo``'s release is that first switch).
 
     Returns:
         The sandbox inventory's path.
@@ -574,7 +567,9 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
     Raises:
         SandboxError, ProfileError, SystemdError: a step failed; the message names it.
     """
-    release = load_profile(production).profile.engine.vllm_release  # refuse a bad profile before any change
+    vllm_release = load_profile(production).profile.engine.vllm_release  # refuse a bad profile before any change
+    if engine is not None and engine not in node_profile.ENGINES:
+        raise SandboxError(f"--engine: {engine!r} is not one of {', '.join(node_profile.ENGINES)}", exit_code=2)
     base = base.resolve()
     if base.exists() and not base.is_dir():
         raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
@@ -583,6 +578,9 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with
         system_scope = tuple(system_scope) or tuple(n for n, r in recorded.items() if r.scope == "system")
         bare = tuple(bare) or tuple(n for n, r in recorded.items() if r.bare)
+        engine = engine or next((r.engine for r in recorded.values()), "stand-in")
+        if engine == "vllm":
+            _refuse_missing_engine_venv()
         for name, record in recorded.items():
             # A node that runs keeps what it was brought up as: remaking it in place would leave its
             # services running against a profile and a layout of another kind.
@@ -593,9 +591,48 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
                     f"{name}: already up as a {'bare ' if record.bare else ''}{record.scope}-scope node; bring "
                     f"the sandbox down first ('flatshare sandbox down --dir {base}') to bring it up as a "
                     f"{'bare ' if want[1] else ''}{want[0]}-scope node", exit_code=2)
-        chosen = nodes(base, addresses, system_scope, bare)
+        chosen = nodes(base, addresses, system_scope, bare, engine)
         _refuse_other_addresses(base, chosen)
-        return _up(base, production, chosen, release, echo)
+        inventory = _up(base, production, chosen, vllm_release, echo)
+    waiting = [n for n in chosen if not n.bare and current_release(n.state_dir) is None]
+    if release and waiting:
+        first_release(inventory, production.resolve().parent.parent, [n.name for n in waiting], echo)
+    elif waiting:
+        echo(f"no release on {', '.join(n.name for n in waiting)} yet: its first is the real one "
+             f"('flatshare release --all --inventory {inventory}')")
+    return inventory
+
+
+def _refuse_missing_engine_venv() -> None:
+    """The real engine needs the checkout's .venv-vllm, built whole (its stamp written last).
+
+    Raises:
+        SandboxError: it is missing or half built; the message says how to build it.
+    """
+    venv = node_profile.engine_venv()
+    if not (venv / ".complete").is_file() or not (venv / "bin/vllm").exists():
+        raise SandboxError(f"--engine vllm: {venv} is not built (vLLM 0.32.0's CPU engine); run "
+                           "scripts/vllm-venvs.sh (make demo and make test do), or use --engine stand-in", exit_code=2)
+
+
+def first_release(inventory: Path, root: Path, names: list[str], echo=print) -> None:
+    """The nodes' first release, the real one: ``flatshare release --node NAME`` from checkout ``root`` for
+    each of ``names``, one at a time (the node's switch installs and starts the units and writes the
+    history; nothing here does).
+
+    Raises:
+        SandboxError: a release did not succeed; the message ends with its last lines.
+    """
+    for name in names:
+        command = [str(Path(sys.executable).parent / "flatshare"), "release", "--node", name, "--inventory",
+                   str(inventory), "--root", str(root)]
+        echo(f"first release: {' '.join(command[1:])}")
+        done = subprocess.run(command, capture_output=True, text=True, timeout=1800)
+        for line in done.stdout.splitlines():
+            echo(f"  {line}")
+        if done.returncode not in (0, 4):
+            tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-6:])
+            raise SandboxError(f"{name}: its first release exited {done.returncode}: {tail}")
 
 
 def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
@@ -622,20 +659,25 @@ def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> Non
 
 
 def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
+    models = _models(base, sandbox_nodes, echo)
     for node in sandbox_nodes:
-        for directory in (node.state_dir, node.run_dir, node.ssh_dir):
+        for directory in (node.state_dir, node.run_dir, node.ssh_dir, node.output_dir):
             directory.mkdir(parents=True, exist_ok=True)
         write_node_profile(node, production.resolve(), release)
         make_engine_venv(node, release)
         for variant in variant_profiles(production):
-            # A variant on another vLLM release gets its own engine venv, side by side (as on a real node).
+            # A variant on another vLLM release gets its own engine venv, side by side (as on a real node);
+            # there is no real engine of another release here: a variant runs the stand-in.
             other = load_profile(variant).profile.engine.vllm_release
             venv_dir = node.venv if other == release else node.venv.with_name(f"engine-venv-{other}")
             if other != release:
                 make_engine_venv(node, other, venv_dir)
-            write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant))
+            write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant), "stand-in")
         # What production keeps beside the engine: the model's directory and the card's step-time model.
-        _write_if_changed(node.state_dir / "models/flatshare-chat/config.json", b'{"stand_in": true}\n')
+        _write_if_changed(node.state_dir / "models/flatshare-chat/config.json",
+                          b'{"stand_in": true, "max_position_embeddings": 16384}\n')
+        if node.engine == "vllm":
+            _copy_model(models, node.model)
         _write_if_changed(node.state_dir / "step-time/rtx-5060-ti.json", b'{"stand_in": true}\n')
     write_ssh_files(base, sandbox_nodes)
     inventory = write_inventory(base, sandbox_nodes)
@@ -643,7 +685,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
     state = _read_state(base)
     for node in sandbox_nodes:
         record = state.nodes.setdefault(node.name, NodeRecord())
-        record.scope, record.bare = node.scope, node.bare
+        record.scope, record.bare, record.engine = node.scope, node.bare, node.engine
         manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
         sshd_ok = _owns_sshd(node, record.sshd_pid)
         if not manager_ok and not sshd_ok:
@@ -662,44 +704,64 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             record.sshd_pid = _start_sshd(node)
             _write_state(base, state)
             echo(f"{node.name}: sshd listening on {node.address}:{SSH_PORT} (pid {record.sshd_pid})")
+        _write_state(base, state)
 
     for node in sandbox_nodes:
         if node.bare:
             echo(f"{node.name}: bare: sshd, its manager and an engine venv; bootstrap it ('flatshare node bootstrap')")
             continue
-        loaded = load_profile(node.profile)
-        address = ManagerAddress("user", node.manager.runtime_dir)
-        if current_release(node.state_dir) is None:
-            # The node's first state: the checkout's render, installed as its first release.
-            rendered = render_profile(loaded)
-            files = rendered.release_files()
-            rid = release_id(files)
-            store_release(node.state_dir, rid, files)
-            install_units(node, rendered.units)
-            systemd.reload(address)
-            switch_current(node.state_dir, rid)
-            installed = rid
-            echo(f"{node.name}: installed release {rid}")
+        _build_module(node)
+        if node.engine == "vllm":
+            echo(f"{node.name}: vLLM 0.32.0's real engine ({node_profile.engine_venv()}), model {node.model}; "
+                 "what the CPU engine cannot run is overridden:")
+            for override in node_profile.overrides_for(node.engine):
+                echo(f"  {override.key} = {json.dumps(override.value)}: {override.reason}")
         else:
-            installed = None
-        start_s = loaded.profile.engine.start_timeout_s
-        # Enabled as a release enables them (node/steps.py, apply-units), so a node 'up' made comes back
-        # after 'sandbox reboot' even if no release has run on it since.
-        systemd.enable(address, [TARGET_UNIT, CHECK_TIMER])
-        systemd.job(address, "start", TARGET_UNIT, start_s)
-        systemd.job(address, "start", CHECK_TIMER, 30)
-        url = engine_url(loaded.profile) + "/health"
-        if wait_for_200(url, start_s) != 200:
-            raise SandboxError(f"{node.name}: {url} did not answer 200 within {start_s:g} s")
-        if installed:  # recorded as a first release that served, so a rollback can return to it
-            now = time.time()
-            history.append(node.state_dir / "releases/history.jsonl", {
-                "switch": f"sandbox-{rid}", "rollout": None, "node": node.name, "kind": "release",
-                "result": "released", "step": None, "reason": "installed by 'flatshare sandbox up'",
-                "before": None, "after": installed, "target": installed, "served": True, "commit": None,
-                "user": "root", "host": os.uname().nodename, "started_at": now, "finished_at": now,
-                "duration_s": 0.0, "forced": False, "resumed": 0})
+            echo(f"{node.name}: the stand-in engine")
     return inventory
+
+
+def _models(base: Path, sandbox_nodes: list[SandboxNode], echo) -> Path | None:
+    """The tiny model, made once per sandbox (``BASE/models/tiny-llama``) when a node runs the real engine."""
+    if not any(n.engine == "vllm" for n in sandbox_nodes):
+        return None
+    made = base / "models" / node_profile.TINY_MODEL
+    if not (made / "model.safetensors").is_file():
+        python = node_profile.engine_venv() / "bin/python"
+        script = Path(__file__).with_name("tiny_model.py")
+        echo(f"making the tiny model {made} (random weights, a word-level tokenizer: nothing downloaded)")
+        done = subprocess.run([str(python), "-P", str(script), str(made)], capture_output=True, text=True, timeout=600)
+        if done.returncode != 0:
+            tail = " | ".join(done.stderr.strip().splitlines()[-4:])
+            raise SandboxError(f"making the tiny model failed (exit {done.returncode}): {tail}")
+    return made
+
+
+def _copy_model(models: Path | None, target: Path) -> None:
+    if models is None or (target / "model.safetensors").is_file():
+        return
+    scratch = target.with_name(target.name + ".tmp")
+    shutil.rmtree(scratch, ignore_errors=True)
+    shutil.copytree(models, scratch)
+    os.replace(scratch, target)
+
+
+def _build_module(node: SandboxNode) -> None:
+    """Build the node's serve module once, as bootstrap does (the preflight imports it before the first start).
+
+    Raises:
+        SandboxError: the build failed.
+    """
+    from ..common.hashing import sha256_file
+
+    module = load_profile(node.profile).profile.module
+    if Path(module.path).is_file() and (current_release(node.state_dir) is not None
+                                         or sha256_file(module.path) == module.sha256):
+        return  # built (a serving node's module is never rebuilt under its engine)
+    done = subprocess.run(list(module.build_command), capture_output=True, text=True, timeout=120)
+    if done.returncode != 0 or not Path(module.path).is_file():
+        raise SandboxError(f"{node.name}: the serve module's build failed (exit {done.returncode}): "
+                           f"{done.stderr.strip()[-300:]}")
 
 
 def status(base: Path) -> dict[str, dict]:

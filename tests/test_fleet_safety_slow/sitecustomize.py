@@ -1,9 +1,9 @@
 """For tests/test_fleet_safety.py only: vLLM's parser takes ``FLEET_SAFETY_SLOW_PARSE_S`` seconds to start.
 
-On PYTHONPATH of a local release, this reaches the node's preflight, which runs
-``ENGINE_VENV/bin/python .../vllm_serve_parse.py parse`` with the node's
-environment: the parse then starts as slowly as a real vLLM import on a busy node.
-Every other interpreter (the node's side itself) is left alone.
+Put into the node's serve module directory (the engine's PYTHONPATH), this reaches the node's
+preflight, which runs ``ENGINE_VENV/bin/python .../vllm_serve_parse.py preflight`` with the engine's
+environment: the preflight then starts as slowly as a real vLLM import on a busy node. Every other
+interpreter (the engine itself) is left alone.
 """
 
 import os

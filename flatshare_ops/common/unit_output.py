@@ -1,0 +1,146 @@
+"""Where a node's services write their output, and its last lines (standard library only).
+
+The profile's ``layout.output`` (serving.json's ``layout.output``) says where: ``"journal"``
+(systemd's default for a service's stdout and stderr, read with ``journalctl``) or a directory in
+which each service appends to ``UNIT.log`` (the units get ``StandardOutput=append:DIR/UNIT.log``
+and ``StandardError=inherit``: systemd.exec(5), docs/reference/systemd.md). The sandbox's nodes use
+files: a user manager without journald has nowhere else to put its services' output.
+
+Read by the node's switch (a failed engine start quotes the engine's last lines) and by serving-check
+(an engine that is not running; the serve module's turn count). Every read is bounded: the tail of a
+file (at most :data:`TAIL_BYTES`), ``journalctl -n`` with a timeout.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+
+from .text import one_line
+
+JOURNAL = "journal"
+#: How many lines a failure quotes.
+QUOTED_LINES = 12
+#: At most this much of a file's end is read (bytes).
+TAIL_BYTES = 256 * 1024
+#: journalctl's bound (seconds).
+JOURNALCTL_TIMEOUT_S = 5.0
+JOURNALCTL = "journalctl"
+
+
+def output_file(output: str, unit: str) -> str | None:
+    """The file ``unit`` appends its output to, or None when it goes to the journal.
+
+    Args:
+        output: ``layout.output``: ``"journal"`` or an absolute directory.
+        unit: a unit name (``flatshare-engine.service``).
+    """
+    if output == JOURNAL:
+        return None
+    return os.path.join(output, f"{unit}.log")
+
+
+class Tail:
+    """The last lines of a unit's output, or why they could not be read.
+
+    Attributes:
+        lines: the lines, oldest first, each made safe to print on one line (:func:`text.one_line`).
+        source: where they were read (a file path, or ``journalctl --unit UNIT``).
+        problem: why nothing could be read (None when ``lines`` is what the source holds).
+    """
+
+    __slots__ = ("lines", "source", "problem")
+
+    def __init__(self, lines: list[str], source: str, problem: str | None = None) -> None:
+        self.lines, self.source, self.problem = lines, source, problem
+
+    def quote(self, whose: str = "its", count: int = QUOTED_LINES) -> str:
+        """The last ``count`` lines for a message: ``WHOSE last lines (SOURCE): a | b | c``."""
+        if self.problem:
+            return f"{whose} output could not be read ({self.problem})"
+        lines = [line for line in self.lines if line.strip()]
+        shown = lines[-count:]
+        if not shown:
+            return f"{whose} output ({self.source}) is empty"
+        # A traceback's cause may lie above the lines quoted (vLLM's API server prints its own traceback
+        # after its engine core's): its exception lines come first.
+        causes = [line for line in lines[:-count] if _EXCEPTION.match(line)][-3:]
+        return f"{whose} last lines ({self.source}): " + " | ".join([*causes, *(["..."] if causes else []), *shown])
+
+
+def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:
+    """The last ``count`` lines ``unit`` wrote, wherever the node keeps them (bounded; never raises).
+
+    Args:
+        layout: serving.json's ``layout`` (``scope``, ``output``; an older release without ``output``
+            means the journal).
+        unit: the unit name.
+        count: how many lines at most.
+    """
+    output = layout.get("output") or JOURNAL
+    path = output_file(str(output), unit)
+    if path is None:
+        return _journal(unit, str(layout.get("scope", "system")), count)
+    return _file(path, count)
+
+
+def _file(path: str, count: int) -> Tail:
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Tail([], path, f"{path} does not exist: the unit has written nothing since its output went there")
+    except OSError as err:
+        return Tail([], path, f"{path}: {err.strerror or err}")
+    try:
+        import stat
+
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Tail([], path, f"{path} is not a regular file")
+        start = max(0, info.st_size - TAIL_BYTES)
+        os.lseek(fd, start, os.SEEK_SET)
+        data = os.read(fd, TAIL_BYTES)
+    except OSError as err:
+        return Tail([], path, f"{path}: {err.strerror or err}")
+    finally:
+        os.close(fd)
+    lines = _split(data)
+    if start > 0 and lines:
+        lines = lines[1:]  # the first line read may be cut
+    return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], path)
+
+
+def _journal(unit: str, scope: str, count: int) -> Tail:
+    import subprocess  # here: serving-check imports this module every minute, and a sandbox reads files
+
+    which = "--user-unit" if scope == "user" else "--unit"
+    argv = [JOURNALCTL, which, unit, "-n", str(count), "-o", "cat", "--no-pager", "-q"]
+    source = f"journalctl {which} {unit}"
+    try:
+        done = subprocess.run(argv, capture_output=True, timeout=JOURNALCTL_TIMEOUT_S, stdin=subprocess.DEVNULL)
+    except subprocess.TimeoutExpired:
+        return Tail([], source, f"journalctl did not answer within {JOURNALCTL_TIMEOUT_S:g} s")
+    except OSError as err:
+        return Tail([], source, f"cannot run journalctl ({err.strerror or err})")
+    if done.returncode != 0:
+        why = done.stderr.decode(errors="replace").strip().splitlines()
+        return Tail([], source, f"journalctl exited {done.returncode}" + (f": {one_line(why[-1])}" if why else ""))
+    lines = _split(done.stdout)
+    return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], source)
+
+
+def _split(data: bytes) -> list[str]:
+    # Lines end at a newline only (str.splitlines would also split at \r, U+2028, ...: a progress bar's \r
+    # is shown escaped, not taken for a line of its own).
+    text = data.decode("utf-8", errors="replace")
+    return text.split("\n")[:-1] if text.endswith("\n") else text.split("\n")
+
+
+_ANSI = re.compile(r"\x1b\[[0-9;]*[A-Za-z]")
+#: The last line of a Python traceback (``ValueError: ...``), after vLLM's ``(EngineCore pid=N)`` prefix if any.
+_EXCEPTION = re.compile(r"^(?:\(\S+ pid=\d+\)\s*)?[A-Za-z_][\w.]*(?:Error|Exception)\b:")
+
+
+def _strip_ansi(line: str) -> str:
+    # vLLM colours its log lines when it thinks it writes to a terminal; the colour codes say nothing.
+    return _ANSI.sub("", line)
