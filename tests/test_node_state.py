@@ -1438,3 +1438,30 @@ def test_with_automatic_rollback_off_a_fixed_release_replaces_the_broken_interru
     assert [r[1:3] for r in records] == [("failed", broken), ("abandoned", broken), ("released", fixed)], records
     assert fleet.current() == fixed != left
     fleet.settled()
+
+
+def test_a_node_left_serving_by_an_interrupted_switch_asks_admission_once_for_its_one_switch(fleet):
+    # cyan's switch was killed after its voice drain ended (it takes calls again, its journal kept); the
+    # checkout then renders another release, and peacock's gateway is stopped: the one switch that replaces
+    # the interrupted one asks for admission before its only drain, and is refused (nothing drains).
+    fleet.change()
+    killed = fleet.release(env=faults(kill_after_step="end-voice-drain"))
+    assert "the node-side command ended without its outcome" in killed.stdout, text_of(killed)
+    assert fleet.journal().exists() and not fleet.calls_problems()
+    fleet.change()
+    log = fleet.releases() / "release.log"
+    mark = log.stat().st_size
+    from flatshare_ops import systemd
+
+    systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)
+    try:
+        result = fleet.release()
+    finally:
+        systemd.job(fleet.address("peacock"), "start", GATEWAY, 60)
+    text = log.read_bytes()[mark:].decode(errors="replace")
+    assert result.returncode == 3, text_of(result)
+    assert "replacing the interrupted switch" in text, text
+    assert text.count("asking the operator's side for admission to drain") == 1, text
+    assert "may not drain now" in result.stdout and not re.search(r"step \d+/\d+ drain-voice", text), text
+    assert not fleet.calls_problems()
+    fleet.finish()

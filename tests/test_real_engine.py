@@ -14,7 +14,9 @@ from __future__ import annotations
 
 import json
 import subprocess
+import threading
 import urllib.request
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -30,6 +32,34 @@ pytestmark = pytest.mark.real_engine
 
 ADDRESSES = {"cyan": "127.71.0.2", "peacock": "127.71.0.3"}
 HOLD = "engine.make_room.decode_hold_tokens"
+#: The canary's analysis, short (the profile's values are minutes of calls): the canary node's own profile.
+FAST_ANALYSIS = {"release.analysis.interval_s": 3, "release.analysis.count": 2, "release.analysis.min_requests": 4,
+                 "release.analysis.failure_limit": 0, "release.analysis.inconclusive_limit": 0}
+
+
+@contextmanager
+def _calls(concurrency: int = 2, tokens: int = 16):
+    """Calls streaming through both gateways while the block runs: two callers, each dialling both numbers
+    (one cyan first, one peacock first), so that the canary and the baseline both serve calls."""
+    from flatshare_ops.sandbox.caller import Gateway, run_calls
+
+    urls = {n: Gateway(n, f"http://{a}:8080") for n, a in ADDRESSES.items()}
+    stop, reports = threading.Event(), []
+    threads = [threading.Thread(target=lambda order=order: reports.extend(run_calls(
+        order, concurrency=concurrency, duration_s=900, tokens=tokens, timeout_s=120, stop=stop)), daemon=True)
+        for order in ([urls["cyan"], urls["peacock"]], [urls["peacock"], urls["cyan"]])]
+    for thread in threads:
+        thread.start()
+    try:
+        yield reports
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(180)
+
+
+def _results(fleet: Fleet, name: str, since: int) -> list[str]:
+    return [r["result"] for r in fleet.history(name)[since:]]
 
 
 @pytest.fixture(scope="module")
@@ -104,20 +134,33 @@ def test_a_venv_whose_vllm_carries_a_local_label_releases_and_checks(fleet):
 
 
 def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback_brings_it_back(fleet):
+    # Calls stream through both gateways the whole time: cyan is the canary, analysed against peacock by the
+    # real engines' own metrics (a harmless change: it passes and the rollout rolls on).
     old = load_profile(fleet.checkout / "profiles/rtx-5060-ti-serve.toml").profile.engine.make_room.decode_hold_tokens
     new = 0 if old != 0 else 48
     before = {name: (_main_pid(fleet, name), fleet.invocations(name)[ENGINE]) for name in ADDRESSES}
+    since = {name: len(fleet.history(name)) for name in ADDRESSES}
     fleet.set_hold(new)
     try:
-        result = fleet.release("--all")
+        with fleet.node_profile("cyan", FAST_ANALYSIS), _calls() as calls:
+            result = fleet.release("--all", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
+        (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+        assert (analysis["canary"], analysis["baseline"], analysis["phase"]) == ("cyan", "peacock", "passed"), analysis
+        assert all(m["canary"]["requests"] >= 4 for m in analysis["measurements"]), analysis["measurements"]
+        assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]
+        assert _results(fleet, "peacock", since["peacock"]) == ["released"]
+        # Every call streamed to its last token; calls that met a draining gateway were answered by the other.
+        assert calls and all(c.done and c.error is None for c in calls), [c for c in calls if not c.done][:3]
+        moved = [c for c in calls if c.attempts]
+        assert moved and all(c.gateway != c.attempts[0]["gateway"] for c in moved), moved[:3]
         for name in ADDRESSES:
             pid, invocation = _main_pid(fleet, name), fleet.invocations(name)[ENGINE]
             assert pid != before[name][0] and invocation != before[name][1]  # a new engine process
             assert fleet.hold(name) == str(new)  # its command line (/proc)
             assert _module_start(fleet, name)["make_room"]["decode_hold_tokens"] == new  # what vLLM gave the module
             _ok(fleet, name)
-        result = fleet.rollback("--all")
+        result = fleet.rollback("--all", "--analysis", "skip")
         assert result.returncode == 0, result.stdout + result.stderr
         for name in ADDRESSES:
             assert fleet.hold(name) == str(old)
@@ -156,25 +199,87 @@ def test_a_venv_whose_vllm_cannot_infer_its_device_is_refused_before_any_drain(f
     assert "Failed to infer device type" in result.stdout, result.stdout
 
 
-def test_a_failed_start_quotes_the_engines_last_lines_in_the_output_and_the_history(fleet):
+REFUSAL = "make_room.decode_hold_tokens must be an integer from 0 to the engine's max_model_len (512), got 100000"
+
+
+def test_a_release_whose_engine_exits_at_start_is_rolled_back_by_the_node_and_quotes_the_engine(fleet):
     # Past the preflight (vLLM takes any additional_config), the serve module's scheduler refuses the
     # value when the engine core starts it: a failure only the engine's own output explains.
-    served = fleet.current("cyan")
+    served, since = fleet.current("cyan"), len(fleet.history("cyan"))
     with fleet.node_profile("cyan", {"engine.make_room.decode_hold_tokens": 100000}):
         result = fleet.release("--node", "cyan")
-    refusal = "make_room.decode_hold_tokens must be an integer from 0 to the engine's max_model_len (512), got 100000"
-    try:
-        assert result.returncode == 1, result.stdout + result.stderr
-        assert "preflight passed" in result.stdout
-        assert refusal in result.stdout, result.stdout
-        record = fleet.history("cyan")[-1]
-        assert (record["result"], record["step"]) == ("failed", "restart-engine")
-        assert refusal in record["reason"]
-    finally:
-        back = fleet.rollback("--node", "cyan")
-    assert back.returncode == 0, back.stdout + back.stderr
+    assert result.returncode == 9, result.stdout + result.stderr  # rolled back automatically
+    assert "preflight passed" in result.stdout and REFUSAL in result.stdout, result.stdout
+    assert "cyan: rolled back automatically: restart-engine failed: " in result.stdout, result.stdout
+    failed, back = fleet.history("cyan")[since:]
+    assert (failed["result"], failed["step"], back["result"]) == ("failed", "restart-engine", "rolled back")
+    assert REFUSAL in failed["reason"] and back["auto"].startswith("restart-engine failed: "), (failed, back)
+    assert fleet.current("cyan") == served and _module_start(fleet, "cyan")["make_room"]["decode_hold_tokens"] < 512
+    fleet.settled("cyan")
+
+
+def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_and_never_restarts_it(fleet):
+    served, since = fleet.current("cyan"), len(fleet.history("cyan"))
+    with fleet.node_profile("cyan", {"engine.make_room.decode_hold_tokens": 100000}):
+        failed = fleet.release("--node", "cyan", "--no-auto-rollback")
+    assert failed.returncode == 1 and REFUSAL in failed.stdout, failed.stdout + failed.stderr
+    broken = json.loads(fleet.journal("cyan").read_text())["to"]
+    log = fleet.node("cyan").state_dir / "releases/release.log"
+    mark = log.stat().st_size
+    # The profile fixed (back as it was, a release that served): one switch to it, the broken one never started.
+    fixed = fleet.release("--node", "cyan")
+    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
+    text = log.read_bytes()[mark:].decode(errors="replace")
+    assert f"(replacing the interrupted switch to {broken})" in text, text
+    assert len([line for line in text.splitlines() if line.endswith(" restart-engine")]) == 1, text
+    assert _results(fleet, "cyan", since) == ["failed", "abandoned", "released"]
     assert fleet.current("cyan") == served
     fleet.settled("cyan")
+
+
+def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_back_alone(fleet):
+    # max_num_seqs 1 on cyan's new release while several calls stream: each first token waits for the calls
+    # ahead of it, over the profile's threshold and over peacock's (the baseline, 4 seats).
+    since = {name: len(fleet.history(name)) for name in ADDRESSES}
+    served = {name: fleet.current(name) for name in ADDRESSES}
+    with fleet.node_profile("cyan", {**FAST_ANALYSIS, "engine.max_num_seqs": 1}), _calls(4, 96):
+        result = fleet.release("--all", "--json")
+    assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
+    (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    rules = {c["rule"]: c["verdict"] for m in analysis["measurements"] for c in m["checks"]}
+    assert analysis["phase"] == "failed" and rules.get("baseline") == "fail", analysis["measurements"]
+    assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed", "rolled back"]
+    assert _results(fleet, "peacock", since["peacock"]) == [] and fleet.current("peacock") == served["peacock"]
+    assert fleet.current("cyan") == served["cyan"]
+    for name in ADDRESSES:
+        fleet.settled(name)
+
+
+def test_with_no_calls_the_canarys_analysis_is_inconclusive_and_pauses_as_the_profile_says(fleet):
+    since = {name: len(fleet.history(name)) for name in ADDRESSES}
+    old = load_profile(fleet.checkout / "profiles/rtx-5060-ti-serve.toml").profile.engine.make_room.decode_hold_tokens
+    fleet.set_hold(old + 1)
+    try:
+        with fleet.node_profile("cyan", FAST_ANALYSIS):
+            result = fleet.release("--all")
+        assert result.returncode == 11, result.stdout + result.stderr  # paused: production's inconclusive = "pause"
+        assert "measurement 1 of 2" in result.stdout and "inconclusive" in result.stdout, result.stdout
+        assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]
+        assert _results(fleet, "peacock", since["peacock"]) == []
+        undone = fleet.rollback("--all", "--analysis", "skip")
+        assert undone.returncode == 0, undone.stdout + undone.stderr
+    finally:
+        fleet.set_hold(old)
+    for name in ADDRESSES:
+        fleet.settled(name)
+
+
+def test_every_vllm_name_the_alert_rules_and_dashboard_read_is_in_the_real_engines_metrics(fleet):
+    from monitoring_names import missing_engine_names
+
+    with urllib.request.urlopen(f"http://{ADDRESSES['cyan']}:8000/metrics", timeout=10) as answer:
+        text = answer.read().decode()
+    assert missing_engine_names(text) == []
 
 
 def test_a_turn_hint_reaches_the_real_scheduler(fleet):
@@ -191,10 +296,3 @@ def test_a_turn_hint_reaches_the_real_scheduler(fleet):
     with urllib.request.urlopen(request, timeout=30) as answer:
         assert json.load(answer)["usage"]["completion_tokens"] == 1
     assert turns() == before + 1
-
-
-@pytest.mark.skip(reason="placeholder: needs the stand-in gateway and voice worker sending real requests "
-                         "(branch 'traffic'); added once the lead merges it")
-def test_a_call_streaming_through_cyans_gateway_finishes_during_the_release_and_drained_calls_go_to_peacock():
-    """A call streaming through cyan's gateway when `release --all` starts finishes to its last token, and
-    calls started during cyan's drain are answered by peacock (issue 16)."""
