@@ -21,8 +21,10 @@ from pathlib import Path
 from ..common import serving_shape
 from ..common.files import Damaged, read_json_object
 from ..common.http import http_get
-from ..common.locks import held_by
-from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
+from ..common.locks import LockTableError, release_holder
+from ..common.node_files import CURRENT, JOURNAL, RELEASES
+from ..common.text import one_line
+from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline
 from . import checks
 from .calls import takes_calls
@@ -46,19 +48,22 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     """(a release in progress, an unfinished switch): each a finding, or None.
 
     Whether a release holds the node is read from the kernel's lock table
-    (common.locks), never from the pid in ``lock.json``; ``lock.json`` only names
-    who holds it.
+    (common.locks: the state directory's lock, adr/0011), never from the pid in
+    ``lock.json``; ``lock.json`` only names who holds it. A lock table that cannot
+    be read is an UNKNOWN finding in the first place (nothing is explained by it).
     """
+    try:
+        pid = release_holder(releases.parent)
+    except LockTableError as err:
+        return Finding("release", UNKNOWN, f"whether a release holds the node cannot be read: {err}"), None
     in_progress = None
-    pid = held_by(releases / LOCK)
     if pid is not None:
         holder, damage = lock_holder_record(releases)
-        started = holder.get("started_at")
-        age = time.time() - started if isinstance(started, (int, float)) else 0.0
-        who = (f"pid {pid}; its record is damaged: {damage}" if damage else
-               f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}")
-        in_progress = Finding("release", WARNING, f"release in progress ({who}, {age:.0f} s): the node may be "
-                              "drained until it ends")
+        started = holder.get("started_at") if not damage else None
+        age = (f" for {time.time() - started:.0f} s" if isinstance(started, (int, float))
+               and not isinstance(started, bool) else "")
+        in_progress = Finding("release", WARNING, f"release in progress by {holder_phrase(holder, pid, damage)}"
+                              f"{age}: the node may be drained until it ends")
     unfinished = None
     journal = releases / JOURNAL
     if pid is None and (journal.exists() or journal.is_symlink()):
@@ -66,14 +71,28 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
             record = read_json_object(journal) or {}
             if not isinstance(record.get("to"), str):
                 raise Damaged(journal, "no target release")
-            what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
+            what = _journal_words(record)
         except Damaged:
             unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
                                  f"('flatshare status'), then move {journal} aside (releases/README.md)")
             return in_progress, unfinished
-        unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
+        unfinished = Finding("release", WARNING, f"unfinished switch {what}; run 'flatshare release' to finish "
                              "it, or 'flatshare rollback' to abandon it")
     return in_progress, unfinished
+
+
+def _journal_words(record: dict) -> str:
+    """``from A to B, started by root@vm pid 12`` from a raw journal; what it lacks is named."""
+    if "from" in record and record["from"] is None:
+        start = "no release"  # a node's first release (releases/README.md)
+    else:
+        start = text_field(record, "from")
+    pid = int_field(record, "pid")
+    who = who_phrase(text_field(record, "user"), text_field(record, "host"))
+    by = f"{who} pid {pid}" if who and pid is not None else f"pid {pid}" if pid is not None else who
+    missing = [k for k, v in (("from", start), ("pid", pid)) if v is None]
+    return (f"from {start or 'an unrecorded release'} to {one_line(record['to'])}" + (f", started by {by}" if by else "")
+            + not_recorded("switching.json", missing))
 
 
 def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
@@ -150,7 +169,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     for finding in (in_progress, unfinished):
         if finding:
             findings.append(finding)
-    if in_progress:
+    if in_progress and in_progress.status == WARNING:
         perf["release_in_progress"] = 1
     if not inside_release:
         state.switch_started_at = switch_started_at(releases)

@@ -9,7 +9,8 @@ when it runs), so that the node's side costs little to start. Commands:
   protocol's lines (:mod:`flatshare_ops.common.protocol`: an admission
   request; the outcome, last).
 - ``status`` (``--switch ID``: what became of one switch), ``history``,
-  ``probe`` (does this node take calls, does a release hold it): one JSON
+  ``probe`` (does this node take calls, does a release hold it), ``module``,
+  ``hold``, ``lock-check`` (does reading the release lock work here): one JSON
   document each.
 
 Exit codes are :class:`flatshare_ops.errors.Exit`'s.
@@ -70,7 +71,8 @@ def _parser() -> argparse.ArgumentParser:
                        ("history", "this node's release history as JSON"),
                        ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
                        ("module", "the serve module this node built (path, sha256), as JSON"),
-                       ("hold", "an operator's hold on this node (flatshare lock), as JSON")):
+                       ("hold", "an operator's hold on this node (flatshare lock), as JSON"),
+                       ("lock-check", "whether reading the release lock works here (a child takes a lock), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
         p.add_argument("--state-dir", required=True, type=Path, help="the node's state directory")
@@ -265,6 +267,12 @@ def main(argv: list[str] | None = None) -> None:
                 current = hold.read_hold(ctx)
                 answer = {"held": current is not None, "hold": current}
             print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
+        elif args.command == "lock-check":
+            from .lock_check import lock_check
+
+            answer = lock_check(_context(args))
+            print(json.dumps(answer, sort_keys=True))
+            code = 0 if answer["ok"] else int(Exit.FAILED)
         elif args.command == "module":
             from .probe import built_module
 
