@@ -62,40 +62,68 @@ def lock_table_key(path: Path) -> str | None:
     Raises:
         LockTableError: ``/proc`` does not say (not Linux, or ``/proc`` not mounted).
     """
+    found = _mount_and_inode(Path(path))
+    if found is None:
+        return None
+    devices = _superblock_devices({found[0]})
+    if found[0] not in devices:
+        raise LockTableError(f"/proc/self/mountinfo has no mount {found[0]}")
+    major, minor = (int(n) for n in devices[found[0]].split(":"))
+    return f"{major:02x}:{minor:02x}:{found[1]}"
+
+
+def _mount_and_inode(path: Path) -> tuple[str, int] | None:
+    """(mount id, inode number) of the file at ``path`` as the kernel keeps them, or None when there is none."""
     try:
         fd = os.open(path, os.O_PATH | os.O_CLOEXEC)
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return None
     except OSError as err:
-        if isinstance(err, NotADirectoryError):
-            return None
         raise LockTableError(f"{path}: cannot be opened to read its lock ({err.strerror or err})") from None
     try:
-        try:
-            with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
-                info = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
-            inode = int(info["ino"]) if "ino" in info else os.fstat(fd).st_ino
-            mount = info["mnt_id"].strip()
-        except (OSError, KeyError, ValueError) as err:
-            raise LockTableError(f"/proc/self/fdinfo does not give the open file's mount ({err})") from None
+        with open(f"/proc/self/fdinfo/{fd}", encoding="ascii", errors="replace") as f:
+            info = dict(line.rstrip("\n").split(":\t", 1) for line in f if ":\t" in line)
+        return info["mnt_id"].strip(), int(info["ino"]) if "ino" in info else os.fstat(fd).st_ino
+    except (OSError, KeyError, ValueError) as err:
+        raise LockTableError(f"/proc/self/fdinfo does not give the open file's mount ({err})") from None
     finally:
         os.close(fd)
-    device = _superblock_device(mount)
-    major, minor = (int(n) for n in device.split(":"))
-    return f"{major:02x}:{minor:02x}:{inode}"
 
 
-def _superblock_device(mount: str) -> str:
-    """``MAJ:MIN`` (decimal) of mount ``mount``'s superblock: field 3 of its ``/proc/self/mountinfo`` line."""
+def _superblock_devices(mounts: set[str]) -> dict[str, str]:
+    """mount id -> ``MAJ:MIN`` (decimal) of its superblock: field 3 of its ``/proc/self/mountinfo`` line."""
+    if not mounts:
+        return {}
+    found = {}
     try:
         with open("/proc/self/mountinfo", encoding="utf-8", errors="replace") as f:
             for line in f:
                 fields = line.split(" ", 3)
-                if len(fields) > 2 and fields[0] == mount:
-                    return fields[2]
+                if len(fields) > 2 and fields[0] in mounts:
+                    found[fields[0]] = fields[2]
     except OSError as err:
         raise LockTableError(f"/proc/self/mountinfo cannot be read ({err.strerror or err})") from None
-    raise LockTableError(f"/proc/self/mountinfo has no mount {mount}")
+    return found
+
+
+def _flock_holders() -> dict[str, int]:
+    """``MAJ:MIN:INODE`` -> pid of every ``FLOCK`` lock in ``/proc/locks`` (waiters left out)."""
+    try:
+        with open("/proc/locks", encoding="ascii", errors="replace") as f:
+            lines = f.readlines()
+    except OSError as err:
+        raise LockTableError(f"/proc/locks cannot be read ({err.strerror or err})") from None
+    holders = {}
+    for line in lines:
+        fields = line.split()
+        # "1: FLOCK  ADVISORY  WRITE 12357 fe:00:2146384 0 EOF"; a blocked waiter's line has "->" in front.
+        if "->" in fields or len(fields) < 6 or fields[1] != "FLOCK":
+            continue
+        try:
+            holders.setdefault(fields[5], max(int(fields[4]), 0))
+        except ValueError:
+            holders.setdefault(fields[5], 0)
+    return holders
 
 
 def held_by(path: Path) -> int | None:
@@ -110,25 +138,7 @@ def held_by(path: Path) -> int | None:
     Raises:
         LockTableError: ``/proc`` does not say (then nobody can tell: callers say so, never "free").
     """
-    want = lock_table_key(path)
-    if want is None:
-        return None
-    try:
-        with open("/proc/locks", encoding="ascii", errors="replace") as f:
-            lines = f.readlines()
-    except OSError as err:
-        raise LockTableError(f"/proc/locks cannot be read ({err.strerror or err})") from None
-    for line in lines:
-        fields = line.split()
-        # "1: FLOCK  ADVISORY  WRITE 12357 fe:00:2146384 0 EOF"; a blocked waiter's line has "->" in front.
-        if "->" in fields:
-            continue
-        if len(fields) >= 6 and fields[1] == "FLOCK" and fields[5] == want:
-            try:
-                return max(int(fields[4]), 0)
-            except ValueError:
-                return 0
-    return None
+    return _first_holder([Path(path)])
 
 
 def release_holder(state_dir: Path) -> int | None:
@@ -141,5 +151,29 @@ def release_holder(state_dir: Path) -> int | None:
     Raises:
         LockTableError: ``/proc`` does not say.
     """
-    pid = held_by(Path(state_dir))
-    return pid if pid is not None else held_by(Path(state_dir) / RELEASES / LOCK)
+    return _first_holder([Path(state_dir), Path(state_dir) / RELEASES / LOCK])
+
+
+def _first_holder(paths: list[Path]) -> int | None:
+    """The pid holding the first of ``paths`` that is held, else None.
+
+    serving-check runs this every minute, so the costly part (``/proc/self/mountinfo``, which the
+    kernel writes out at each read) is read only when ``/proc/locks`` has a lock on an inode of the same
+    number: with none, no device can match, and the answer is "free" without it.
+    """
+    holders = _flock_holders()
+    opened = [_mount_and_inode(p) for p in paths]
+    numbers = {key.rsplit(":", 1)[1] for key in holders}
+    if not any(o is not None and str(o[1]) in numbers for o in opened):
+        return None
+    devices = _superblock_devices({o[0] for o in opened if o is not None})
+    for found in opened:
+        if found is None:
+            continue
+        if found[0] not in devices:
+            raise LockTableError(f"/proc/self/mountinfo has no mount {found[0]}")
+        major, minor = (int(n) for n in devices[found[0]].split(":"))
+        key = f"{major:02x}:{minor:02x}:{found[1]}"
+        if key in holders:
+            return holders[key]
+    return None
