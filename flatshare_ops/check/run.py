@@ -70,10 +70,10 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
         try:
             record = read_json_object(journal) or {}
             if not isinstance(record.get("to"), str):
-                raise Damaged(journal, "no target release")
+                raise Damaged(journal, "no target release: its to is missing or not text")
             what = _journal_words(record)
-        except Damaged:
-            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+        except Damaged as err:
+            unfinished = Finding("release", WARNING, f"unfinished switch, its journal unreadable ({err.form}): check the node "
                                  f"('flatshare status'), then move {journal} aside (releases/README.md)")
             return in_progress, unfinished
         unfinished = Finding("release", WARNING, f"unfinished switch {what}; run 'flatshare release' to finish "
@@ -88,9 +88,10 @@ def _journal_words(record: dict) -> str:
     else:
         start = text_field(record, "from")
     pid = int_field(record, "pid")
-    who = who_phrase(text_field(record, "user"), text_field(record, "host"))
+    user, host = text_field(record, "user"), text_field(record, "host")
+    who = who_phrase(user, host)
     by = f"{who} pid {pid}" if who and pid is not None else f"pid {pid}" if pid is not None else who
-    missing = [k for k, v in (("from", start), ("pid", pid)) if v is None]
+    missing = [k for k, v in (("from", start), ("user", user), ("host", host), ("pid", pid)) if v is None]
     return (f"from {start or 'an unrecorded release'} to {one_line(record['to'])}" + (f", started by {by}" if by else "")
             + not_recorded("switching.json", missing))
 

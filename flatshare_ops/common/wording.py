@@ -4,8 +4,8 @@ A record read from a node (``lock.json``, ``hold.json``, a history record, a
 kept outcome, a probe's answer) may lack any field: an older writer, a person's
 edit, damage. A message built from it never prints Python's ``None``, JSON's
 ``null`` or a placeholder such as ``?``: it says what the record does say, and
-names the fields it does not (``though lock.json does not record user or
-started_at``). Text taken from a record goes through :func:`.text.one_line`.
+names the fields it does not (``though lock.json has no user or started_at``).
+Text taken from a record goes through :func:`.text.one_line`.
 """
 
 from __future__ import annotations
@@ -51,9 +51,9 @@ def listing(words: list[str], last: str = "or") -> str:
 
 
 def not_recorded(source: str, keys: list[str]) -> str:
-    """``, though SOURCE does not record a, b or c`` (empty when nothing is missing): a clause naming the
-    fields a message could not say."""
-    return f", though {source} does not record {listing(keys)}" if keys else ""
+    """``, though SOURCE has no a, b or c`` (empty when nothing is missing): a clause naming the fields a
+    message could not say."""
+    return f", though {source} has no {listing(keys)}" if keys else ""
 
 
 def who_phrase(user: str | None, host: str | None) -> str | None:
@@ -101,7 +101,7 @@ def holder_phrase(record: Mapping, pid: int | None, damage: str | None = None, s
 
 def hold_phrase(hold: Mapping, source: str = "hold.json") -> str:
     """An operator's hold, for "held by ...": ``root@laptop since 2026-12-01T08:00:00Z: E2 benchmark``; what
-    the record lacks is named (``someone, though hold.json does not record who``)."""
+    the record lacks is named (``someone, though hold.json has no who``)."""
     who, since, message = text_field(hold, "who"), time_field(hold, "since"), text_field(hold, "message")
     text = (who or "someone") + (f" since {since}" if since else "") + (f": {message}" if message else "")
     missing = [k for k, v in (("who", who), ("since", since), ("message", message)) if v is None]

@@ -84,7 +84,7 @@ def history_line(record: dict) -> str:
                               ("host", text_field(record, "host"))) if v is None]
     return (f"{when or 'at an unrecorded time'} {before or 'an unrecorded release'} -> "
             f"{target or 'an unrecorded release'}: {what}" + (f" ({', '.join(details)})" if details else "")
-            + not_recorded("the record", missing))
+            + not_recorded("the history record", missing))
 
 
 def hold_line(name: str, answer: dict) -> str:
