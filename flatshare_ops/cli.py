@@ -35,8 +35,9 @@ def profiles_render(
     root: RootOption = Path("."),
 ) -> None:
     """Compare the rendered files of production and of every variant (profiles/*.toml) with the checkout
-    (exit 1 on drift), or write them with --update. A placeholder module pin is a warning."""
-    from .render.checkout import drift, expected_outputs, placeholder_pins, write_outputs
+    (exit 1 on drift; a rendered file no profile renders any more is stale, and drift too), or write them and
+    remove the stale ones with --update. A placeholder module pin is a warning."""
+    from .render.checkout import drift, expected_outputs, placeholder_pins, remove_stale, stale_outputs, write_outputs
 
     outputs = expected_outputs(root)
     for warning in placeholder_pins(root):
@@ -44,14 +45,19 @@ def profiles_render(
     if update:
         for path in write_outputs(root, outputs):
             typer.echo(f"wrote {path}")
+        for path in remove_stale(root, outputs):
+            typer.echo(f"removed {path} (no profile renders it)")
         return
+    stale = stale_outputs(root, outputs)
     diffs = drift(root, outputs)
     if diffs:
         for diff in diffs.values():
             typer.echo(diff, nl=False)
+        changed = len(diffs) - len(stale)
         typer.echo(
-            f"profiles: {len(diffs)} rendered file(s) differ from the profile; "
-            "run 'make profiles UPDATE=1' to rewrite them",
+            f"profiles: {changed} rendered file(s) differ from the profile"
+            + (f", {len(stale)} stale (no profile renders them: {', '.join(map(str, stale))})" if stale else "")
+            + "; run 'make profiles UPDATE=1' to rewrite them" + (" and remove the stale ones" if stale else ""),
             err=True,
         )
         raise typer.Exit(1)

@@ -22,6 +22,7 @@ from ..common import serving_shape
 from ..common.files import Damaged, read_json_object
 from ..common.http import http_get
 from ..common.locks import LockTableError, release_holder
+from ..common.current_link import CurrentLinkError, read_current
 from ..common.node_files import CURRENT, JOURNAL, RELEASES
 from ..common.text import one_line
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
@@ -175,6 +176,11 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     if not inside_release:
         state.switch_started_at = switch_started_at(releases)
     stage[0] = "reading serving.json"
+    try:
+        read_current(releases)
+    except CurrentLinkError as err:  # the node refuses to switch from it: the same rule, the same words
+        findings.append(Finding("release", UNKNOWN, str(err)))
+        return
     serving, trouble = _read_serving(releases / CURRENT / "serving.json", node)
     if trouble:
         findings.append(trouble)
