@@ -396,7 +396,7 @@ def lock_acquire(
     hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
     running = hold.get("during_release")
     if running:
-        typer.echo(one_line(f"{node}: note: a release is switching it now, by {running}; the hold does not stop "
+        typer.echo(one_line(f"{node}: note: a release is switching it now ({running}); the hold does not stop "
                             "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
 
 
