@@ -10,7 +10,7 @@ whose import hook costs a few ms), then alternates, N times:
     and units, the drop-in directories, the vLLM metadata).
 Prints each one's median wall time and the ratio of the medians. Target: <= 1.3.
 
-Run: .venv/bin/python bench/serving_check.py [N]   (about 10 s)
+Run: .venv/bin/python bench/serving_check.py [N]   (about 10 s; FLATSHARE_SANDBOX_ADDRESSES moves its sandbox)
 """
 
 from __future__ import annotations
@@ -27,9 +27,12 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
 
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up  # noqa: E402
+from flatshare_ops.sandbox.fleet import SandboxNode, down, parse_addresses, up  # noqa: E402
 
-ADDRESSES = {"cyan": "127.0.9.2", "peacock": "127.0.9.3"}
+#: The bench's own sandbox addresses; FLATSHARE_SANDBOX_ADDRESSES (cyan=A,peacock=B) moves them, so that two
+#: engineers' runs on one machine never share an address.
+ADDRESSES = parse_addresses(os.environ.get("FLATSHARE_SANDBOX_ADDRESSES")) or {"cyan": "127.0.9.2",
+                                                                              "peacock": "127.0.9.3"}
 
 
 def timed(argv: list[str], env: dict) -> float:

@@ -36,8 +36,9 @@ def profiles_render(
     root: RootOption = Path("."),
 ) -> None:
     """Compare the rendered files of production and of every variant (profiles/*.toml) with the checkout
-    (exit 1 on drift), or write them with --update. A placeholder module pin is a warning."""
-    from .render.checkout import drift, expected_outputs, placeholder_pins, write_outputs
+    (exit 1 on drift; a rendered file no profile renders any more is stale, and drift too), or write them and
+    remove the stale ones with --update. A placeholder module pin is a warning."""
+    from .render.checkout import drift, expected_outputs, placeholder_pins, remove_stale, stale_outputs, write_outputs
 
     outputs = expected_outputs(root)
     for warning in placeholder_pins(root):
@@ -45,14 +46,19 @@ def profiles_render(
     if update:
         for path in write_outputs(root, outputs):
             typer.echo(f"wrote {path}")
+        for path in remove_stale(root, outputs):
+            typer.echo(f"removed {path} (no profile renders it)")
         return
+    stale = stale_outputs(root, outputs)
     diffs = drift(root, outputs)
     if diffs:
         for diff in diffs.values():
             typer.echo(diff, nl=False)
+        changed = len(diffs) - len(stale)
         typer.echo(
-            f"profiles: {len(diffs)} rendered file(s) differ from the profile; "
-            "run 'make profiles UPDATE=1' to rewrite them",
+            f"profiles: {changed} rendered file(s) differ from the profile"
+            + (f", {len(stale)} stale (no profile renders them: {', '.join(map(str, stale))})" if stale else "")
+            + "; run 'make profiles UPDATE=1' to rewrite them" + (" and remove the stale ones" if stale else ""),
             err=True,
         )
         raise typer.Exit(1)
@@ -387,12 +393,15 @@ def lock_acquire(
     if hold_message(who):
         raise FlatshareError(f"lock acquire: your user@host {one_line(who)} holds a control character; set LOGNAME "
                              "(or USER) to a plain name")
+    from .control.answers import hold_line
+
     answer = _hold([node], inventory, acquire=message, who=who)[node]
-    if "error" in answer or not answer.get("held"):
-        typer.echo(f"{node}: {answer.get('error') or answer}", err=True)
+    if "error" in answer or answer.get("held") is not True:
+        typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
         raise typer.Exit(3)
-    typer.echo(f"{node}: held by {answer['hold']['who']}: {answer['hold']['message']}")  # checked above
-    running = answer["hold"].get("during_release")
+    typer.echo(hold_line(node, answer))
+    hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
+    running = hold.get("during_release")
     if running:
         typer.echo(one_line(f"{node}: note: a release is switching it now ({running}); the hold does not stop "
                             "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
@@ -401,20 +410,12 @@ def lock_acquire(
 @lock_app.command("status")
 def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
     """Who holds each node, and why (default: every node)."""
-    from .common.clock import utc_stamp
-    from .common.text import one_line
+    from .control.answers import hold_line
 
     unknown = False
     for name, answer in _hold(node, inventory).items():
-        if "error" in answer:
-            typer.echo(f"{name}: UNKNOWN: {answer['error']}")
-            unknown = True
-        elif answer.get("held"):
-            hold = answer["hold"]
-            typer.echo(one_line(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: "
-                                f"{hold.get('message')}"))
-        else:
-            typer.echo(f"{name}: not held")
+        typer.echo(hold_line(name, answer))
+        unknown = unknown or "error" in answer or not isinstance(answer.get("held"), bool)
     if unknown:
         raise typer.Exit(6)  # a node could not be asked: "not held" is not known of it
 
@@ -430,7 +431,10 @@ def lock_release(node: Annotated[str, typer.Option("--node", help="The node to r
     if not answer.get("lifted"):
         typer.echo(f"{node}: not held; nothing to do")
         raise typer.Exit(4)
-    typer.echo(f"{node}: hold lifted ({answer['lifted'].get('message')})")
+    from .common.wording import hold_phrase
+
+    lifted = answer["lifted"] if isinstance(answer["lifted"], dict) else {}
+    typer.echo(f"{node}: hold lifted; it was held by {hold_phrase(lifted)}")
 
 
 def _on_signals() -> None:
@@ -597,24 +601,11 @@ def status(
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
         raise typer.Exit(0 if healthy else 1)
+    from .control.answers import status_lines
+
     for name, report in reports.items():
-        if "error" in report:
-            typer.echo(f"{name}: UNKNOWN: {report['error']}")
-            continue
-        units = ", ".join(f"{u} {s}" for u, s in report.get("units", {}).items()) or \
-            f"units unknown ({report.get('systemd')})"
-        switching = report.get("switching")
-        if switching and report.get("in_progress"):
-            switching = f"IN PROGRESS ({report['in_progress']}): {switching}"
-        elif switching:
-            switching = f"UNFINISHED {switching}"
-        elif report.get("in_progress"):
-            switching = f"IN PROGRESS ({report['in_progress']})"
-        typer.echo(f"{name}: release {report.get('release')}; " + (f"{switching}; " if switching else "") + units)
-        if report.get("drain_left"):
-            typer.echo(f"  not taking calls: {report['drain_left']}")
-        for damage in report.get("damaged", []):
-            typer.echo(f"  damaged: {damage}")
+        for line in status_lines(name, report):
+            typer.echo(line)
     raise typer.Exit(0 if healthy else 1)
 
 
@@ -623,34 +614,21 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
     """The release history of each node (default: every node): what ran, what failed, what was rolled back.
 
     Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
-    from .common.clock import utc_stamp
+    from .common.text import one_line
     from .control import commands
+    from .control.answers import history_line
 
     unknown = False
     for name, answer in _fleet_answers(node, inventory, lambda t: commands.history(t.spec)).items():
         typer.echo(f"{name}:")
         if "error" in answer:
-            typer.echo(f"  UNKNOWN: {answer['error']}")
+            typer.echo(f"  UNKNOWN: {one_line(answer['error'])}")
             unknown = True
             continue
         for note in answer.get("skipped", []):
-            typer.echo(f"  note: {note}")
+            typer.echo(f"  note: {one_line(note)}")
         for r in answer.get("records", []):
-            started = r.get("started_at")
-            when = utc_stamp(started) if isinstance(started, (int, float)) else "?"
-            what = r.get("result")
-            if what == "failed":
-                what = f"failed at {r.get('step')}: {r.get('reason')}"
-            elif what == "analysed":
-                typer.echo(f"  {when} {r.get('target')}: {r.get('reason') or 'canary analysis recorded'}"
-                           + (f" (rollout {r['rollout']})" if r.get("rollout") else ""))
-                continue
-            elif r.get("auto"):
-                what = f"{what} automatically: {r.get('auto')}"
-            typer.echo(f"  {when} {r.get('before') or '(none)'} -> {r.get('target')}: {what} "
-                       f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
-                       + (f", rollout {r['rollout']}" if r.get("rollout") else "")
-                       + (", forced" if r.get("forced") else "") + ")")
+            typer.echo(f"  {history_line(r if isinstance(r, dict) else {})}")
     raise typer.Exit(1 if unknown else 0)
 
 

@@ -415,10 +415,10 @@ CASES = [
     case("units", "directory", named="RD"),
     case("units", "dangling", named="RD"),
     # releases/current: not a link to a release id -> exit 5 and 'move it aside' (release, rollback);
-    # a link to an absolute path still leads serving-check to the release (exit 0 there).
+    # serving-check reads it by the same rule (common/current_link.py): UNKNOWN, naming it.
     case("current", "regular-file", release=(5,), dry=(5,), named="RDSC"),
     case("current", "directory", release=(5,), dry=(5,), named="RDSC"),
-    case("current", "absolute-link", release=(5,), dry=(5,), named="RDS"),
+    case("current", "absolute-link", release=(5,), dry=(5,), named="RDSC"),
     case("current", "dangling", named="RDSC"),
     case("current", "missing", named="SC"),
     # The journal: never trusted when damaged, never overwritten: exit 5; serving-check WARNING.

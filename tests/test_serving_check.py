@@ -203,7 +203,8 @@ def test_a_release_holding_the_lock_is_a_warning_never_ok(sandbox):
     try:
         result = _check(sandbox)
         assert result.returncode == 1, result.stdout
-        assert f"WARNING release: release in progress (?@? pid {os.getpid()}" in result.stdout
+        assert (f"WARNING release: release in progress by pid {os.getpid()}, whose record lock.json is missing"
+                in result.stdout)  # an old switcher's lock (releases/.lock only: adr/0011), lock.json not written
         assert "installed unit(s) differ from the release (a release in progress explains this)" in result.stdout
     finally:
         lock.release()
@@ -238,7 +239,7 @@ def test_an_unfinished_switch_is_a_warning(sandbox):
     try:
         result = _check(sandbox)
         assert result.returncode == 1
-        assert "unfinished switch (from a to b" in result.stdout and "flatshare release" in result.stdout
+        assert "unfinished switch from a to b" in result.stdout and "flatshare release" in result.stdout
     finally:
         journal.unlink()
 

@@ -183,14 +183,14 @@ def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> 
 
 def active_release(releases: Path) -> str | None:
     """The active release's id: the name ``releases/current`` points at (releases/README.md), or None
-    when it is not a link to a name beside it (no release, or damage the ``release`` check names)."""
-    from ..common.node_files import CURRENT
+    when it is not a link to a release beside it (no release, or damage the ``release`` check names:
+    common/current_link.py, the node's own rule)."""
+    from ..common.current_link import CurrentLinkError, read_current
 
     try:
-        target = os.readlink(releases / CURRENT)
-    except OSError:
+        return read_current(releases)
+    except (CurrentLinkError, OSError):
         return None
-    return target if target and "/" not in target else None
 
 
 def switch_started_at(releases: Path) -> float | None:

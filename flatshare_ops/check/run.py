@@ -21,8 +21,11 @@ from pathlib import Path
 from ..common import serving_shape
 from ..common.files import Damaged, read_json_object
 from ..common.http import http_get
-from ..common.locks import held_by
-from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
+from ..common.locks import LockTableError, release_holder
+from ..common.current_link import CurrentLinkError, read_current
+from ..common.node_files import CURRENT, JOURNAL, RELEASES
+from ..common.text import one_line
+from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline
 from . import checks
 from ..common.unit_output import last_lines
@@ -52,34 +55,52 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     """(a release in progress, an unfinished switch): each a finding, or None.
 
     Whether a release holds the node is read from the kernel's lock table
-    (common.locks), never from the pid in ``lock.json``; ``lock.json`` only names
-    who holds it.
+    (common.locks: the state directory's lock, adr/0011), never from the pid in
+    ``lock.json``; ``lock.json`` only names who holds it. A lock table that cannot
+    be read is an UNKNOWN finding in the first place (nothing is explained by it).
     """
+    try:
+        pid = release_holder(releases.parent)
+    except LockTableError as err:
+        return Finding("release", UNKNOWN, f"whether a release holds the node cannot be read: {err}"), None
     in_progress = None
-    pid = held_by(releases / LOCK)
     if pid is not None:
         holder, damage = lock_holder_record(releases)
-        started = holder.get("started_at")
-        age = time.time() - started if isinstance(started, (int, float)) else 0.0
-        who = (f"pid {pid}; its record is damaged: {damage}" if damage else
-               f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}")
-        in_progress = Finding("release", WARNING, f"release in progress ({who}, {age:.0f} s): the node may be "
-                              "drained until it ends")
+        started = holder.get("started_at") if not damage else None
+        age = (f" for {time.time() - started:.0f} s" if isinstance(started, (int, float))
+               and not isinstance(started, bool) else "")
+        in_progress = Finding("release", WARNING, f"release in progress by {holder_phrase(holder, pid, damage)}"
+                              f"{age}: the node may be drained until it ends")
     unfinished = None
     journal = releases / JOURNAL
     if pid is None and (journal.exists() or journal.is_symlink()):
         try:
             record = read_json_object(journal) or {}
             if not isinstance(record.get("to"), str):
-                raise Damaged(journal, "no target release")
-            what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
-        except Damaged:
-            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+                raise Damaged(journal, "no target release: its to is missing or not text")
+            what = _journal_words(record)
+        except Damaged as err:
+            unfinished = Finding("release", WARNING, f"unfinished switch, its journal unreadable ({err.form}): check the node "
                                  f"('flatshare status'), then move {journal} aside (releases/README.md)")
             return in_progress, unfinished
-        unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
+        unfinished = Finding("release", WARNING, f"unfinished switch {what}; run 'flatshare release' to finish "
                              "it, or 'flatshare rollback' to abandon it")
     return in_progress, unfinished
+
+
+def _journal_words(record: dict) -> str:
+    """``from A to B, started by root@vm pid 12`` from a raw journal; what it lacks is named."""
+    if "from" in record and record["from"] is None:
+        start = "no release"  # a node's first release (releases/README.md)
+    else:
+        start = text_field(record, "from")
+    pid = int_field(record, "pid")
+    user, host = text_field(record, "user"), text_field(record, "host")
+    who = who_phrase(user, host)
+    by = f"{who} pid {pid}" if who and pid is not None else f"pid {pid}" if pid is not None else who
+    missing = [k for k, v in (("from", start), ("user", user), ("host", host), ("pid", pid)) if v is None]
+    return (f"from {start or 'an unrecorded release'} to {one_line(record['to'])}" + (f", started by {by}" if by else "")
+            + not_recorded("switching.json", missing))
 
 
 def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
@@ -156,11 +177,16 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     for finding in (in_progress, unfinished):
         if finding:
             findings.append(finding)
-    if in_progress:
+    if in_progress and in_progress.status == WARNING:
         perf["release_in_progress"] = 1
     if not inside_release:
         state.switch_started_at = switch_started_at(releases)
     stage[0] = "reading serving.json"
+    try:
+        read_current(releases)
+    except CurrentLinkError as err:  # the node refuses to switch from it: the same rule, the same words
+        findings.append(Finding("release", UNKNOWN, str(err)))
+        return
     serving, trouble = _read_serving(releases / CURRENT / "serving.json", node)
     if trouble:
         findings.append(trouble)

@@ -21,6 +21,8 @@ from ..common.text import control_character
 from ..errors import ProfileError
 from .profile import LoadedProfile, load_document, read_toml, validate
 
+#: The UTF-8 byte order mark (U+FEFF as UTF-8): a profile that starts with one keeps it when a value is set.
+BOM = b"\xef\xbb\xbf"
 _KEY = re.compile(r"^[A-Za-z0-9_-]+(\.[A-Za-z0-9_-]+)*$")
 
 
@@ -66,7 +68,9 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     if not _KEY.match(key):
         raise ProfileError(f"{path}: {key}: not a dotted key like engine.make_room.decode_hold_tokens")
     read_toml(path)  # the same one-line errors as loading (missing, not UTF-8, malformed)
-    text = path.read_bytes().decode("utf-8").removeprefix("\ufeff")  # bytes: keep \r\n as written
+    raw = path.read_bytes()  # bytes: keep \r\n as written
+    bom = BOM if raw.startswith(BOM) else b""  # and a UTF-8 byte order mark, if the file has one
+    text = raw[len(bom):].decode("utf-8")
     document = tomlkit.parse(text)
 
     parts = key.split(".")
@@ -97,12 +101,12 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     profile = validate(data, origins, path)
     info = target.stat()
     keep = {"mode": stat.S_IMODE(info.st_mode), "owner": (info.st_uid, info.st_gid)}
-    durable.write_atomic(target, new_text.encode(), **keep)
+    durable.write_atomic(target, bom + new_text.encode(), **keep)
     if then is not None:
         try:
             result = then()
         except BaseException:
-            durable.write_atomic(target, text.encode(), **keep)
+            durable.write_atomic(target, raw, **keep)
             raise
         if echo is not None:
             echo(result)

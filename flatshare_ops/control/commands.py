@@ -76,6 +76,11 @@ def probe(spec: NodeSpec) -> list[str]:
     return _node(spec, "probe")
 
 
+def lock_check(spec: NodeSpec) -> list[str]:
+    """``flatshare-node lock-check``: does reading the release lock work on the node (a child takes a lock)."""
+    return _node(spec, "lock-check")
+
+
 def hold(spec: NodeSpec, acquire: str | None = None, who: str | None = None, release: bool = False) -> list[str]:
     """``flatshare-node hold``: an operator's hold on the node (status; ``--acquire MESSAGE``; ``--release``)."""
     argv = _node(spec, "hold")

@@ -3,8 +3,10 @@
 Checks, in order: the inventory loads; the checkout's rendered files match its
 profiles (and no profile pins a placeholder module); then per node: its
 profile loads and renders, its identity file exists, known_hosts lists its
-host key, and it answers over SSH (``flatshare-node probe``: does it take
-calls, does a release hold it). ``ok`` / ``WARN`` / ``FAIL`` with the way out.
+host key, it answers over SSH (``flatshare-node probe``: does it take calls,
+does a release hold it), and reading its release lock works on its filesystem
+(``flatshare-node lock-check``: a child takes a lock, the node reads it, the
+child lets go; adr/0011). ``ok`` / ``WARN`` / ``FAIL`` with the way out.
 """
 
 from __future__ import annotations
@@ -20,6 +22,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
     from ..render import render_profile
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
+    from .answers import probe_words
     from .fleet import answer_of
     from .targets import targets
 
@@ -80,15 +83,42 @@ def doctor(root: Path, inventory: Path, echo) -> int:
             result = conn.run(argv, timeout_s=target.settings.transport.command_timeout_s)
             answer = answer_of(result)
             state = "ok" if answer.get("takes_calls") else "WARN"
-            line(state, f"{name} reach", "answers over SSH; " + (
-                "takes calls" if answer.get("takes_calls") else f"does not take calls ({'; '.join(answer['problems'])})")
-                + (f"; being released by {answer['holder']}" if answer.get("locked") else ""))
+            line(state, f"{name} reach", f"answers over SSH; {probe_words(answer)}")
         except TransportError as err:
             line("FAIL", f"{name} reach", f"{err}")
+            conn.close()
+            continue
         except (ValueError, KeyError, TypeError, AttributeError):
             line("FAIL", f"{name} reach", f"answers over SSH, but its flatshare-node does not "
                  f"({result.output.strip()[-200:] if result is not None else 'no output'}): "
                  f"'flatshare node bootstrap --node {name}'")
+            conn.close()
+            continue
+        try:
+            line(*_lock_reading(conn, target))
         finally:
             conn.close()
     return 1 if failed else 0
+
+
+def _lock_reading(conn, target) -> tuple[str, str, str]:
+    """(state, item, detail) of the node's lock check (``flatshare-node lock-check``)."""
+    from . import commands
+    from .fleet import answer_of
+
+    item = f"{target.name} lock reading"
+    try:
+        result = conn.run(commands.lock_check(target.spec), timeout_s=target.settings.transport.command_timeout_s)
+    except TransportError as err:
+        return "FAIL", item, str(err)
+    try:
+        answer = answer_of(result)
+        ok, detail = answer["ok"], answer["detail"]
+    except (ValueError, KeyError, TypeError):
+        if "invalid choice" in result.errors:  # argparse: a switcher from before the lock check
+            return "WARN", item, ("the node's active switcher has no lock check (it predates adr/0011): "
+                                  f"release the node, then run doctor again")
+        return "FAIL", item, f"no answer ({(result.output + result.errors).strip()[-200:] or 'no output'})"
+    if ok is True:
+        return "ok", item, str(detail)
+    return "FAIL", item, f"{detail}; releases there cannot be seen by the other nodes' admission (adr/0011)"

@@ -30,6 +30,7 @@ from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.output import ReleaseOutput
 from . import commands
+from .answers import admission_line, follow_up_report
 from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fleet import answer_of, not_an_answer
 from .targets import NodeTarget
@@ -408,13 +409,9 @@ class Rollout:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
                               f"({not_an_answer(result.status, result.output + result.errors, err)})")
                 continue
-            if answer.get("locked"):
-                self.out.line(f"{other.name}: being released by {answer.get('holder')}; it may be drained")
-            elif not answer.get("takes_calls"):
-                self.out.line(f"{other.name}: does not take calls ({'; '.join(answer.get('problems') or [])})")
-            else:
-                self.out.line(f"{other.name}: takes calls, no release holds it (must stay so while "
-                              f"{target.name} drains)")
+            counts, line = admission_line(other.name, target.name, answer if isinstance(answer, dict) else {})
+            self.out.line(line)
+            if counts:
                 serving.append(other.name)
         need = self.settings.serving_floor
         if len(serving) >= need:
@@ -457,40 +454,9 @@ class Rollout:
         return self._report(target, switch_id, answer, bound)
 
     def _report(self, target: NodeTarget, switch_id: str, answer: dict, bound: float) -> int:
-        state = answer.get("state")
-        name = target.name
-        if state == "recorded":
-            record = answer.get("record") or {}
-            result = record.get("result")
-            if result in protocol.SUCCESS and record.get("auto"):
-                self.out.line(f"{name}: the node says: {protocol.AUTO_ROLLED_BACK} to {record.get('target')}: "
-                              f"{record.get('auto')} (switch {switch_id})")
-                return Exit.ROLLED_BACK
-            if result in protocol.SUCCESS:
-                self.out.line(f"{name}: the node says: {result} {record.get('target')} (switch {switch_id})")
-                return Exit.OK
-            self.out.line(f"{name}: the node says: {result} at {record.get('step') or 'an unnamed step'}: "
-                          f"{record.get('reason') or 'no reason recorded'} (switch {switch_id}); the next "
-                          "'flatshare release' finishes it")
-            return Exit.FAILED
-        if state == "ended":  # no switch ran: the node kept what its command ended with (node/outcomes.py)
-            kept = answer.get("outcome") or {}
-            code = kept.get("code") if isinstance(kept.get("code"), int) else Exit.UNREACHABLE
-            self.out.line(f"{name}: the node says: {kept.get('result') or 'ended'}: "
-                          f"{kept.get('message') or 'no message kept'} (switch {switch_id})")
-            return code
-        if state == "switching":
-            self.out.line(f"{name}: the node is still switching after {bound:g} s (the reconnect bound)"
-                          + (f": {answer['journal']}" if answer.get("journal") else " (it holds its release lock)")
-                          + f"; follow it with 'flatshare status --node {name}' (or the node's releases/release.log)")
-            return Exit.STILL_SWITCHING
-        if state == "interrupted":
-            self.out.line(f"{name}: the node says the switch was interrupted: {answer.get('journal')}; "
-                          "the next 'flatshare release' finishes it")
-            return Exit.FAILED
-        self.out.line(f"{name}: the node has no record of switch {switch_id}: it was refused or never began "
-                      "(its releases/release.log says which)")
-        return Exit.UNREACHABLE
+        code, line = follow_up_report(target.name, switch_id, answer, bound)
+        self.out.line(line)
+        return code
 
 
 def plan_batches(chosen: list, canaries: int, batch_size: int) -> list[list]:

@@ -9,7 +9,8 @@ when it runs), so that the node's side costs little to start. Commands:
   protocol's lines (:mod:`flatshare_ops.common.protocol`: an admission
   request; the outcome, last).
 - ``status`` (``--switch ID``: what became of one switch), ``history``,
-  ``probe`` (does this node take calls, does a release hold it): one JSON
+  ``probe`` (does this node take calls, does a release hold it), ``module``,
+  ``hold``, ``lock-check`` (does reading the release lock work here): one JSON
   document each.
 
 Exit codes are :class:`flatshare_ops.errors.Exit`'s.
@@ -72,7 +73,8 @@ def _parser() -> argparse.ArgumentParser:
                        ("module", "the serve module this node built (path, sha256), as JSON"),
                        ("metrics", "this node's engine /metrics (for a canary analysis), as JSON"),
                        ("record-analysis", "record a canary analysis of this node's release (JSON on stdin)"),
-                       ("hold", "an operator's hold on this node (flatshare lock), as JSON")):
+                       ("hold", "an operator's hold on this node (flatshare lock), as JSON"),
+                       ("lock-check", "whether reading the release lock works here (a child takes a lock), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
         p.add_argument("--state-dir", required=True, type=Path, help="the node's state directory")
@@ -295,6 +297,12 @@ def main(argv: list[str] | None = None) -> None:
             code = 0
         elif args.command == "record-analysis":
             code = _record_analysis(args)
+        elif args.command == "lock-check":
+            from .lock_check import lock_check
+
+            answer = lock_check(_context(args))
+            print(json.dumps(answer, sort_keys=True))
+            code = 0 if answer["ok"] else int(Exit.FAILED)
         elif args.command == "module":
             from .probe import built_module
 

@@ -14,9 +14,9 @@ import socket
 import time
 
 from ..common import durable
-from ..common.clock import utc_stamp
 from ..common.files import Damaged, read_json_object
-from ..common.text import hold_message, one_line
+from ..common.text import hold_message
+from ..common.wording import hold_phrase
 from ..errors import FlatshareError, NodeStateError, Refused
 from .context import NodeContext
 
@@ -39,10 +39,8 @@ def read_hold(ctx: NodeContext) -> dict | None:
 
 
 def describe(hold: dict) -> str:
-    """``root@laptop since 2026-...: E2 benchmark``."""
-    since = hold.get("since")
-    when = utc_stamp(since) if isinstance(since, (int, float)) else "?"
-    return one_line(f"{hold.get('who', '?')} since {when}: {hold.get('message', '')}")
+    """``root@laptop since 2026-...: E2 benchmark``; what ``hold.json`` lacks is named (common/wording.py)."""
+    return hold_phrase(hold, HOLD)
 
 
 def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
@@ -63,13 +61,13 @@ def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     current = read_hold(ctx)
     if current is not None:
         raise Refused(f"lock refused: {ctx.node} is already held by {describe(current)}")
-    from .lock import describe_lock, held_by
+    from .lock import lock_reading
 
     hold = {"schema": 1, "who": who or f"{getpass.getuser()}@{socket.gethostname()}", "since": time.time(),
             "message": message}
-    pid = held_by(ctx.lock_path)
-    if pid is not None:
-        hold["during_release"] = describe_lock(ctx, pid)
+    locked, holder = lock_reading(ctx)
+    if locked:
+        hold["during_release"] = holder
     ctx.releases.mkdir(parents=True, exist_ok=True)
     durable.write_atomic(ctx.releases / HOLD, (json.dumps(hold, sort_keys=True) + "\n").encode())
     return hold

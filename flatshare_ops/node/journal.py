@@ -117,5 +117,5 @@ def journal_summary(journal: Journal) -> str:
     done = [s.name for s in journal.steps if s.state == "done"]
     failed = [s for s in journal.steps if s.state == "failed"]
     stopped = f", failed at {failed[0].name}" if failed else ""
-    return (f"switch {journal.from_} -> {journal.to} by {journal.user}@{journal.host} pid {journal.pid}, "
+    return (f"switch {journal.from_ or '(no release)'} -> {journal.to} by {journal.user}@{journal.host} pid {journal.pid}, "
             f"{len(done)}/{len(journal.steps)} steps done" + (f" (last: {done[-1]})" if done else "") + stopped)

@@ -1,8 +1,14 @@
-"""The node's release lock: an fcntl lock the kernel frees when its holder dies, and a note of who holds it.
+"""The node's release lock: ``flock(2)`` on the node's state directory, which the kernel frees when its holder dies.
 
-The lock itself is ``releases/.lock``, taken with filelock (``flock(2)``).
-Whether it is held is read from the kernel (``/proc/locks``), never from a
-pid written in a file, and reading it never takes it (:func:`held_by`).
+The lock is the state directory itself (adr/0011): nothing done to the files
+in ``releases/`` (renamed, removed, replaced, restored from a backup) gives a
+second process another thing to lock. It is taken with filelock's
+``lock_descriptor`` on a descriptor of the directory (filelock's ``FileLock``
+opens a file for writing, which a directory cannot be). A switcher from before
+adr/0011 locks ``releases/.lock`` instead, so that lock is taken too, second.
+
+Whether it is held is read from the kernel (common/locks.py), never from a pid
+written in a file, and reading it never takes it (:func:`holder_pid`).
 ``releases/lock.json`` only tells people who holds it and why.
 """
 
@@ -17,68 +23,131 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..common import durable
-from ..common.clock import utc_stamp
-from ..common.locks import held_by, read_holder
+from ..common.locks import LockTableError, held_by, read_holder, release_holder
+from ..common.wording import holder_phrase
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
 
-def describe_holder(record: dict, pid: int | None, damage: str | None = None) -> str:
-    """``root@host pid 123 (release X, since 2026-...)`` for messages; a damaged record is named, not printed."""
-    if damage:
-        return f"pid {pid} (the holder's record is damaged: {damage})"
-    since = record.get("started_at")
-    when = utc_stamp(since) if isinstance(since, (int, float)) else "unknown time"
-    return (f"{record.get('user', '?')}@{record.get('host', '?')} pid {pid if pid is not None else record.get('pid')} "
-            f"(release {record.get('release', '?')}, since {when})")
+def holder_pid(ctx: NodeContext) -> int | None:
+    """The pid of the release holding this node's lock (0: the kernel does not show it here), or None.
+
+    Raises:
+        LockTableError: the kernel's lock table cannot be read here (``/proc``).
+    """
+    return release_holder(ctx.state_dir)
 
 
 def describe_lock(ctx: NodeContext, pid: int | None) -> str:
-    """Who holds the node's lock: the kernel's pid, and ``lock.json``'s details (or its damage)."""
+    """Who holds the node's lock, in words: the kernel's pid, and what ``lock.json`` says of it (or that it
+    is missing, damaged or another process's)."""
     record, damage = read_holder(ctx.holder_path)
-    return describe_holder(record, pid, damage)
+    return holder_phrase(record, pid, damage, ctx.holder_path.name)
+
+
+def lock_reading(ctx: NodeContext) -> tuple[bool, str | None]:
+    """(held, who) for readers that must answer even when the lock table cannot be read: then it counts as
+    held (whatever cannot be established counts against the node: adr/0007) and ``who`` says why."""
+    try:
+        pid = holder_pid(ctx)
+    except LockTableError as err:
+        return True, f"a release or none: whether one holds the node cannot be read here ({err})"
+    return pid is not None, describe_lock(ctx, pid) if pid is not None else None
 
 
 @contextmanager
 def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterator[None]:
     """Hold the node's release lock, with the holder's details beside it.
 
-    The lock is an fcntl lock (filelock), released by the kernel when its
-    holder dies, so a dead holder never blocks; its ``lock.json`` is then stale
-    and simply overwritten.
+    First ``flock(LOCK_EX | LOCK_NB)`` on the state directory (the lock), then on ``releases/.lock`` (what a
+    switcher from before adr/0011 takes), both with filelock; both are released by the kernel when this
+    process dies, so a dead holder never blocks, and its ``lock.json`` is then stale and overwritten.
 
     Raises:
-        Refused: another live process holds it (the message gives its details).
-        NodeStateError: ``releases/.lock`` is a link, a directory or otherwise cannot be locked.
+        Refused: another live process holds either (the message gives its details).
+        NodeStateError: the state directory cannot be opened or locked, or ``releases/.lock`` is a link,
+            a directory or otherwise cannot be locked.
     """
-    from filelock import FileLock, Timeout  # here: status and the admission probe only read the lock table
+    from filelock import FileLock, Timeout  # here: readers only read the lock table
 
     ctx.releases.mkdir(parents=True, exist_ok=True)
-    path = ctx.lock_path
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
-        raise NodeStateError(f"{path}: is {kind}, not the lock file; no release can hold it: remove it "
-                             f"(rm -r {path}) and run the command again")
-    lock = FileLock(str(path))
     try:
-        lock.acquire(timeout=0)
-    except Timeout:  # before OSError: filelock's Timeout is a TimeoutError, hence an OSError
-        who = describe_lock(ctx, held_by(ctx.lock_path))
-        raise Refused(f"{action} refused: {ctx.node} is being released by {who}; wait for it to finish") from None
+        directory = lock_directory(ctx.state_dir)
     except OSError as err:
-        raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
-                             "the command again") from None
+        raise NodeStateError(f"{ctx.state_dir}: cannot be opened and locked to take the release lock "
+                             f"({err.strerror or err}); it must be the node's state directory, on a filesystem "
+                             "that allows flock(2)") from None
+    if directory is None:
+        _refuse_held(ctx, action)
+    try:
+        path = ctx.lock_path
+        if path.is_symlink() or (path.exists() and not path.is_file()):
+            kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
+            raise NodeStateError(f"{path}: is {kind}, not the lock file; no release can hold it: remove it "
+                                 f"(rm -r {path}) and run the command again")
+        compat = FileLock(str(path))
+        try:
+            compat.acquire(timeout=0)
+        except Timeout:  # before OSError: filelock's Timeout is a TimeoutError, hence an OSError
+            _refuse_held(ctx, action, lambda: held_by(path))  # a switcher from before adr/0011
+        except OSError as err:
+            raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
+                                 "the command again") from None
+        try:
+            _write_holder(ctx, release)
+            yield
+        finally:
+            try:
+                durable.remove(ctx.holder_path)  # before letting go: the next holder's record is never removed
+            except OSError:
+                pass
+            compat.release()
+    finally:
+        os.close(directory)  # closing the last descriptor of the open file releases its flock
+
+
+def lock_directory(path) -> int | None:
+    """``flock(LOCK_EX | LOCK_NB)`` on the directory at ``path``, with filelock's ``lock_descriptor``.
+
+    Returns:
+        The descriptor that holds the lock (closing it releases the lock; children never inherit it, so
+        the lock is this process's alone), or None when another open file holds it.
+
+    Raises:
+        OSError: the directory cannot be opened, or flock(2) fails otherwise (a filesystem without it).
+    """
+    from filelock import lock_descriptor
+
+    fd = os.open(path, os.O_RDONLY | os.O_DIRECTORY | os.O_CLOEXEC)
+    try:
+        if lock_descriptor(fd, blocking=False):
+            return fd
+    except BaseException:
+        os.close(fd)
+        raise
+    os.close(fd)
+    return None
+
+
+def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> None:
+    """Raise the refusal for a lock another process holds, saying who (the kernel's pid, lock.json's details);
+    ``read_pid``: how to read the holder's pid (default :func:`holder_pid`)."""
+    try:
+        pid = (read_pid or (lambda: holder_pid(ctx)))()
+    except LockTableError as err:
+        raise Refused(f"{action} refused: a release holds {ctx.node}'s lock (who cannot be read here: {err}); "
+                      "wait for it to finish") from None
+    if pid is None:
+        raise Refused(f"{action} refused: {ctx.node}'s release lock was held a moment ago and is free now; "
+                      "run the command again")
+    raise Refused(f"{action} refused: {ctx.node} is being released by {describe_lock(ctx, pid)}; "
+                  "wait for it to finish")
+
+
+def _write_holder(ctx: NodeContext, release: str) -> None:
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
               "release": release, "started_at": time.time()}
     try:
-        try:
-            durable.write_atomic(ctx.holder_path, (json.dumps(holder) + "\n").encode())
-        except OSError:
-            pass  # lock.json only informs people; the kernel's lock is what holds
-        yield
-    finally:
-        try:
-            durable.remove(ctx.holder_path)
-        except OSError:
-            pass
-        lock.release()
+        durable.write_atomic(ctx.holder_path, (json.dumps(holder) + "\n").encode())
+    except OSError:
+        pass  # lock.json only informs people; the kernel's lock is what holds

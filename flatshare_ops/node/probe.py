@@ -3,8 +3,8 @@
 docs/reference/release-protocol.md ("Admission to drain"): a node may drain
 only while enough other nodes take calls and are not themselves being
 released. Whether a release holds this node is read from the kernel's lock
-table (:func:`.lock.held_by`), never from a pid in a file, and reading it
-never takes the lock.
+table (:func:`.lock.lock_reading`, adr/0011), never from a pid in a file, and
+reading it never takes the lock.
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 
 from ..errors import NodeStateError
 from .context import NodeContext
-from .lock import describe_lock, held_by
+from .lock import lock_reading
 
 
 def built_module(ctx: NodeContext, path: str | None = None) -> dict:
@@ -45,20 +45,20 @@ def probe(ctx: NodeContext) -> dict:
     """This node's answer to an admission check.
 
     Returns:
-        ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``.
+        ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``;
+        ``locked`` is true too when the lock table cannot be read here (``holder`` says so).
     """
     from .store import current_release
     from .calls import active_serving, node_calls
 
-    pid = held_by(ctx.lock_path)
+    locked, holder = lock_reading(ctx)
     try:
         calls = node_calls(ctx, active_serving(ctx, current_release(ctx.state_dir)))
         takes, problems = calls.takes is True, calls.reasons
     except NodeStateError as err:
         takes, problems = False, [str(err)]
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
-    return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": pid is not None,
-            "holder": describe_lock(ctx, pid) if pid is not None else None}
+    return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder}
 
 
 #: The bound of one scrape of the engine's /metrics (seconds).

@@ -15,7 +15,8 @@ from ..errors import FlatshareError, NodeStateError, SystemdError
 from . import history as histories, journal as journals
 from .store import is_stored
 from .context import NodeContext
-from .lock import describe_lock, held_by
+from ..common.locks import LockTableError
+from .lock import describe_lock, holder_pid
 
 
 def switch_state(ctx: NodeContext, switch_id: str) -> dict:
@@ -41,7 +42,11 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         pending, damaged = None, [str(err)]
     else:
         damaged = []
-    holder = held_by(ctx.lock_path)
+    try:
+        holder = holder_pid(ctx)
+    except LockTableError as err:  # a switch may run: never say "interrupted" on no evidence
+        damaged.append(str(err))
+        holder = 0
     if pending is not None and pending.switch == switch_id and holder is not None:
         return {"state": "switching", "journal": journals.journal_summary(pending), "pid": holder}
     if records:
@@ -61,14 +66,16 @@ def node_status(ctx: NodeContext) -> dict:
 
     Returns:
         A JSON-ready dict: ``node``, ``release``, ``in_progress`` (who holds the lock, from the
-        kernel's lock table), ``switching`` (the journal's summary), ``units`` (unit -> ActiveState),
+        kernel's lock table, in words) and ``in_progress_pid`` (its pid), ``switching`` (the journal's
+        summary) and ``switching_pid`` (the pid the journal names), ``units`` (unit -> ActiveState),
         ``last`` (the newest history record), ``damaged`` (one line per damaged file).
     """
     from .records import read_history
     from .store import current_release
 
     status: dict = {"node": ctx.node, "release": None, "switching": None, "switching_rollout": None,
-                    "in_progress": None, "units": {}, "last": None, "damaged": []}
+                    "switching_pid": None, "in_progress": None, "in_progress_pid": None, "units": {}, "last": None,
+                    "damaged": []}
     try:
         status["release"] = current_release(ctx.state_dir)
     except NodeStateError as err:
@@ -77,9 +84,14 @@ def node_status(ctx: NodeContext) -> dict:
     if status["release"] is not None and not is_stored(ctx.state_dir, status["release"]):
         status["damaged"].append(f"{link}: points at release {status['release']}, which is not stored on the node; "
                                  "run 'flatshare release' to switch the node to a stored release")
-    pid = held_by(ctx.lock_path)
+    try:
+        pid = holder_pid(ctx)
+    except LockTableError as err:
+        pid = None
+        status["damaged"].append(f"whether a release holds the node cannot be read: {err}")
     if pid is not None:
         status["in_progress"] = describe_lock(ctx, pid)
+        status["in_progress_pid"] = pid
     status["drain_left"] = None
     if pid is None and status["release"] is not None:
         from .calls import active_serving
@@ -92,6 +104,7 @@ def node_status(ctx: NodeContext) -> dict:
         pending = journals.read_journal(ctx.state_dir)
         status["switching"] = journals.journal_summary(pending) if pending else None
         status["switching_rollout"] = pending.rollout if pending else None
+        status["switching_pid"] = pending.pid if pending else None
     except NodeStateError as err:
         status["damaged"].append(str(err))
         status["switching"] = "unreadable journal"

@@ -253,6 +253,41 @@ def apply_units(sw: Switch) -> None:
         sw.out.line(f"  enabled {', '.join(enable)} (starts at boot)")
 
 
+def keep_enabled(ctx: NodeContext, units: dict, out: ReleaseOutput, dry_run: bool = False) -> list[str]:
+    """What a release with nothing to do still does: ``flatshare.target`` and the check timer start at boot.
+
+    Someone may have disabled them since the release that enabled them (``apply_units``); a node then
+    stays so until a real release. Their ``UnitFileState`` (org.freedesktop.systemd1(5)) is read, and each
+    of the release's ``units`` among the two that is not ``enabled`` is enabled again over D-Bus, as
+    ``apply_units`` does (``EnableUnitFiles``): no drain, no restart. A dry run only says what it would do.
+
+    Returns:
+        The units enabled again (or, in a dry run, that would be).
+
+    Raises:
+        SystemdError: the manager did not answer.
+    """
+    wanted = [u for u in (TARGET_UNIT, CHECK_TIMER) if u in units]
+    if not wanted:
+        return []
+    states = systemd.properties(ctx.address, [(u, "Unit", "UnitFileState") for u in wanted])
+    off = [u for u in wanted if states[f"{u}/UnitFileState"] != "enabled"]
+    masked = [u for u in off if str(states[f"{u}/UnitFileState"]).startswith("masked")]
+    for unit in masked:
+        out.line(f"  note: {unit} is masked: left so (someone masked it on purpose; 'systemctl unmask {unit}' "
+                 "and release again to have it start at boot)")
+    off = [u for u in off if u not in masked]
+    if not off:
+        return []
+    was = ", ".join(f"{u} was {states[f'{u}/UnitFileState'] or 'not enabled'}" for u in off)
+    if dry_run:
+        out.line(f"  would enable {', '.join(off)} again ({was}), with no drain")
+        return off
+    systemd.enable(ctx.address, off)
+    out.line(f"  enabled {', '.join(off)} again ({was}): it starts at boot; no drain")
+    return off
+
+
 def switch_current(sw: Switch) -> None:
     from .store import switch_current as point
 

@@ -20,7 +20,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-import re
 import shutil
 import tempfile
 from pathlib import Path
@@ -29,8 +28,7 @@ from ..common import durable
 from ..common.node_files import CURRENT, RELEASES
 from ..errors import NodeStateError
 
-#: What a release id may be: a plain directory name.
-RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+from ..common.current_link import RELEASE_ID, CurrentLinkError, read_current  # noqa: F401 (RELEASE_ID: node/bundle.py)
 
 
 def releases_dir(state_dir: Path) -> Path:
@@ -86,29 +84,17 @@ def is_stored(state_dir: Path, rid: str) -> bool:
 
 
 def current_release(state_dir: Path) -> str | None:
-    """The active release's id, or None when the node has none yet.
+    """The active release's id, or None when the node has none yet (common/current_link.py's rule, which
+    serving-check reads by too).
 
     Raises:
         NodeStateError: ``releases/current`` is not a symlink to a release id
             (a regular file, a directory, a link to a path); the message says how to fix it.
     """
-    link = releases_dir(state_dir) / CURRENT
     try:
-        target = os.readlink(link)
-    except FileNotFoundError:
-        return None
-    except OSError as err:  # EINVAL: not a symlink
-        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else "not a symlink"
-        raise NodeStateError(
-            f"{link}: is {kind}, not a link to a release ({err.strerror or err}); move it aside "
-            f"(mv {link} {link}.bad), then run 'flatshare release' to point it at the checkout's release"
-        ) from None
-    if not RELEASE_ID.match(target):
-        raise NodeStateError(
-            f"{link}: points at {target!r}, not at a release directory beside it; remove it (rm {link}), "
-            "then run 'flatshare release' to point it at the checkout's release"
-        )
-    return target
+        return read_current(releases_dir(state_dir))
+    except CurrentLinkError as err:
+        raise NodeStateError(str(err)) from None
 
 
 def switch_current(state_dir: Path, rid: str) -> None:

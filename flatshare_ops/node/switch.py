@@ -156,6 +156,10 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             out.line(f"note: {ctx.history_path.parent / note}")
         work = decide(ctx, request, out, state)
         if work is None:
+            if request.mode == "release":  # nothing to switch, but what the release enables stays enabled
+                from .steps import keep_enabled
+
+                keep_enabled(ctx, bundle_view(request.bundle).units, out, request.dry_run)
             return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current)
         _refuse(ctx, request, out, work, admit)
         if request.dry_run:

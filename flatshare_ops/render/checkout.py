@@ -6,6 +6,11 @@ and ``PRODUCTION.md``; the fleet's (the inventory and each node's profile) are
 PRODUCTION.md's node table and ``monitoring/`` (alert rules, dashboard); each variant (another ``profiles/*.toml``) renders
 beside them to ``units/VARIANT/*`` and ``profiles/VARIANT.serving.json``. Computing them is pure (reads only); writing them is
 :func:`write_outputs`, one atomic replacement per changed file.
+
+The rendered trees (``units/``, ``monitoring/``, ``profiles/*.serving.json``) hold rendered files only: a file
+there that no profile renders any more (a renamed or removed variant's ``units/OLD/`` and
+``OLD.serving.json``, a unit production dropped) is stale (:func:`stale_outputs`), shown as drift and
+removed by :func:`remove_stale`.
 """
 
 from __future__ import annotations
@@ -131,13 +136,17 @@ def variant_outputs(root: Path, variant: Path) -> dict[Path, str]:
     return outputs
 
 
-def drift(root: Path, outputs: dict[Path, str]) -> dict[Path, str]:
-    """Unified diffs of the files whose committed text differs from ``outputs``.
+def drift(root: Path, outputs: dict[Path, str], stale: bool = True) -> dict[Path, str]:
+    """Unified diffs of the files whose committed text differs from ``outputs``, and of the stale ones.
+
+    Args:
+        stale: also name the :func:`stale_outputs` (``outputs`` must then be the whole checkout's).
 
     Returns:
-        Path -> diff text (``--- a/PATH`` committed, ``+++ b/PATH`` rendered); empty when none drifted.
+        Path -> diff text (``--- a/PATH`` committed, ``+++ b/PATH`` rendered, or ``+++ /dev/null`` for a
+        stale file); empty when none drifted.
     """
-    diffs = {}
+    diffs = stale_diffs(root, stale_outputs(root, outputs)) if stale else {}
     for path, text in outputs.items():
         current = _read(root / path)
         if current != text:
@@ -150,6 +159,52 @@ def drift(root: Path, outputs: dict[Path, str]) -> dict[Path, str]:
                 )
             )
     return diffs
+
+
+#: Directories (relative to the checkout) that hold rendered files only, and the profiles' rendered files.
+RENDERED_TREES = (Path("units"), Path("monitoring"))
+RENDERED_GLOBS = ("profiles/*.serving.json",)
+
+
+def stale_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
+    """Files (relative to root) in the rendered trees that are not in ``outputs`` (the whole checkout's
+    :func:`expected_outputs`): left by a renamed or removed variant, or a file a profile no longer renders."""
+    found = set()
+    for tree in RENDERED_TREES:
+        found |= {p.relative_to(root) for p in (root / tree).rglob("*") if p.is_file() or p.is_symlink()}
+    for pattern in RENDERED_GLOBS:
+        found |= {p.relative_to(root) for p in root.glob(pattern)}
+    return sorted(found - set(outputs))
+
+
+def stale_diffs(root: Path, stale: list[Path]) -> dict[Path, str]:
+    """A unified diff per stale file: its whole text removed (``+++ /dev/null``), as ``git diff`` shows a deletion."""
+    diffs = {}
+    for path in stale:
+        lines = _read_lossy(root / path).splitlines(keepends=True)
+        body = "".join(difflib.unified_diff(lines, [], fromfile=f"a/{path}", tofile="/dev/null"))
+        diffs[path] = body or f"--- a/{path}\n+++ /dev/null\n"
+    return diffs
+
+
+def _read_lossy(path: Path) -> str:
+    try:
+        return path.read_bytes().decode("utf-8", errors="replace")
+    except OSError:
+        return ""
+
+
+def remove_stale(root: Path, outputs: dict[Path, str]) -> list[Path]:
+    """Remove the :func:`stale_outputs` (and the directories they leave empty); returns the paths removed."""
+    stale = stale_outputs(root, outputs)
+    for path in stale:
+        durable.remove(root / path)
+    for path in stale:
+        parent = (root / path).parent
+        while parent != root and parent.is_dir() and not any(parent.iterdir()):
+            parent.rmdir()
+            parent = parent.parent
+    return stale
 
 
 def write_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
