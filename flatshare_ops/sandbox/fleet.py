@@ -45,10 +45,10 @@ from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
 from .. import systemd
 from ..common import durable
-from ..common.http import http_get, wait_for_200
+from ..common.http import http_get
 from ..common.poll import poll_until
 from ..common.proc import pid_alive, read_cmdline
-from ..common.units import CHECK_TIMER, ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
+from ..common.units import ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
 from ..config.profile import load_profile
 from ..node.store import current_release
 from ..render.units import engine_url

@@ -1,0 +1,85 @@
+"""``flatshare lock acquire | status | release``: an operator's hold on a node (node/hold.py)."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated
+
+import typer
+
+from ..errors import FlatshareError
+from .app import app, InventoryOption, NodesOption, fleet_answers
+
+
+lock_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "
+                                                   "with a message; not a drain.")
+app.add_typer(lock_app, name="lock")
+
+
+def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str, dict]:
+    from ..control import commands
+
+    return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
+
+
+@lock_app.command("acquire")
+def lock_acquire(
+    node: Annotated[str, typer.Option("--node", help="The node to hold.")],
+    message: Annotated[str, typer.Option("-m", "--message", help="Why (e.g. 'E2 benchmark').")],
+    inventory: InventoryOption = None,
+) -> None:
+    """Hold a node: its releases and rollbacks are refused with your message until 'flatshare lock release'."""
+    import getpass
+    import socket
+
+    from ..common.text import hold_message, one_line
+
+    wrong = hold_message(message)
+    if wrong:
+        raise FlatshareError(f"lock acquire: -m: {wrong}")
+    who = f"{getpass.getuser()}@{socket.gethostname()}"
+    if hold_message(who):
+        raise FlatshareError(f"lock acquire: your user@host {one_line(who)} holds a control character; set LOGNAME "
+                             "(or USER) to a plain name")
+    from ..control.answers import hold_line
+
+    answer = _hold([node], inventory, acquire=message, who=who)[node]
+    if "error" in answer or answer.get("held") is not True:
+        typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
+        raise typer.Exit(3)
+    typer.echo(hold_line(node, answer))
+    hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
+    running = hold.get("during_release")
+    if running:
+        typer.echo(one_line(f"{node}: note: a release is switching it now ({running}); the hold does not stop "
+                            "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
+
+
+@lock_app.command("status")
+def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+    """Who holds each node, and why (default: every node)."""
+    from ..control.answers import hold_line
+
+    unknown = False
+    for name, answer in _hold(node, inventory).items():
+        typer.echo(hold_line(name, answer))
+        unknown = unknown or "error" in answer or not isinstance(answer.get("held"), bool)
+    if unknown:
+        raise typer.Exit(6)  # a node could not be asked: "not held" is not known of it
+
+
+@lock_app.command("release")
+def lock_release(node: Annotated[str, typer.Option("--node", help="The node to release.")],
+                 inventory: InventoryOption = None) -> None:
+    """Lift an operator's hold on a node (exit 4 when it was not held)."""
+    answer = _hold([node], inventory, release=True)[node]
+    if "error" in answer:
+        typer.echo(f"{node}: {answer['error']}", err=True)
+        raise typer.Exit(6)
+    if not answer.get("lifted"):
+        typer.echo(f"{node}: not held; nothing to do")
+        raise typer.Exit(4)
+    from ..common.wording import hold_phrase
+
+    lifted = answer["lifted"] if isinstance(answer["lifted"], dict) else {}
+    typer.echo(f"{node}: hold lifted; it was held by {hold_phrase(lifted)}")

@@ -1,0 +1,147 @@
+"""``flatshare release`` and ``flatshare rollback``: switching nodes, a rollout's batches and its canary."""
+
+from __future__ import annotations
+
+from enum import Enum
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .app import app, RootOption, InventoryOption, NodesOption
+
+
+def _on_signals() -> None:
+    """Ctrl-C and SIGTERM stop the operator's side only (nodes finish what they do): see control.rollout."""
+    import signal
+
+    from ..control.rollout import OperatorInterrupted
+    from ..errors import Exit
+
+    def stop(signum, _frame):
+        raise OperatorInterrupted(Exit.INTERRUPTED if signum == signal.SIGINT else Exit.TERMINATED)
+
+    signal.signal(signal.SIGINT, stop)
+    signal.signal(signal.SIGTERM, stop)
+
+
+class AnalysisMode(str, Enum):
+    """``--analysis``: what a rollout does with its canaries' analysis."""
+
+    on = "on"
+    dry_run = "dry-run"
+    skip = "skip"
+
+
+AnalysisOption = Annotated[AnalysisMode, typer.Option(
+    "--analysis", help="The canaries' analysis in a rollout: on (decide by it), dry-run (measure and report, "
+                       "decide nothing) or skip (recorded in the canaries' history).")]
+JsonOption = Annotated[bool, typer.Option("--json", help="Also print what became of each node and the canary "
+                                                         "analyses as one JSON document, last.")]
+
+
+@app.command("release")
+def release(
+    node: NodesOption = None,
+    all_nodes: Annotated[bool, typer.Option("--all", help="Every inventory node, one batch at a time.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
+    force: Annotated[bool, typer.Option("--force", help="Release even with E2 drop-ins linked (recorded).")] = False,
+    batch_size: Annotated[Optional[int], typer.Option(
+        "--batch-size", min=1, help="Nodes switched at once after the canaries (default: the inventory's "
+        "rollout.batch).")] = None,
+    no_auto_rollback: Annotated[bool, typer.Option(
+        "--no-auto-rollback", help="A node whose new engine does not serve stays failed (the profile's "
+        "release.auto_rollback otherwise rolls it back by itself).")] = False,
+    analysis: AnalysisOption = AnalysisMode.on,
+    as_json: JsonOption = False,
+    inventory: InventoryOption = None,
+    root: RootOption = Path("."),
+) -> None:
+    """Switch nodes to what the checkout renders (without --node or --all: the node this runs on).
+
+    Exit codes: 0 released, 1 failed mid-switch, 2 bad input, 3 refused, 4 nothing to do, 5 damaged node
+    state, 6 unreachable, 7 still switching, 8 systemd did not answer, 9 rolled back automatically,
+    10 the canary analysis failed (the canary rolled back), 11 paused (the analysis was inconclusive),
+    130/143 interrupted."""
+    from ..config.inventory import inventory_path
+    from ..control.rollout import Rollout, refuse_drift, refuse_placeholder_pins, terminal, warn_uncommitted
+    from ..control.targets import fleet, targets
+
+    out = terminal()
+    refuse_drift(root)
+    path = inventory_path(inventory)
+    chosen = targets(path, node or [], all_nodes)
+    refuse_placeholder_pins(chosen)
+    warn_uncommitted(root, out)  # only for a release that goes ahead
+    _on_signals()
+    rollout = Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
+                      auto_rollback=not no_auto_rollback, analysis=analysis.value)
+    raise typer.Exit(_finish(rollout, as_json))
+
+
+def _finish(rollout, as_json: bool) -> int:
+    """Run the rollout; with --json, print what became of each node and the canary analyses as one document."""
+    import json
+
+    code = rollout.run()
+    if as_json:
+        typer.echo(json.dumps({"rollout": rollout.id, "mode": rollout.mode, "code": int(code), "nodes": {
+            t.name: {"code": t.result, "result": (rollout.outcomes[t.name].result if t.name in rollout.outcomes
+                                                  else None), "switch": rollout.switch_ids.get(t.name)}
+            for t in rollout.chosen}, "analyses": rollout.analyses}, sort_keys=True))
+    return code
+
+
+@app.command("rollback")
+def rollback(
+    node: NodesOption = None,
+    all_nodes: Annotated[bool, typer.Option(
+        "--all", help="Undo the fleet's last rollout: each node it switched goes back to what it ran before.")] = False,
+    dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
+    analysis: AnalysisOption = AnalysisMode.on,
+    as_json: JsonOption = False,
+    inventory: InventoryOption = None,
+    root: RootOption = Path("."),
+) -> None:
+    """Switch nodes back: each to the last release that served before its current one; with --all, the
+    fleet to what it ran before its last rollout (a failed or interrupted node first, then as a rollout:
+    its canaries analysed)."""
+    from ..config.inventory import inventory_path
+    from ..control.rollout import Rollout, terminal
+    from ..control.targets import fleet, targets
+
+    out = terminal()
+    path = inventory_path(inventory)
+    chosen = targets(path, node or [], all_nodes)
+    everyone = fleet(path, chosen)
+    _on_signals()
+    if not all_nodes:
+        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run), as_json))
+    undo, order = _last_rollout(chosen, out)
+    if undo is None:
+        out.line("rollback: no node records a rollout to undo; nothing to do")
+        raise typer.Exit(4)
+    raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode="undo-rollout", dry_run=dry_run, undo=undo,
+                                     analysis=analysis.value), as_json))
+
+
+def _last_rollout(chosen, out):
+    """(the fleet's last rollout, the nodes in the order to undo it: failed or interrupted first)."""
+    from ..control import commands
+    from ..control.fleet import ask
+    from ..control.rollout import last_rollout
+
+    histories = ask(chosen, lambda t: commands.history(t.spec))
+    statuses = ask(chosen, lambda t: commands.status(t.spec))
+    for name, answer in {**histories, **statuses}.items():
+        if "error" in answer:
+            out.line(f"{name}: UNKNOWN: {answer['error']}")
+    records = {n: a.get("records", []) for n, a in histories.items()}
+    pending = {n: statuses.get(n, {}).get("switching_rollout") for n in records}
+    undo = last_rollout(records, pending)
+
+    def troubled(target) -> bool:
+        last = (records.get(target.name) or [{}])[-1]
+        return bool(statuses.get(target.name, {}).get("switching")) or last.get("result") in ("failed", "abandoned")
+
+    return undo, sorted(chosen, key=lambda t: not troubled(t))

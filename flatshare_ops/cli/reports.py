@@ -1,0 +1,104 @@
+"""``flatshare check | status | releases``: what each node says of itself, one answer per node, every node named."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from ..errors import FlatshareError
+from .app import app, InventoryOption, NodesOption, fleet_answers
+
+
+@app.command("check")
+def check(
+    all_nodes: Annotated[bool, typer.Option("--all", help="Check every inventory node.")] = False,
+    node: Annotated[Optional[list[str]], typer.Option("--node", help="Check this node (repeatable).")] = None,
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", envvar="FLATSHARE_INVENTORY",
+                                                      help="The inventory (default profiles/fleet.toml).")] = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing for nodes that are OK.")] = False,
+) -> None:
+    """Run serving-check on inventory nodes over SSH and print each node's result (Nagios exit codes).
+
+    Every node gets a line; a node that cannot be reached or is slow is UNKNOWN by name."""
+    import json as _json
+
+    from ..check.report import EXIT_CODES, UNKNOWN, Finding, Report, nagios_text, worst
+    from ..config.inventory import inventory_path
+    from ..control import commands
+    from ..control.fleet import ask
+    from ..control.targets import targets
+
+    try:
+        chosen = targets(inventory_path(inventory), node or [], not node)
+    except FlatshareError as err:
+        typer.echo(f"SERVING-CHECK UNKNOWN - {err}")
+        raise typer.Exit(3)
+    reports = []
+    for name, answer in ask(chosen, lambda t: commands.serving_check(t.spec)).items():
+        try:
+            reports.append(Report.from_json(answer))
+        except (KeyError, TypeError, ValueError):
+            reports.append(Report(name, [Finding("ssh", UNKNOWN, str(answer.get("error") or answer))]))
+    if as_json:
+        typer.echo(_json.dumps({r.node: r.to_json() for r in reports}, indent=2, sort_keys=True))
+    else:
+        for report in reports:
+            if not (quiet and report.status == "OK"):
+                typer.echo(nagios_text(report), nl=False)
+    raise typer.Exit(EXIT_CODES[worst(r.status for r in reports)])
+
+
+
+
+@app.command("status")
+def status(
+    node: NodesOption = None,
+    inventory: InventoryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
+
+    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file, a unit that is not active, or a
+    voice drain file left with no release running."""
+    import json as _json
+
+    from ..control import commands
+
+    reports = fleet_answers(node, inventory, lambda t: commands.status(t.spec))
+    healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
+                  and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
+    if as_json:
+        typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
+        raise typer.Exit(0 if healthy else 1)
+    from ..control.answers import status_lines
+
+    for name, report in reports.items():
+        for line in status_lines(name, report):
+            typer.echo(line)
+    raise typer.Exit(0 if healthy else 1)
+
+
+@app.command("releases")
+def releases(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+    """The release history of each node (default: every node): what ran, what failed, what was rolled back.
+
+    Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
+    from ..common.text import one_line
+    from ..control import commands
+    from ..control.answers import history_line
+
+    unknown = False
+    for name, answer in fleet_answers(node, inventory, lambda t: commands.history(t.spec)).items():
+        typer.echo(f"{name}:")
+        if "error" in answer:
+            typer.echo(f"  UNKNOWN: {one_line(answer['error'])}")
+            unknown = True
+            continue
+        for note in answer.get("skipped", []):
+            typer.echo(f"  note: {one_line(note)}")
+        for r in answer.get("records", []):
+            typer.echo(f"  {history_line(r if isinstance(r, dict) else {})}")
+    raise typer.Exit(1 if unknown else 0)

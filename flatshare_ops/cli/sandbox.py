@@ -1,0 +1,92 @@
+"""``flatshare sandbox up | status | reboot | down``: the local sandbox fleet."""
+
+from __future__ import annotations
+
+from pathlib import Path
+from typing import Annotated, Optional
+
+import typer
+
+from .app import app, RootOption, ProfileOption
+
+
+sandbox_app = typer.Typer(no_args_is_help=True, help="The local two-node sandbox fleet (cyan, peacock).")
+app.add_typer(sandbox_app, name="sandbox")
+SandboxDir = Annotated[Path, typer.Option("--dir", help="The sandbox directory.")]
+
+
+@sandbox_app.command("up")
+def sandbox_up(
+    directory: SandboxDir = Path(".sandbox"),
+    root: RootOption = Path("."),
+    profile: ProfileOption = None,
+    addresses: Annotated[Optional[str], typer.Option(
+        "--addresses", envvar="FLATSHARE_SANDBOX_ADDRESSES",
+        help="Node loopback addresses, e.g. cyan=127.0.0.2,peacock=127.0.0.3 (the default).")] = None,
+    system_scope: Annotated[Optional[list[str]], typer.Option(
+        "--system-scope", help="A node reached on the system-scope path, through a bus of its own (repeatable).")] = None,
+    bare: Annotated[Optional[list[str]], typer.Option(
+        "--bare", help="A fresh node: sshd, its manager and an engine venv only; bootstrap it (repeatable).")] = None,
+    engine: Annotated[Optional[str], typer.Option(
+        "--engine", help="vllm (vLLM 0.32.0's real CPU engine, .venv-vllm; the default for a new sandbox) or "
+                         "stand-in (starts in a second); default: what the sandbox was brought up with.")] = None,
+) -> None:
+    """Bring the sandbox up (idempotent): managers, sshd, each node's layout and profile, bootstrapped with no
+    release: the first release is the real one ('flatshare release --all --inventory DIR/fleet.toml')."""
+    from ..render.checkout import DEFAULT_PROFILE
+    from ..sandbox.fleet import parse_addresses, up
+
+    if engine is None and not (directory / "state.json").exists():
+        engine = "vllm"
+    inventory = up(directory, root / (profile or DEFAULT_PROFILE), parse_addresses(addresses), echo=typer.echo,
+                   system_scope=tuple(system_scope or ()), bare=tuple(bare or ()), engine=engine, release=False)
+    typer.echo(f"sandbox up: inventory {inventory}")
+
+
+@sandbox_app.command("status")
+def sandbox_status(
+    directory: SandboxDir = Path(".sandbox"),
+    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+) -> None:
+    """What runs on each sandbox node (exit 1 if anything is down)."""
+    import json
+
+    from ..sandbox.fleet import status
+
+    report = status(directory)
+    if as_json:
+        typer.echo(json.dumps(report, indent=2, sort_keys=True))
+    else:
+        if not report:
+            typer.echo("sandbox: not up (run 'flatshare sandbox up')")
+        for node, entry in report.items():
+            units = ", ".join(f"{name} {state}" for name, state in entry["units"].items()) or "no units"
+            typer.echo(
+                f"{node}: manager {'up' if entry['manager'] else 'DOWN'}, sshd {'up' if entry['sshd'] else 'DOWN'}; "
+                f"{units}; engine pid {entry['engine_pid']}, /health {entry['engine_health']}"
+            )
+    healthy = bool(report) and all(
+        e["manager"] and e["sshd"] and e["engine_health"] == 200 and set(e["units"].values()) == {"active"}
+        for e in report.values()
+    )
+    raise typer.Exit(0 if healthy else 1)
+
+
+@sandbox_app.command("reboot")
+def sandbox_reboot(
+    node: Annotated[str, typer.Option("--node", help="The sandbox node to reboot.")],
+    directory: SandboxDir = Path(".sandbox"),
+) -> None:
+    """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up."""
+    from ..sandbox.fleet import reboot
+
+    reboot(directory, node, echo=typer.echo)
+
+
+@sandbox_app.command("down")
+def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
+    """Stop every process the sandbox started (by process id)."""
+    from ..sandbox.fleet import down
+
+    down(directory, echo=typer.echo)
+    typer.echo("sandbox down")
