@@ -117,7 +117,7 @@ def _lock_reading(conn, target) -> tuple[str, str, str]:
     except (ValueError, KeyError, TypeError):
         if "invalid choice" in result.errors:  # argparse: a switcher from before the lock check
             return "WARN", item, ("the node's active switcher has no lock check (it predates adr/0011): "
-                                  f"release the node, then run doctor again")
+                                  "release the node, then run doctor again")
         return "FAIL", item, f"no answer ({(result.output + result.errors).strip()[-200:] or 'no output'})"
     if ok is True:
         return "ok", item, str(detail)
