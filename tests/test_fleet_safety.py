@@ -1010,7 +1010,10 @@ def test_sigterm_to_the_node_side_in_a_wait_ends_the_switch_by_the_early_end_rul
         assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30), fleet.unit_state(name, GATEWAY)
         last = fleet.history(name)[-1]
         assert last["result"] == "failed" and last["reason"] == "interrupted by SIGTERM", last
-        assert last["calls"] == "given back", last  # what `flatshare status`/`releases` read of it
+        assert last["calls"] == "given back", last
+        shown = fleet.cli("status", "--node", name, "--inventory", str(fleet.inventory))
+        assert re.search(r"^  last switch: .*failed at \S+: interrupted by SIGTERM; calls: given back", shown.stdout,
+                         re.MULTILINE), shown.stdout  # status says what became of it
         assert "interrupted by SIGTERM" in out
         assert fleet.lock_holder(name) is None
         if held is not None:

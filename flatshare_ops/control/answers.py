@@ -38,6 +38,11 @@ def status_lines(name: str, report: dict) -> list[str]:
         why = text_field(report, "systemd") or "the answer does not say why"
         parts.append(f"units unknown ({why})")
     lines = ["; ".join(parts)]
+    last = report.get("last")
+    if isinstance(last, dict) and (last.get("result") == "failed" or last.get("auto")):
+        # What became of the node's last switch, when it did not simply end well: how it failed and
+        # whether calls were given back (the early end), or that the node rolled itself back, and why.
+        lines.append(f"  last switch: {history_line(last)}")
     if report.get("drain_left"):
         lines.append(f"  not taking calls: {one_line(report['drain_left'])}")
     for damage in report.get("damaged") or []:
