@@ -13,7 +13,7 @@ import pytest
 from conftest import REPO
 from flatshare_ops.check.facts import turns_announced
 from flatshare_ops.check.vllm_release import same_release, shown
-from flatshare_ops.common.unit_output import TAIL_BYTES, last_lines, output_file
+from flatshare_ops.common.unit_output import CHUNK_BYTES, TAIL_BYTES, last_lines, last_marked, output_file
 from flatshare_ops.config.profile import load_profile
 
 
@@ -39,6 +39,25 @@ def test_a_long_file_is_read_from_its_end_only_and_its_first_cut_line_dropped(tm
     path.write_bytes(b"x" * (TAIL_BYTES * 3) + b"\nlast\n")
     tail = last_lines(_layout(tmp_path), "flatshare-engine.service", 10)
     assert tail.lines == ["last"]
+
+
+def test_a_rare_marked_line_is_found_behind_a_flood_of_others_and_across_a_chunks_edge(tmp_path):
+    # vLLM logs every request: the serve module's start line falls out of the tail the quotes read, never
+    # out of reach of the turn count. One marked line straddles a chunk's edge (read backwards, 1 MiB each).
+    path = tmp_path / "flatshare-engine.service.log"
+    start = "(EngineCore pid=7) flatshare make-room: event=start engine_pid=41 make_room={}\n"
+    flood = "".join(f'INFO:     127.0.0.1:5{i % 10000:04d} - "POST /v1/completions HTTP/1.1" 200 OK\n' for i in range(12000))
+    straddle = "flatshare make-room: event=turn engine_pid=41 turns_announced=3 " + "z" * 200 + "\n"
+    tail = ("q" * 99 + "\n") * ((CHUNK_BYTES - 100) // 100)  # the first chunk read (from the end) ends 100 bytes
+    tail += "q" * (CHUNK_BYTES - 100 - len(tail) - 1) + "\n"  # into the turn line: the line straddles its edge
+    path.write_text(start + flood + straddle + tail)
+    edge = path.stat().st_size - CHUNK_BYTES
+    at = len(start) + len(flood)
+    assert at < edge < at + len(straddle) and path.stat().st_size > 2 * TAIL_BYTES
+    assert turns_announced(last_lines(_layout(tmp_path), "flatshare-engine.service").lines, 41) is None
+    marked = last_marked(_layout(tmp_path), "flatshare-engine.service", "flatshare make-room:")
+    assert marked.problem is None and marked.lines == [start.rstrip("\n"), straddle.rstrip("\n")], marked.lines[:2]
+    assert turns_announced(marked.lines, 41) == 3.0
 
 
 def test_a_missing_output_file_is_named_never_raised(tmp_path):

@@ -13,6 +13,7 @@ Skip locally with ``-m "not real_engine"``; CI runs it. ``.venv-vllm`` must be b
 from __future__ import annotations
 
 import json
+import re
 import subprocess
 import threading
 import urllib.request
@@ -33,8 +34,12 @@ pytestmark = pytest.mark.real_engine
 ADDRESSES = {"cyan": "127.71.0.2", "peacock": "127.71.0.3"}
 HOLD = "engine.make_room.decode_hold_tokens"
 #: The canary's analysis, short (the profile's values are minutes of calls): the canary node's own profile.
-FAST_ANALYSIS = {"release.analysis.interval_s": 3, "release.analysis.count": 2, "release.analysis.min_requests": 4,
+FAST_ANALYSIS = {"release.analysis.interval_s": 6, "release.analysis.count": 2, "release.analysis.min_requests": 3,
                  "release.analysis.failure_limit": 0, "release.analysis.inconclusive_limit": 0}
+#: For a change that must pass on 2 CPUs shared with other test processes: a tiny model's first token can
+#: take seconds there, on both nodes alike; what fails is a canary far worse than its baseline.
+LENIENT = {"release.analysis.ttft_p95_max_s": 10, "release.analysis.baseline_factor": 4,
+           "release.analysis.baseline_margin_s": 2.5}
 
 
 @contextmanager
@@ -142,12 +147,12 @@ def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback
     since = {name: len(fleet.history(name)) for name in ADDRESSES}
     fleet.set_hold(new)
     try:
-        with fleet.node_profile("cyan", FAST_ANALYSIS), _calls() as calls:
+        with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT}), _calls(3, 8) as calls:
             result = fleet.release("--all", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
         assert (analysis["canary"], analysis["baseline"], analysis["phase"]) == ("cyan", "peacock", "passed"), analysis
-        assert all(m["canary"]["requests"] >= 4 for m in analysis["measurements"]), analysis["measurements"]
+        assert all(m["canary"]["requests"] >= 3 for m in analysis["measurements"]), analysis["measurements"]
         assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]
         assert _results(fleet, "peacock", since["peacock"]) == ["released"]
         # Every call streamed to its last token; calls that met a draining gateway were answered by the other.
@@ -231,7 +236,7 @@ def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_a
     assert fixed.returncode == 0, fixed.stdout + fixed.stderr
     text = log.read_bytes()[mark:].decode(errors="replace")
     assert f"(replacing the interrupted switch to {broken})" in text, text
-    assert len([line for line in text.splitlines() if line.endswith(" restart-engine")]) == 1, text
+    assert len(re.findall(r"step \d+/\d+ restart-engine$", text, re.MULTILINE)) == 1, text
     assert _results(fleet, "cyan", since) == ["failed", "abandoned", "released"]
     assert fleet.current("cyan") == served
     fleet.settled("cyan")
@@ -242,7 +247,7 @@ def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_bac
     # ahead of it, over the profile's threshold and over peacock's (the baseline, 4 seats).
     since = {name: len(fleet.history(name)) for name in ADDRESSES}
     served = {name: fleet.current(name) for name in ADDRESSES}
-    with fleet.node_profile("cyan", {**FAST_ANALYSIS, "engine.max_num_seqs": 1}), _calls(4, 96):
+    with fleet.node_profile("cyan", {**FAST_ANALYSIS, "engine.max_num_seqs": 1}), _calls(4, 24):
         result = fleet.release("--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
     (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]

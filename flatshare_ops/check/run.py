@@ -28,10 +28,10 @@ from ..common.text import one_line
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline
 from . import checks
-from ..common.unit_output import last_lines
+from ..common.unit_output import last_lines, last_marked
 from .calls import takes_calls
-from .facts import (active_release, installed_vllm, lock_holder_record, parse_metrics, switch_started_at,
-                    systemd_facts, turns_announced)
+from .facts import (MODULE_LINE_TAG, active_release, installed_vllm, lock_holder_record, parse_metrics,
+                    switch_started_at, systemd_facts, turns_announced)
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
@@ -228,7 +228,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
             turns, source = metrics.get(TURNS_METRIC), "the engine's metrics"
             if turns is None:  # vLLM's own /metrics has no make-room counter: the module prints its count
                 stage[0] = "reading the engine's output"
-                tail = last_lines(serving["layout"], engine["unit"], OUTPUT_LINES)
+                tail = last_marked(serving["layout"], engine["unit"], MODULE_LINE_TAG)
                 turns, source = turns_announced(tail.lines, facts.engine.main_pid), tail.source
             findings.append(checks.check_turn_hints(running, turns, source))
             perf["requests_running"] = running

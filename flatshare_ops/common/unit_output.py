@@ -84,6 +84,57 @@ def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:
     return _file(path, count)
 
 
+#: How far back :func:`last_marked` reads a unit's output file for a marked line (bytes).
+MARKED_BYTES = 32 * 1024 * 1024
+#: The chunks it reads backwards in (bytes).
+CHUNK_BYTES = 1024 * 1024
+
+
+def last_marked(layout: dict, unit: str, marker: str, count: int = 20) -> Tail:
+    """The newest ``count`` lines of ``unit``'s output that contain ``marker`` (bounded; never raises): a line a
+    program prints rarely (the serve module's start line) must not fall out of reach behind a flood of other
+    lines (vLLM logs every request).
+
+    Files are read backwards, a chunk at a time, at most :data:`MARKED_BYTES`; the journal is asked with
+    ``journalctl --grep`` (journalctl(1)) within its timeout.
+    """
+    output = layout.get("output") or JOURNAL
+    path = output_file(str(output), unit)
+    if path is None:
+        return _journal(unit, str(layout.get("scope", "system")), count, grep=marker)
+    try:
+        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return Tail([], path, f"{path} does not exist: the unit has written nothing since its output went there")
+    except OSError as err:
+        return Tail([], path, f"{path}: {err.strerror or err}")
+    found: list[str] = []
+    try:
+        import stat
+
+        info = os.fstat(fd)
+        if not stat.S_ISREG(info.st_mode):
+            return Tail([], path, f"{path} is not a regular file")
+        end, carry, needle = info.st_size, b"", marker.encode()
+        while end > 0 and info.st_size - end < MARKED_BYTES and len(found) < count:
+            start = max(0, end - CHUNK_BYTES)
+            os.lseek(fd, start, os.SEEK_SET)
+            data = os.read(fd, end - start) + carry
+            head, _, body = data.partition(b"\n") if start > 0 else (b"", b"", data)
+            carry = head  # a line cut at the chunk's start is read whole with the next chunk
+            for line in reversed(_split(body)):
+                if needle in line.encode():
+                    found.append(one_line(_strip_ansi(line)))
+                    if len(found) == count:
+                        break
+            end = start
+    except OSError as err:
+        return Tail([], path, f"{path}: {err.strerror or err}")
+    finally:
+        os.close(fd)
+    return Tail(list(reversed(found)), path)
+
+
 def _file(path: str, count: int) -> Tail:
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
@@ -110,11 +161,15 @@ def _file(path: str, count: int) -> Tail:
     return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], path)
 
 
-def _journal(unit: str, scope: str, count: int) -> Tail:
+def _journal(unit: str, scope: str, count: int, grep: str | None = None) -> Tail:
     import subprocess  # here: serving-check imports this module every minute, and a sandbox reads files
 
     which = "--user-unit" if scope == "user" else "--unit"
     argv = [JOURNALCTL, which, unit, "-n", str(count), "-o", "cat", "--no-pager", "-q"]
+    if grep is not None:
+        import re as _re
+
+        argv += ["--grep", _re.escape(grep)]
     source = f"journalctl {which} {unit}"
     try:
         done = subprocess.run(argv, capture_output=True, timeout=JOURNALCTL_TIMEOUT_S, stdin=subprocess.DEVNULL)
