@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import time
 
+from ..common.clock import is_time
 from ..common.files import Damaged
 from ..errors import NodeStateError
 from . import history as histories, journal as journals
@@ -28,20 +29,25 @@ def read_history(ctx: NodeContext) -> histories.History:
         NodeStateError: ``history.jsonl`` itself is a directory, a link or unreadable.
     """
     try:
-        return histories.read_history(ctx.history_path)
+        return histories.read_history(ctx.history_path, ctx.node)
     except Damaged as err:
         raise NodeStateError(f"{err}; move it aside (mv {err.path} {err.path}.bad): the node then starts "
                              "a new history, and rollbacks have nothing to return to until a release serves") from None
 
 
 def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: str | None = None,
-           reason: str | None = None, after: str | None = None, served: bool = False, **extra) -> dict:
+           reason: str | None = None, after: str | None = None, served: bool = False,
+           hist: histories.History | None = None, **extra) -> dict:
     """A history record of ``journal``'s switch (schema 2: releases/README.md).
 
     ``duration_s`` counts from when the run that carried the switch took the node's lock (its
-    refusals, preflight and admission included), to now.
+    refusals, preflight and admission included), to now. ``finished_at`` is now, but never before the
+    switch's start or the newest record of ``hist``: with the clock set back, the history still reads in
+    order (its reader checks the order against these times: node/history.py).
     """
-    now = time.time()
+    latest = max((r["finished_at"] for r in (hist.records if hist else []) if is_time(r.get("finished_at"))),
+                 default=0.0)
+    now = max(time.time(), journal.started_at, latest)
     return {"switch": journal.switch, "rollout": journal.rollout, "node": ctx.node, "kind": journal.kind,
             "result": result, "step": step, "reason": reason, "before": journal.from_, "after": after,
             "target": journal.to, "served": served, "commit": journal.commit, "user": journal.user,
@@ -53,22 +59,28 @@ def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: st
 def append_success(ctx: NodeContext, journal: journals.Journal, release: str) -> None:
     """Record ``journal``'s switch as done (once per switch id): the ``record-history`` step."""
     result = SUCCESS[journal.kind]
-    if not read_history(ctx).has(journal.switch, result):
-        histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True))
+    hist = read_history(ctx)
+    if not hist.has(journal.switch, result):
+        histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True, hist=hist),
+                         ctx.node)
 
 
 def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, **extra) -> None:
     """Record ``journal``'s switch as failed at ``step`` (once per switch id).
 
     Raises:
-        OSError, NodeStateError: the record could not be written (the caller prints what it would have said).
+        OSError, NodeStateError, ValueError: the record could not be written (the caller prints what it would
+            have said).
     """
-    if not read_history(ctx).has(journal.switch, "failed"):
-        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, **extra))
+    hist = read_history(ctx)
+    if not hist.has(journal.switch, "failed"):
+        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, hist=hist,
+                                                  **extra), ctx.node)
 
 
 def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput, why: str) -> None:
     """Record an interrupted switch as abandoned (another switch replaced its journal with its own)."""
     out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
-    if pending.switch is None or not read_history(ctx).has(pending.switch, "abandoned"):
-        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why))
+    hist = read_history(ctx)
+    if pending.switch is None or not hist.has(pending.switch, "abandoned"):
+        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist), ctx.node)
