@@ -13,13 +13,16 @@ still prints JSON and ``--textfile`` still writes the file.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from pathlib import Path
 
 from ..common import serving_shape
-from ..common.files import Damaged, read_json_object
+from ..common.clock import age, is_time
+from ..common.files import Damaged, parse_json_object, read_json_object
+from ..common.release_files import read_release
 from ..common.http import http_get
 from ..common.locks import held_by
 from ..common.node_files import CURRENT, JOURNAL, LOCK, RELEASES
@@ -54,10 +57,12 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     if pid is not None:
         holder, damage = lock_holder_record(releases)
         started = holder.get("started_at")
-        age = time.time() - started if isinstance(started, (int, float)) else 0.0
+        since = f", {age(started)}" if is_time(started) else ""
         who = (f"pid {pid}; its record is damaged: {damage}" if damage else
-               f"{holder.get('user', '?')}@{holder.get('host', '?')} pid {pid}, release {holder.get('release', '?')}")
-        in_progress = Finding("release", WARNING, f"release in progress ({who}, {age:.0f} s): the node may be "
+               f"pid {pid}, its record not written yet" if not holder else
+               f"{holder.get('user', 'someone')}@{holder.get('host', 'a host')} pid {pid}, "
+               f"release {holder.get('release', '(not named)')}")
+        in_progress = Finding("release", WARNING, f"release in progress ({who}{since}): the node may be "
                               "drained until it ends")
     unfinished = None
     journal = releases / JOURNAL
@@ -66,9 +71,10 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
             record = read_json_object(journal) or {}
             if not isinstance(record.get("to"), str):
                 raise Damaged(journal, "no target release")
-            what = f"from {record.get('from')} to {record.get('to')}, started by pid {record.get('pid')}"
-        except Damaged:
-            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+            what = f"from {record.get('from') or '(no release)'} to {record['to']}" + (
+                f", started by pid {record['pid']}" if isinstance(record.get("pid"), int) else "")
+        except Damaged as err:
+            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable: {err.form}): check the node "
                                  f"('flatshare status'), then move {journal} aside (releases/README.md)")
             return in_progress, unfinished
         unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
@@ -77,16 +83,26 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
 
 
 def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
-    try:
-        serving = read_json_object(path, allow_symlink=True)
-    except Damaged as err:
-        return None, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")
-    if serving is None:
-        link = path.parent
-        if link.is_symlink() and not link.exists():
-            return None, Finding("release", UNKNOWN, f"{link}: points at release {link.readlink()}, which is not "
-                                 f"stored on {node}; run 'flatshare release' to switch it to a stored release")
+    """The active release's serving.json, read with the rest of the release and checked against its id
+    (common/release_files.py): a serving.json edited since it was stored is named, never checked against.
+    Links are followed (``current`` is one; a link to the right bytes makes the same id)."""
+    link = path.parent
+    if not (link.is_symlink() or link.exists()):
         return None, Finding("release", UNKNOWN, f"{path} not found: no active release on {node}")
+    if not link.is_symlink():
+        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else "not a symlink"
+        return None, Finding("release", UNKNOWN, f"{link}: is {kind}, not a link to a release; move it aside "
+                             "and run 'flatshare release' to point it at the checkout's release")
+    directory = Path(os.path.realpath(link))
+    if not directory.exists():
+        return None, Finding("release", UNKNOWN, f"{link}: points at release {os.readlink(link)}, which is not "
+                             f"stored on {node}; run 'flatshare release' to switch it to a stored release")
+    rid = directory.name
+    try:
+        serving = parse_json_object(path, read_release(directory, rid, follow_links=True)["serving.json"].encode())
+    except Damaged as err:
+        return None, Finding("release", UNKNOWN, f"{err}: the active release {rid} is damaged on {node}, so "
+                             "serving-check has nothing true to check against; release it again (flatshare release)")
     schema = serving.get("schema")
     if isinstance(schema, int) and schema > max(SERVING_SCHEMAS):
         return None, Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
@@ -217,7 +233,7 @@ def _explained_by_release(findings: list[Finding], first: int, releases: Path) -
     become WARNINGs (never OK) that say so, unless the release has held the lock for over an hour."""
     holder, _damage = lock_holder_record(releases)
     started = holder.get("started_at")
-    if isinstance(started, (int, float)) and time.time() - started > STALE_LOCK_S:
+    if is_time(started) and time.time() - started > STALE_LOCK_S:
         return
     for finding in findings[first:]:
         if finding.status == CRITICAL:

@@ -36,7 +36,7 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     except NodeStateError as err:
         return {"state": "unknown", "damaged": [str(err)]}
     try:
-        pending = journals.read_journal(ctx.state_dir)
+        pending = journals.read_journal(ctx.state_dir, ctx.node)
     except NodeStateError as err:
         pending, damaged = None, [str(err)]
     else:
@@ -77,6 +77,13 @@ def node_status(ctx: NodeContext) -> dict:
     if status["release"] is not None and not is_stored(ctx.state_dir, status["release"]):
         status["damaged"].append(f"{link}: points at release {status['release']}, which is not stored on the node; "
                                  "run 'flatshare release' to switch the node to a stored release")
+    elif status["release"] is not None:
+        from .bundle import stored_files
+
+        try:  # the active release, checked against its id as every reader of it does (node/bundle.py)
+            stored_files(ctx, status["release"])
+        except NodeStateError as err:
+            status["damaged"].append(f"the active release is damaged: {err}")
     pid = held_by(ctx.lock_path)
     if pid is not None:
         status["in_progress"] = describe_lock(ctx, pid)
@@ -89,7 +96,7 @@ def node_status(ctx: NodeContext) -> dict:
             status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
                                     "calls; 'flatshare release' to this node gives them back")
     try:
-        pending = journals.read_journal(ctx.state_dir)
+        pending = journals.read_journal(ctx.state_dir, ctx.node)
         status["switching"] = journals.journal_summary(pending) if pending else None
         status["switching_rollout"] = pending.rollout if pending else None
     except NodeStateError as err:
@@ -105,6 +112,10 @@ def node_status(ctx: NodeContext) -> dict:
         hist = read_history(ctx)
         status["last"] = hist.last()
         status["damaged"] += [f"{ctx.releases}/{note}" for note in hist.skipped]
+        if hist.disorder:
+            status["damaged"].append(f"{ctx.releases}/{hist.disorder}: no rollback target is decided from it; "
+                                     "put the lines in order or move the file aside")
+            return status
         served = histories.served_releases(hist)
         if status["release"] is None and served and not status["damaged"]:
             status["damaged"].append(f"{link}: missing, though the history says release {served[0]} served last; "

@@ -18,15 +18,17 @@ history record and the lock holder), not in the id.
 
 from __future__ import annotations
 
-import hashlib
 import os
 import re
+import stat
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..common import durable
+from ..common.files import what_is
 from ..common.node_files import CURRENT, RELEASES
+from ..common.release_files import release_id  # noqa: F401  (the id's one definition; node and tests use it here)
 from ..errors import NodeStateError
 
 #: What a release id may be: a plain directory name.
@@ -38,12 +40,29 @@ def releases_dir(state_dir: Path) -> Path:
     return Path(state_dir) / RELEASES
 
 
-def release_id(files: dict[str, str]) -> str:
-    """The id of a release made of ``files`` (relative name -> text): a digest of exactly what it renders."""
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
-    return digest.hexdigest()[:16]
+def ensure_releases_dir(state_dir: Path) -> Path:
+    """``STATE_DIR/releases``, made when missing.
+
+    Raises:
+        NodeStateError: something other than a directory is there (a file, a FIFO, a link...), or it cannot be
+            made (a read-only disk): named, with what to do.
+    """
+    root = releases_dir(state_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise NodeStateError(f"{root}: cannot be made ({err.strerror or err}); fix the state directory "
+                             f"{state_dir}, then run the command again") from None
+    try:
+        mode = os.lstat(root).st_mode
+    except OSError as err:
+        raise NodeStateError(f"{root}: cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISDIR(mode):
+        raise NodeStateError(f"{root}: is {what_is(mode)}, not the node's releases directory; move it aside "
+                             f"(mv {root} {root}.bad) and run the command again")
+    return root
 
 
 def store_release(state_dir: Path, rid: str, files: dict[str, str], replace: bool = False) -> Path:
@@ -56,8 +75,7 @@ def store_release(state_dir: Path, rid: str, files: dict[str, str], replace: boo
     Raises:
         OSError: the disk is full or read-only; no partial release directory stays.
     """
-    root = releases_dir(state_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = ensure_releases_dir(state_dir)
     target = root / rid
     if target.is_dir() and not target.is_symlink() and not replace:
         return target
