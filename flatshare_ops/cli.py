@@ -394,7 +394,7 @@ def lock_acquire(
 @lock_app.command("status")
 def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
     """Who holds each node, and why (default: every node)."""
-    from .common.clock import utc_stamp
+    from .common.clock import is_time, utc_stamp
     from .common.text import one_line
 
     unknown = False
@@ -404,8 +404,9 @@ def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
             unknown = True
         elif answer.get("held"):
             hold = answer["hold"]
-            typer.echo(one_line(f"{name}: held by {hold.get('who')} since {utc_stamp(hold.get('since', 0))}: "
-                                f"{hold.get('message')}"))
+            since = f" since {utc_stamp(hold['since'])}" if is_time(hold.get("since")) else ""
+            typer.echo(one_line(f"{name}: held by {hold.get('who', 'someone (not recorded)')}{since}: "
+                                f"{hold.get('message', '(no message)')}"))
         else:
             typer.echo(f"{name}: not held")
     if unknown:
@@ -540,8 +541,9 @@ def status(
 ) -> None:
     """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
 
-    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file, a unit that is not active, or a
-    voice drain file left with no release running."""
+    Exit 5 when a node's state is damaged (a file named under "damaged", a history line skipped included);
+    else 1 when a node is unreachable, has an unfinished switch, a unit that is not active, or a voice drain
+    file left with no release running."""
     import json as _json
 
     from .control import commands
@@ -549,9 +551,11 @@ def status(
     reports = _fleet_answers(node, inventory, lambda t: commands.status(t.spec))
     healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
                   and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
+    damaged = any("error" not in r and r.get("damaged") for r in reports.values())
+    code = 0 if healthy else 5 if damaged else 1
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
-        raise typer.Exit(0 if healthy else 1)
+        raise typer.Exit(code)
     for name, report in reports.items():
         if "error" in report:
             typer.echo(f"{name}: UNKNOWN: {report['error']}")
@@ -570,7 +574,7 @@ def status(
             typer.echo(f"  not taking calls: {report['drain_left']}")
         for damage in report.get("damaged", []):
             typer.echo(f"  damaged: {damage}")
-    raise typer.Exit(0 if healthy else 1)
+    raise typer.Exit(code)
 
 
 @app.command("releases")
@@ -578,7 +582,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
     """The release history of each node (default: every node): what ran, what failed, what was rolled back.
 
     Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
-    from .common.clock import utc_stamp
+    from .common.clock import is_duration, is_time, utc_stamp
     from .control import commands
 
     unknown = False
@@ -590,17 +594,33 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
             continue
         for note in answer.get("skipped", []):
             typer.echo(f"  note: {note}")
+        if answer.get("disorder"):
+            typer.echo(f"  damaged: {answer['disorder']}: a rollback of {name} is refused until the lines are in "
+                       "order (or the file is moved aside)")
         for r in answer.get("records", []):
-            started = r.get("started_at")
-            when = utc_stamp(started) if isinstance(started, (int, float)) else "?"
-            what = r.get("result")
-            if what == "failed":
-                what = f"failed at {r.get('step')}: {r.get('reason')}"
-            typer.echo(f"  {when} {r.get('before') or '(none)'} -> {r.get('target')}: {what} "
-                       f"({r.get('duration_s')} s, by {r.get('user')}@{r.get('host')}"
-                       + (f", rollout {r['rollout']}" if r.get("rollout") else "")
-                       + (", forced" if r.get("forced") else "") + ")")
+            typer.echo(f"  {_history_line(r, is_time, is_duration, utc_stamp)}")
     raise typer.Exit(1 if unknown else 0)
+
+
+def _history_line(r: dict, is_time, is_duration, utc_stamp) -> str:
+    """One history record for people: when, from -> to, what, (how long, by whom, rollout, forced); what a
+    record does not say is left out, never printed as None."""
+    started = r.get("started_at")
+    when = utc_stamp(started) if is_time(started) else "(start not recorded)"
+    what = r.get("result")
+    if what == "failed":
+        what = f"failed at {r.get('step') or 'an unnamed step'}: {r.get('reason') or 'no reason recorded'}"
+    details = []
+    if is_duration(r.get("duration_s")):
+        details.append(f"{r['duration_s']:g} s")
+    if isinstance(r.get("user"), str) and isinstance(r.get("host"), str):
+        details.append(f"by {r['user']}@{r['host']}")
+    if r.get("rollout"):
+        details.append(f"rollout {r['rollout']}")
+    if r.get("forced"):
+        details.append("forced")
+    return (f"{when} {r.get('before') or '(none)'} -> {r.get('target') or '(none)'}: {what}"
+            + (f" ({', '.join(details)})" if details else ""))
 
 
 def main() -> None:

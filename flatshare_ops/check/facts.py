@@ -37,16 +37,22 @@ def installed_vllm(venv: Path) -> str | None:
     ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
     without importing vLLM or importlib.metadata (which pulls in the email package).
     """
+    from ..common.files import open_regular
+
     for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
-        try:
-            with open(metadata, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break  # the headers end at the first blank line
+        try:  # never blocking on what is there (a FIFO is refused), and only the headers' first 64 KiB
+            fd = open_regular(metadata, follow=True)
+            try:
+                head = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
+            finally:
+                os.close(fd)
         except OSError:
             continue
+        for line in head.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip()
+            if not line.strip():
+                break  # the headers end at the first blank line
     return None
 
 
@@ -77,7 +83,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     """Sum Prometheus samples by metric name (labels dropped; an optional timestamp ignored).
 
     The text exposition format (docs/reference/monitoring.md): ``name{labels} value [timestamp]``,
-    comments start with ``#``; a line that is not a sample is skipped.
+    comments start with ``#``; a line that is not a sample is skipped, and so is a NaN or infinite value
+    (a sum over one is no count; the JSON report never carries one).
     """
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -88,9 +95,11 @@ def parse_metrics(text: str) -> dict[str, float]:
         if sample is None:
             continue
         try:
-            values[sample[0]] = values.get(sample[0], 0.0) + float(sample[1])
+            value = float(sample[1])
         except ValueError:
             continue
+        if value == value and value not in (float("inf"), float("-inf")):  # NaN and +Inf sum to nothing true
+            values[sample[0]] = values.get(sample[0], 0.0) + value
     return values
 
 
@@ -166,6 +175,7 @@ def switch_started_at(releases: Path) -> float | None:
     "switching.json"). Its ``started_at`` when the journal reads as a JSON object with a finite number
     there; otherwise (damaged) the file's last change, which the switch started no later than.
     """
+    from ..common.clock import is_time
     from ..common.files import Damaged, read_json_object
     from ..common.node_files import JOURNAL
 
@@ -177,8 +187,8 @@ def switch_started_at(releases: Path) -> float | None:
     if record is None:
         return None
     started = record.get("started_at")
-    if isinstance(started, (int, float)) and not isinstance(started, bool):
-        return float(started)  # the JSON reader refuses NaN and Infinity (common.files)
+    if is_time(started):
+        return float(started)  # the JSON reader refuses NaN and Infinity (common.files); is_time 1e300
     try:
         return os.lstat(journal).st_mtime
     except OSError:

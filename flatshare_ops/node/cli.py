@@ -18,7 +18,6 @@ Exit codes are :class:`flatshare_ops.errors.Exit`'s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -27,7 +26,7 @@ import time
 from pathlib import Path
 
 from ..common import protocol
-from ..common.files import loads
+from ..common.files import dumps, loads
 from ..errors import Exit, FlatshareError
 
 #: How long the node waits for the operator's answer to an admission request (seconds).
@@ -164,7 +163,10 @@ def switch(args) -> int:
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
                       dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
                       auto_rollback=not args.no_auto_rollback)
-    ctx.releases.mkdir(parents=True, exist_ok=True)
+    try:
+        ctx.releases.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # the switch names it (node/store.py ensure_releases_dir); release.log then says it is not kept
     out = ReleaseOutput(None if args.dry_run else ctx.log_path, nonblocking=True)
     out.watch_hangup()
 
@@ -226,7 +228,7 @@ def _keep(ctx, outcome, out) -> None:
 
     try:
         outcomes.append(ctx, outcome)
-    except OSError as err:
+    except (OSError, ValueError) as err:
         out.line(f"note: this command's outcome could not be kept in {ctx.releases / outcomes.OUTCOMES} "
                  f"({describe_failure(err)}); it was still sent, and the history records any switch")
 
@@ -242,13 +244,13 @@ def main(argv: list[str] | None = None) -> None:
             from .status import node_status, switch_state
 
             ctx = _context(args)
-            print(json.dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
+            print(dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
             code = 0
         elif args.command == "history":
             from .records import read_history
 
             hist = read_history(_context(args))
-            print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))
+            print(dumps({"records": hist.records, "skipped": hist.skipped, "disorder": hist.disorder}, sort_keys=True))
             code = 0
         elif args.command == "hold":
             from . import hold
@@ -264,16 +266,16 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 current = hold.read_hold(ctx)
                 answer = {"held": current is not None, "hold": current}
-            print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
+            print(dumps({"node": ctx.node, **answer}, sort_keys=True))
         elif args.command == "module":
             from .probe import built_module
 
-            print(json.dumps(built_module(_context(args), args.path), sort_keys=True))
+            print(dumps(built_module(_context(args), args.path), sort_keys=True))
             code = 0
         else:
             from .probe import probe
 
-            print(json.dumps(probe(_context(args)), sort_keys=True))
+            print(dumps(probe(_context(args)), sort_keys=True))
             code = 0
     except FlatshareError as err:
         print(f"flatshare-node: {err}", file=sys.stderr if args.command != "switch" else sys.stdout)

@@ -8,8 +8,8 @@ pid written in a file, and reading it never takes it (:func:`held_by`).
 
 from __future__ import annotations
 
+import errno
 import getpass
-import json
 import os
 import socket
 import time
@@ -17,7 +17,8 @@ from contextlib import contextmanager
 from typing import Iterator
 
 from ..common import durable
-from ..common.clock import utc_stamp
+from ..common.files import dumps
+from ..common.clock import is_time, utc_stamp
 from ..common.locks import held_by, read_holder
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
@@ -27,10 +28,13 @@ def describe_holder(record: dict, pid: int | None, damage: str | None = None) ->
     """``root@host pid 123 (release X, since 2026-...)`` for messages; a damaged record is named, not printed."""
     if damage:
         return f"pid {pid} (the holder's record is damaged: {damage})"
+    who = pid if pid is not None else record.get("pid")
+    if not record:
+        return f"pid {who} (its record, lock.json, is not written yet or was removed)"
     since = record.get("started_at")
-    when = utc_stamp(since) if isinstance(since, (int, float)) else "unknown time"
-    return (f"{record.get('user', '?')}@{record.get('host', '?')} pid {pid if pid is not None else record.get('pid')} "
-            f"(release {record.get('release', '?')}, since {when})")
+    when = f", since {utc_stamp(since)}" if is_time(since) else ""
+    return (f"{record.get('user', 'someone')}@{record.get('host', 'a host')} pid {who} "
+            f"(release {record.get('release', '(not named)')}{when})")
 
 
 def describe_lock(ctx: NodeContext, pid: int | None) -> str:
@@ -53,7 +57,9 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
     """
     from filelock import FileLock, Timeout  # here: status and the admission probe only read the lock table
 
-    ctx.releases.mkdir(parents=True, exist_ok=True)
+    from .store import ensure_releases_dir
+
+    ensure_releases_dir(ctx.state_dir)
     path = ctx.lock_path
     if path.is_symlink() or (path.exists() and not path.is_file()):
         kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
@@ -66,13 +72,20 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         who = describe_lock(ctx, held_by(ctx.lock_path))
         raise Refused(f"{action} refused: {ctx.node} is being released by {who}; wait for it to finish") from None
     except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            # Not damage: the disk (or the directory) does not take writes, so no switch could keep its journal.
+            what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS else
+                    f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})")
+            raise Refused(f"{action} refused: {ctx.node}'s state directory {ctx.releases} {what}: its lock "
+                          f"{path.name} cannot be taken, and nothing was changed; make it writable (remount it "
+                          "read-write, or fix its permissions), then run the command again") from None
         raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
                              "the command again") from None
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
               "release": release, "started_at": time.time()}
     try:
         try:
-            durable.write_atomic(ctx.holder_path, (json.dumps(holder) + "\n").encode())
+            durable.write_atomic(ctx.holder_path, (dumps(holder) + "\n").encode())
         except OSError:
             pass  # lock.json only informs people; the kernel's lock is what holds
         yield

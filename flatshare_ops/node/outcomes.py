@@ -13,18 +13,19 @@ node/status.py.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 
 from ..common import durable
-from ..common.files import Damaged, loads, read_bytes
+from ..common.files import Damaged, dumps, loads, read_bytes
 from ..common.protocol import Outcome
 from .context import NodeContext
 
 OUTCOMES = "outcomes.jsonl"
 #: How many outcomes the file keeps (the newest); it is rewritten down to this when it has twice as many.
 KEEP = 200
+#: The most the file may hold (bytes): twice KEEP outcomes, with room for long messages.
+MAX_BYTES = 4 << 20
 
 
 def append(ctx: NodeContext, outcome: Outcome) -> None:
@@ -33,10 +34,14 @@ def append(ctx: NodeContext, outcome: Outcome) -> None:
 
     Raises:
         OSError: the record could not be written (the caller says so; the outcome itself still went out).
+        ValueError: the outcome holds a number that is not finite (a bug: nothing is written).
     """
     path = ctx.releases / OUTCOMES
-    durable.append_line(path, json.dumps({**asdict(outcome), "node": ctx.node, "at": time.time()}, sort_keys=True))
-    lines = (read_bytes(path) or b"").splitlines()
+    durable.append_line(path, dumps({**asdict(outcome), "node": ctx.node, "at": time.time()}, sort_keys=True))
+    try:
+        lines = (read_bytes(path, limit=MAX_BYTES) or b"").splitlines()
+    except Damaged:
+        return  # damaged since (too large, replaced): find() names nothing from it; the outcome went out
     if len(lines) > 2 * KEEP:
         durable.write_atomic(path, b"\n".join(lines[-KEEP:]) + b"\n")
 
@@ -44,7 +49,7 @@ def append(ctx: NodeContext, outcome: Outcome) -> None:
 def find(ctx: NodeContext, switch_id: str) -> dict | None:
     """The newest recorded outcome of switch ``switch_id`` on this node, or None (damaged lines are skipped)."""
     try:
-        raw = read_bytes(ctx.releases / OUTCOMES)
+        raw = read_bytes(ctx.releases / OUTCOMES, limit=MAX_BYTES)
     except Damaged:
         return None
     found = None
