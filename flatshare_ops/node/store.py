@@ -33,6 +33,8 @@ from ..errors import NodeStateError
 
 #: What a release id may be: a plain directory name.
 RELEASE_ID = re.compile(r"^[A-Za-z0-9][A-Za-z0-9._-]{0,127}$")
+#: What release_id makes (and so the name of every release this node stored): 16 hex digits.
+RELEASE_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 
 def releases_dir(state_dir: Path) -> Path:
@@ -142,13 +144,15 @@ def switch_current(state_dir: Path, rid: str) -> None:
 
 
 def stored_releases(state_dir: Path) -> list[str]:
-    """The ids of every release directory on the node."""
+    """The ids of every release directory on the node: directories named as release_id names them (16 hex
+    digits), so that nothing else there (a node file that became a directory: damage named where it is read)
+    is ever taken for a release, or pruned as one."""
     root = releases_dir(state_dir)
     try:
         entries = sorted(root.iterdir())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return [p.name for p in entries if not p.name.startswith(".") and p.name != CURRENT and is_stored(state_dir, p.name)]
+    return [p.name for p in entries if RELEASE_DIGEST.match(p.name) and is_stored(state_dir, p.name)]
 
 
 def remove_release(state_dir: Path, rid: str) -> None:
