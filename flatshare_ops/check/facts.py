@@ -37,23 +37,33 @@ def installed_vllm(venv: Path) -> str | None:
     ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
     without importing vLLM or importlib.metadata (which pulls in the email package).
     """
+    return vllm_metadata(venv)[0]
+
+
+def vllm_metadata(venv: Path) -> tuple[str | None, str | None]:
+    """(the vLLM release installed in ``venv``, or None; why none could be read, or None): see
+    :func:`installed_vllm`. A METADATA that is not a regular file (a FIFO, a device) is never waited on,
+    and is named (``.../METADATA: is a FIFO (named pipe), not a regular file``)."""
     from ..common.files import open_regular
 
+    trouble = None
     for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
-        try:  # never blocking on what is there (a FIFO is refused), and only the headers' first 64 KiB
+        try:  # never blocking on what is there, and only the headers' first 64 KiB
             fd = open_regular(metadata, follow=True)
             try:
                 head = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
             finally:
                 os.close(fd)
-        except OSError:
+        except OSError as err:
+            trouble = f"{metadata}: {err.strerror or err}"
             continue
         for line in head.splitlines():
             if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip()
+                return line.split(":", 1)[1].strip(), None
             if not line.strip():
                 break  # the headers end at the first blank line
-    return None
+        trouble = f"{metadata}: no Version: header"
+    return None, trouble
 
 
 def _split_sample(line: str) -> tuple[str, str] | None:

@@ -223,14 +223,16 @@ def switch(args) -> int:
 
 def _keep(ctx, outcome, out) -> None:
     """Keep the outcome on the node for a follow-up (node/outcomes.py); a failed write is said, never fatal."""
+    from ..common.files import Damaged
     from . import outcomes
     from .runner import describe_failure
 
     try:
         outcomes.append(ctx, outcome)
     except (OSError, ValueError) as err:
+        why = err.form if isinstance(err, Damaged) else describe_failure(err)
         out.line(f"note: this command's outcome could not be kept in {ctx.releases / outcomes.OUTCOMES} "
-                 f"({describe_failure(err)}); it was still sent, and the history records any switch")
+                 f"({why}); it was still sent, and the history records any switch")
 
 
 def main(argv: list[str] | None = None) -> None:

@@ -12,12 +12,13 @@ import errno
 import getpass
 import os
 import socket
+import stat
 import time
 from contextlib import contextmanager
 from typing import Iterator
 
 from ..common import durable
-from ..common.files import dumps
+from ..common.files import dumps, what_is
 from ..common.clock import is_time, utc_stamp
 from ..common.locks import held_by, read_holder
 from ..errors import NodeStateError, Refused
@@ -61,9 +62,15 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
 
     ensure_releases_dir(ctx.state_dir)
     path = ctx.lock_path
-    if path.is_symlink() or (path.exists() and not path.is_file()):
-        kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
-        raise NodeStateError(f"{path}: is {kind}, not the lock file; no release can hold it: remove it "
+    try:
+        mode = os.lstat(path).st_mode
+    except FileNotFoundError:
+        mode = None
+    except OSError as err:
+        raise NodeStateError(f"{path}: cannot be read ({err.strerror or err}); fix or remove it and run the command "
+                             "again") from None
+    if mode is not None and not stat.S_ISREG(mode):
+        raise NodeStateError(f"{path}: is {what_is(mode)}, not the lock file; no release can hold it: remove it "
                              f"(rm -r {path}) and run the command again")
     lock = FileLock(str(path))
     try:

@@ -59,7 +59,7 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
     Raises:
         Refused: E2 drop-ins are linked (without ``force``), or the engine venv lacks the release's vLLM.
     """
-    from ..check.facts import installed_vllm
+    from ..check.facts import vllm_metadata
 
     links = e2_drop_ins(ctx, serving)
     if links and not force:
@@ -71,11 +71,12 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
         )
     if links:
         out.line(f"--force: releasing with E2 drop-ins linked: {'; '.join(links)}")
-    installed = installed_vllm(Path(serving["engine"]["venv"]))
+    installed, trouble = vllm_metadata(Path(serving["engine"]["venv"]))
     if installed != serving["vllm_release"]:
         raise Refused(
             f"{action} refused: {ctx.node}'s engine venv {serving['engine']['venv']} has vLLM "
-            f"{installed or 'not installed'}, the release needs {serving['vllm_release']}; install it first"
+            f"{installed or 'not installed'}" + (f" ({trouble})" if trouble and not installed else "")
+            + f", the release needs {serving['vllm_release']}; install it first"
         )
     return bool(links)
 

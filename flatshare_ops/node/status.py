@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from .. import systemd
+from ..common.files import Damaged
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
 from . import history as histories, journal as journals
@@ -50,7 +51,10 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         return {"state": "interrupted", "journal": journals.journal_summary(pending)}
     if holder is not None:
         return {"state": "switching", "journal": None, "pid": holder}
-    kept = find(ctx, switch_id)
+    try:
+        kept = find(ctx, switch_id)
+    except Damaged as err:
+        kept, damaged = None, [*damaged, f"{err}; what switch commands ended with cannot be read: move it aside"]
     if kept is not None:
         return {"state": "ended", "outcome": kept}
     return {"state": "unknown", "damaged": damaged}
@@ -95,6 +99,12 @@ def node_status(ctx: NodeContext) -> dict:
         if isinstance(drain, str) and os.path.exists(drain):  # a dangling link drains nobody
             status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
                                     "calls; 'flatshare release' to this node gives them back")
+    from .hold import read_hold
+
+    try:  # the operator's hold: shown by 'flatshare lock status'; here only its damage, which refuses releases
+        read_hold(ctx)
+    except NodeStateError as err:
+        status["damaged"].append(str(err))
     try:
         pending = journals.read_journal(ctx.state_dir, ctx.node)
         status["switching"] = journals.journal_summary(pending) if pending else None
