@@ -518,7 +518,8 @@ def test_an_edited_rollback_target_is_refused_by_its_id_and_nothing_is_drained_o
         assert (dry.code, rollback.code) == (5, 5), dry.text + rollback.text
         for run in (dry, rollback):
             assert "Traceback" not in run.text
-            assert one_line_naming(run.text, rf"releases/{r.target}\b", rf"its files make release [0-9a-f]{{16}}, not {r.target}")
+            assert one_line_naming(run.text, rf"releases/{r.target}\b",
+                                   rf"its files make release [0-9a-f]{{16}}, not {r.target}"), run.text
         # The truth: history untouched (the breaker's edit would have removed it), nothing drained or restarted.
         assert cyan.history.read_bytes() == history
         assert cyan.invocation() == engine and cyan.current() == r.active
@@ -620,7 +621,8 @@ OPENED = [
     Opened("hold.json", lambda n: n.releases / "hold.json", "switch", (5,), r"hold\.json"),
     Opened(".lock", lambda n: n.releases / ".lock", "switch", (5,), r"releases/\.lock\b"),
     # what a command ended with: not kept, said, the switch's own result stands
-    Opened("outcomes.jsonl", lambda n: n.releases / "outcomes.jsonl", "switch", (0,), r"could not be kept in .*outcomes\.jsonl"),
+    Opened("outcomes.jsonl", lambda n: n.releases / "outcomes.jsonl", "switch", (0,),
+           r"could not be kept in .*outcomes\.jsonl"),
     # who holds the lock, for people only: never read by the switch, never written through
     Opened("lock.json", lambda n: n.releases / "lock.json", "switch", (0,), None),
     # the voice drain files: the drain cannot begin, or cannot be confirmed: an early end, named, calls given back
@@ -840,7 +842,8 @@ def test_a_journal_with_a_number_that_is_no_number_is_refused_and_nothing_is_wri
         _, status = cyan.status()
         for run in (release, rollback):
             assert run.code == 5 and "Traceback" not in run.text, run.text
-            assert one_line_naming(run.text, r"switching\.json", rf"{re.escape(literal)}|not a JSON number|too large"), run.text
+            assert one_line_naming(run.text, r"switching\.json", rf"{re.escape(literal)}|not a JSON number|too large"), \
+                run.text
         assert status["switching"] == "unreadable journal" and any("switching.json" in d for d in status["damaged"])
         # The case: the rollback wrote NaN into history, whose reader then skipped the record.
         assert cyan.history.read_bytes() == history and cyan.invocation() == engine
@@ -890,7 +893,8 @@ def test_a_record_with_a_number_that_is_no_number_is_named_by_whoever_reads_it(c
         path.write_bytes(with_literal({**document, key: MARK}, literal))
         if file == "hold.json":
             run = cyan.switch(cyan.bundle())
-            assert run.code == 5 and one_line_naming(run.text, r"hold\.json", r"RFC 8259|not a JSON number|too large"), run.text
+            assert run.code == 5, run.text
+            assert one_line_naming(run.text, r"hold\.json", r"RFC 8259|not a JSON number|too large"), run.text
             return
         lock = lock_held(cyan)
         lock.acquire(timeout=0)
@@ -1009,7 +1013,8 @@ def test_a_history_whose_order_disagrees_with_its_times_decides_no_rollback_targ
         undo = cyan.switch(None, "--undo-rollout", "any-rollout")
         for run in (dry, rollback, undo):
             assert run.code == 5 and "Traceback" not in run.text, run.text
-            assert one_line_naming(run.text, rf"history\.jsonl:{len(lines)}\b", r"before line \d+ above it.*rollback target"), run.text
+            assert one_line_naming(run.text, rf"history\.jsonl:{len(lines)}\b",
+                                   r"before line \d+ above it.*rollback target"), run.text
         assert cyan.history.read_bytes() == before and cyan.invocation() == engine  # nothing done
         operator = cyan.cli("status", "--node", CYAN)
         assert operator.returncode == 5 and one_line_naming(operator.stdout, r"history\.jsonl", r"times disagree"), \
@@ -1040,7 +1045,8 @@ def test_a_record_of_an_unknown_schema_or_of_another_node_is_named_and_not_used(
         listing = json.loads(cyan.command("history").stdout)
         dry = cyan.switch(None, "--rollback", "--dry-run")
         operator = cyan.cli("releases", "--node", CYAN)
-    said = r"schema 3, which this flatshare-ops does not read" if foreign == "schema 3" else r"of node 'peacock', not of cyan"
+    said = (r"schema 3, which this flatshare-ops does not read" if foreign == "schema 3"
+            else r"of node 'peacock', not of cyan")
     assert not any(x.get("switch") == record["switch"] for x in listing["records"])
     assert any(note.startswith(f"history.jsonl:{line}: ") and re.search(said, note) for note in listing["skipped"])
     assert dry.code == 0 and f"-> {r.target} (rollback)" in dry.text, dry.text  # the target is as before

@@ -201,7 +201,7 @@ def test_a_release_holding_the_lock_is_a_warning_never_ok(sandbox):
     try:
         result = _check(sandbox)
         assert result.returncode == 1, result.stdout
-        assert f"WARNING release: release in progress (?@? pid {os.getpid()}" in result.stdout
+        assert f"WARNING release: release in progress (pid {os.getpid()}, its record not written yet" in result.stdout
         assert "installed unit(s) differ from the release (a release in progress explains this)" in result.stdout
     finally:
         lock.release()

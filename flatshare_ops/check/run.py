@@ -74,8 +74,9 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
             what = f"from {record.get('from') or '(no release)'} to {record['to']}" + (
                 f", started by pid {record['pid']}" if isinstance(record.get("pid"), int) else "")
         except Damaged as err:
-            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable: {err.form}): check the node "
-                                 f"('flatshare status'), then move {journal} aside (releases/README.md)")
+            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable): check the node "
+                                 f"('flatshare status'), then move {journal} aside (releases/README.md); it is "
+                                 f"damaged: {err.form}")
             return in_progress, unfinished
         unfinished = Finding("release", WARNING, f"unfinished switch ({what}); run 'flatshare release' to finish "
                              "it, or 'flatshare rollback' to abandon it")
@@ -101,17 +102,33 @@ def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
     try:
         serving = parse_json_object(path, read_release(directory, rid, follow_links=True)["serving.json"].encode())
     except Damaged as err:
+        newer = _newer_schema(path)
+        if newer:  # made by a newer flatshare-ops, which may make its releases otherwise: that is what to say
+            return None, newer
         return None, Finding("release", UNKNOWN, f"{err}: the active release {rid} is damaged on {node}, so "
                              "serving-check has nothing true to check against; release it again (flatshare release)")
-    schema = serving.get("schema")
-    if isinstance(schema, int) and schema > max(SERVING_SCHEMAS):
-        return None, Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
-                             f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
+    newer = _newer_schema(path, serving)
+    if newer:
+        return None, newer
     wrong = serving_shape.problem(serving)
     if wrong:
         return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json ({wrong}); "
                              "reinstall the release (flatshare release)")
     return serving, None
+
+
+def _newer_schema(path: Path, serving: dict | None = None) -> Finding | None:
+    """UNKNOWN when serving.json (read here, bounded, when not given) says a schema newer than this check knows."""
+    if serving is None:
+        try:
+            serving = read_json_object(path, allow_symlink=True) or {}
+        except Damaged:
+            return None
+    schema = serving.get("schema")
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > max(SERVING_SCHEMAS):
+        return Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
+                       f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
+    return None
 
 
 def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, inside_release: bool = False,

@@ -126,6 +126,15 @@ def open_regular(path: Path, flags: int = os.O_RDONLY, mode: int = 0o644, follow
     return fd
 
 
+def _not_a_file(err: NotAFile) -> str:
+    """The form of a :class:`NotAFile`: ``is a directory, not a file``, ``is a symlink (to X), not a file``, or
+    ``is not a regular file (a FIFO (named pipe))`` for what is neither."""
+    what = err.strerror.removeprefix("is ").removesuffix(", not a regular file")
+    if what == "a directory" or what.startswith(("a symlink", "a dangling symlink")):
+        return f"is {what}, not a file"
+    return f"is not a regular file ({what})"
+
+
 def _size(n: int) -> str:
     return f"{n / (1 << 20):.1f} MiB" if n >= 1 << 20 else f"{n} bytes"
 
@@ -146,7 +155,7 @@ def read_bytes(path: Path, allow_symlink: bool = False, limit: int = MAX_BYTES) 
             raise Damaged(path, f"is {_link_text(path, dangling=True)}, not a file") from None
         return None
     except NotAFile as err:
-        raise Damaged(path, f"{err.strerror.removesuffix(', not a regular file')}, not a file") from None
+        raise Damaged(path, _not_a_file(err)) from None
     except OSError as err:
         raise Damaged(path, f"unreadable ({err.strerror or err})") from None
     try:
@@ -246,7 +255,7 @@ def json_damage(err: ValueError) -> str:
     if isinstance(err, TooDeep):
         return f"JSON {err} (flatshare-ops never writes such a file)"
     if isinstance(err, NotFinite):
-        return f"not JSON as RFC 8259 reads it ({err}; NaN and infinities are no numbers)"
+        return f"not JSON ({err})"  # RFC 8259 has no NaN, no infinities, no number beyond a float's range
     return f"not JSON ({err})"
 
 

@@ -96,11 +96,14 @@ def read_journal(state_dir: Path, node: str) -> Journal | None:
               f"aside (mv {path} {path}.bad) and run 'flatshare release' to switch the node again")
     try:
         raw = read_bytes(path)
-        if raw is None:
-            return None
-        document = parse_json_object(path, raw)
     except Damaged as err:
         raise JournalError(f"{path}: damaged journal: {err.form}; {advice}") from None
+    if raw is None:
+        return None
+    try:
+        document = parse_json_object(path, raw)
+    except Damaged as err:
+        raise JournalError(f"{path}: corrupt or truncated journal ({err.form}); {advice}") from None
     try:
         journal = Journal.model_validate(document)
     except ValidationError as err:

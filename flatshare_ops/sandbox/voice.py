@@ -136,9 +136,10 @@ class Worker:
         if not self.drain_file.exists():
             return None
         try:
-            return (read_bytes(self.drain_file, allow_symlink=True) or b"").decode(errors="replace").strip() or "unnamed"
+            text = (read_bytes(self.drain_file, allow_symlink=True) or b"").decode(errors="replace")
         except Damaged:
             return "unnamed"
+        return text.strip() or "unnamed"
 
 
 def _number(query: dict, name: str, default: str, kind: type = float, least: float = 0):
