@@ -1150,3 +1150,29 @@ def test_status_exits_1_for_an_unfinished_switch_and_5_for_damage(cyan):
         broken = cyan.cli("status", "--node", CYAN)
     assert unfinished.returncode == 1 and "UNFINISHED switch" in unfinished.stdout, unfinished.stdout
     assert broken.returncode == 5 and one_line_naming(broken.stdout, r"switching\.json", r"not JSON"), broken.stdout
+
+
+@pytest.mark.parametrize("when", ["1e300", "-1", "ten years ahead"])
+def test_a_journal_whose_start_is_no_time_is_refused(cyan, when):
+    value = str(time.time() + 10 * 365 * 86400) if when == "ten years ahead" else when
+    history = cyan.history.read_bytes()
+    with damaged(cyan.journal):
+        cyan.journal.write_bytes(with_literal(journal_document(cyan, started_at=MARK), value))
+        rollback = cyan.switch(None, "--rollback")
+    assert rollback.code == 5 and one_line_naming(rollback.text, r"switching\.json", r"started_at: must be a time"), \
+        rollback.text
+    assert cyan.history.read_bytes() == history
+
+
+def test_a_record_from_the_future_is_never_copied_into_new_records_and_its_order_is_named(cyan):
+    ahead = time.time() + 10 * 365 * 86400
+    record = {**cyan.records()[-1], "switch": "ahead-" + uuid.uuid4().hex[:8], "finished_at": ahead}
+    with damaged(cyan.history):
+        with open(cyan.history, "ab") as f:
+            f.write(json.dumps(record).encode() + b"\n")
+        release = cyan.switch(cyan.fresh())
+        written = cyan.records()[-1]
+        dry = cyan.switch(None, "--rollback", "--dry-run")
+    assert release.code == 0, release.text
+    assert written["switch"] == release.outcome["switch"] and written["finished_at"] < time.time() + 60, written
+    assert dry.code == 5 and one_line_naming(dry.text, r"history\.jsonl:\d+", r"times disagree"), dry.text

@@ -138,11 +138,15 @@ def switch(args) -> int:
     stdin = _Stdin()
     mode = "undo-rollout" if args.undo_rollout else "rollback" if args.rollback else "release"
     if args.bundle_file is not None:
+        from ..common.files import Damaged, read_bytes
+
         try:
-            first = args.bundle_file.read_text()
-            if not str(args.bundle_file).startswith("/dev/fd/"):
+            if str(args.bundle_file).startswith("/dev/fd/"):
+                first = args.bundle_file.read_text()  # the entry point's pipe: written whole and closed, never waits
+            else:  # a file in releases/.incoming/: read bounded, never blocking on what is there
+                first = (read_bytes(args.bundle_file, limit=256 << 20) or b"").decode("utf-8", errors="replace")
                 args.bundle_file.unlink()
-        except OSError as err:
+        except (OSError, Damaged) as err:
             raise FlatshareError(f"node switch: cannot read the bundle {args.bundle_file} ({err})") from None
     else:
         first = stdin.line(30.0)

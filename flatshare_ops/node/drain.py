@@ -73,8 +73,14 @@ def _written_at(status: dict) -> float:
     return float(value) if is_time(value) else 0.0
 
 
+#: How far ahead of this clock a status may say it was written (seconds): more is a time that is no time yet.
+AHEAD_S = 5.0
+
+
 def _trusted(status: dict | None, drain: VoiceDrain) -> bool:
-    return bool(status) and status.get("drain_id") == drain.drain_id and _written_at(status) >= drain.began_at
+    """Written for this drain, after it began, and not in the future (a damaged file's year 9999 is no news)."""
+    return bool(status) and status.get("drain_id") == drain.drain_id \
+        and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S
 
 
 def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:

@@ -23,9 +23,16 @@ from ..errors import NodeStateError
 from ..schema_errors import one_line
 
 StepState = Literal["pending", "running", "done", "failed"]
+#: How far ahead of this node's clock a journal's time may be (seconds): a switch that began is never later.
+AHEAD_S = 86400.0
+
+
 def _time(value: float) -> float:
     if not is_time(value):
         raise ValueError(f"must be a time (Unix seconds, from 1970 to 9999), got {value!r}")
+    if value > time.time() + AHEAD_S:
+        raise ValueError(f"must be a time that has come (the switch began), got {value!r}, over a day ahead of this "
+                         "node's clock")
     return value
 
 

@@ -23,6 +23,8 @@ import os
 import subprocess
 from pathlib import Path
 
+from ..common.files import loads
+
 #: How long the parse may take (seconds): importing vLLM is most of it.
 PARSE_TIMEOUT_S = 180.0
 #: The parse script, run by the engine venv's interpreter.
@@ -71,7 +73,7 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         stderr.seek(0)
         output, errors = stdout.read(), stderr.read()
     try:
-        answer = json.loads(output)
+        answer = loads(output)  # bounded, RFC 8259 numbers (common/files.py)
         if not isinstance(answer, dict) or "ok" not in answer:
             raise ValueError("not a parse result")
         return answer

@@ -18,6 +18,8 @@ from . import history as histories, journal as journals
 from .context import NodeContext
 from .output import ReleaseOutput
 
+#: How far the clock may have been set back while the history still reads in order (seconds).
+SET_BACK_S = 3600.0
 #: What a successful switch of each kind is recorded as.
 SUCCESS = {"release": "released", "rollback": "rolled back", "repair": "repaired"}
 
@@ -45,9 +47,12 @@ def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: st
     switch's start or the newest record of ``hist``: with the clock set back, the history still reads in
     order (its reader checks the order against these times: node/history.py).
     """
-    latest = max((r["finished_at"] for r in (hist.records if hist else []) if is_time(r.get("finished_at"))),
-                 default=0.0)
-    now = max(time.time(), journal.started_at, latest)
+    clock = time.time()
+    # A clock set back (up to SET_BACK_S) keeps the order; a record further ahead is damage (named by the reader's
+    # order check), never copied into new records.
+    latest = max((r["finished_at"] for r in (hist.records if hist else [])
+                  if is_time(r.get("finished_at")) and r["finished_at"] <= clock + SET_BACK_S), default=0.0)
+    now = max(clock, journal.started_at, latest)  # the journal's start is never a day ahead (node/journal.py)
     return {"switch": journal.switch, "rollout": journal.rollout, "node": ctx.node, "kind": journal.kind,
             "result": result, "step": step, "reason": reason, "before": journal.from_, "after": after,
             "target": journal.to, "served": served, "commit": journal.commit, "user": journal.user,
