@@ -105,8 +105,10 @@ def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
         newer = _newer_schema(path)
         if newer:  # made by a newer flatshare-ops, which may make its releases otherwise: that is what to say
             return None, newer
-        return None, Finding("release", UNKNOWN, f"{err}: the active release {rid} is damaged on {node}, so "
-                             "serving-check has nothing true to check against; release it again (flatshare release)")
+        inside = _what_is_wrong(path) if err.path == directory else None
+        return None, Finding("release", UNKNOWN, f"{err}" + (f" ({inside})" if inside else "") + f": the active "
+                             f"release {rid} is damaged on {node}, so serving-check has nothing true to check "
+                             "against; release it again (flatshare release)")
     newer = _newer_schema(path, serving)
     if newer:
         return None, newer
@@ -115,6 +117,16 @@ def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
         return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json ({wrong}); "
                              "reinstall the release (flatshare release)")
     return serving, None
+
+
+def _what_is_wrong(path: Path) -> str | None:
+    """What is wrong with a damaged release's serving.json itself, when something is (said beside the digest)."""
+    try:
+        serving = read_json_object(path, allow_symlink=True)
+    except Damaged as err:
+        return str(err)
+    wrong = serving_shape.problem(serving) if serving is not None else "missing"
+    return f"{path}: not a release's serving.json ({wrong})" if wrong else None
 
 
 def _newer_schema(path: Path, serving: dict | None = None) -> Finding | None:
