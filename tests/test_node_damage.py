@@ -639,7 +639,7 @@ OPENED = [
     Opened("serve module", _module, "serving-check", (2,), r"serve module .*not a regular file"),
     Opened("serve module (probe)", _module, "module", (0,), r"not a regular file"),
     Opened("active serving.json (check)", lambda n: _active(n) / "serving.json", "serving-check", (3,),
-           r"serving\.json.*not a file"),
+           r"serving\.json.*(not a file|not a regular file)"),
     # the switcher's note and the switcher itself: checked, never waited on (status still answers)
     Opened("switcher note", lambda n: _active(n) / "switcher", "status", (0,), None),
     Opened("switcher file", _switcher_file, "status", (0,), None),

@@ -9,13 +9,15 @@ once by ``flatshare node bootstrap``, only:
    :data:`PROTOCOL`) and ``lock_sha256`` (the sha256 of the checkout's
    requirements.lock, which must be the lock this node's venv was installed
    from); anything it cannot run is refused in one line, exit 3;
-2. unpacks the switcher into ``releases/.switchers/SHA256/`` (checked against
-   its sha256; kept, content-addressed), and
+2. unpacks the switcher into ``releases/.switchers/SHA256/`` (the zip checked
+   against its sha256 and kept there; an unpacked tree is used only when it is
+   exactly the zip, else unpacked again: :func:`_tree_matches`), and
 3. runs it with this venv's interpreter and dependencies.
 
 Commands without a bundle (status, history, probe, rollback...) run the
 switcher of the node's active release (a rollback runs the switcher of the
-release it leaves), or the installed code when there is none. Standard
+release it leaves), checked against its kept zip the same way, or the installed
+code when there is none or it cannot be checked (said on stderr). Standard
 library only, and kept small: its protocol is the contract between every
 checkout and every node.
 """
