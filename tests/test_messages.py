@@ -197,7 +197,7 @@ def test_messages_built_from_switching_json_name_what_it_lacks(node):
     def produce(fields: dict) -> list[str]:
         (node.releases / "switching.json").write_text(json.dumps(fields))
         try:
-            summary = journal_summary(read_journal(node.state_dir))
+            summary = journal_summary(read_journal(node.state_dir, "cyan"))
         except JournalError as err:
             summary = str(err)
         _, unfinished = release_state(node.releases)

@@ -397,23 +397,24 @@ def case(file, form, release=(0,), dry=(0,), named="", serving=True, named_if_fa
 CASES = [
     # The active release's serving.json: the release replaces that release (whole switch, a note), the dry
     # run plans around it, serving-check (which reads it) is UNKNOWN naming it.
-    case("serving.json", "missing", named="RDC"),
-    case("serving.json", "empty", named="RDC"),
-    case("serving.json", "torn", named="RDC"),
-    case("serving.json", "wrong-shape", named="RDC"),
-    case("serving.json", "wrong-types", named="RDC"),
-    case("serving.json", "directory", named="RDC"),
+    case("serving.json", "missing", named="RDSC"),
+    case("serving.json", "empty", named="RDSC"),
+    case("serving.json", "torn", named="RDSC"),
+    case("serving.json", "wrong-shape", named="RDSC"),
+    case("serving.json", "wrong-types", named="RDSC"),
+    case("serving.json", "directory", named="RDSC"),
     # serving-check reads serving.json through links on purpose (current is one): a link to intact content
-    # is no damage to it (exit 0); the release, which must trust the file, names it.
-    case("serving.json", "symlink", named="RD"),
-    case("serving.json", "dangling", named="RDC"),
-    # The active release's engine unit (serving-check compares the *installed* units, not these).
-    case("units", "missing", named="RD"),
-    case("units", "empty", named="RD"),
-    case("units", "torn", named="RD"),
-    case("units", "not-utf8", named="RD"),
-    case("units", "directory", named="RD"),
-    case("units", "dangling", named="RD"),
+    # is no damage to it (exit 0); the release and status, which must trust the file, name it.
+    case("serving.json", "symlink", named="RDS"),
+    case("serving.json", "dangling", named="RDSC"),
+    # The active release's engine unit: status and serving-check read the active release whole, checked against
+    # its id (issue 22), so they name it too.
+    case("units", "missing", named="RDSC"),
+    case("units", "empty", named="RDSC"),
+    case("units", "torn", named="RDSC"),
+    case("units", "not-utf8", named="RDSC"),
+    case("units", "directory", named="RDSC"),
+    case("units", "dangling", named="RDSC"),
     # releases/current: not a link to a release id -> exit 5 and 'move it aside' (release, rollback);
     # serving-check reads it by the same rule (common/current_link.py): UNKNOWN, naming it.
     case("current", "regular-file", release=(5,), dry=(5,), named="RDSC"),
@@ -615,10 +616,11 @@ def judge(c: Case, results: dict[str, subprocess.CompletedProcess]) -> list[str]
     allowed = {
         "release": c.release,
         "rollback --dry-run": c.dry,
-        # status: exit 1 when a node has a damaged file (README/cli.py docstring); serving-check: Nagios codes,
+        # status: exit 5 when a node's state is damaged, 1 when it is otherwise unwell (a drain file left) (cli.py
+        # docstring; test_node_damage.py holds each code to its case); serving-check: Nagios codes,
         # WARNING/CRITICAL/UNKNOWN for what it reads. The history listing's exit code is
         # test_flatshare_releases_exits_non_zero_when_a_history_cannot_be_read's subject.
-        "status": (1,) if "status" in named else (0,),
+        "status": (1, 5) if "status" in named else (0,),
         "serving-check": (1, 2, 3) if "serving-check" in named else (0,),
         "releases": None if "releases" in named else (0,),
     }

@@ -13,10 +13,11 @@ Exit codes follow the Nagios plugin convention: 0 OK, 1 WARNING, 2 CRITICAL,
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import sys
 from pathlib import Path
+
+from ..common.files import dumps
 
 DEFAULT_STATE_DIR = Path("/var/lib/flatshare")
 
@@ -73,7 +74,7 @@ def _print_report(report, args) -> None:
     from .report import nagios_text
 
     if args.json:
-        print(json.dumps(report.to_json(), indent=2, sort_keys=True))
+        print(dumps(report.to_json(), indent=2, sort_keys=True))
     elif not (args.quiet and report.status == "OK"):
         sys.stdout.write(nagios_text(report))
 
@@ -95,7 +96,7 @@ def main(argv: list[str] | None = None) -> None:
             from .report import UNKNOWN, Finding, Report
 
             node = os.environ.get("FLATSHARE_NODE") or os.uname().nodename
-            print(json.dumps(Report(node, [Finding("serving_check", UNKNOWN, message)]).to_json(), sort_keys=True))
+            print(dumps(Report(node, [Finding("serving_check", UNKNOWN, message)]).to_json(), sort_keys=True))
         else:
             print(f"SERVING-CHECK UNKNOWN - {message}")
         sys.exit(3)

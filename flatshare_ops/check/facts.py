@@ -37,17 +37,33 @@ def installed_vllm(venv: Path) -> str | None:
     ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
     without importing vLLM or importlib.metadata (which pulls in the email package).
     """
+    return vllm_metadata(venv)[0]
+
+
+def vllm_metadata(venv: Path) -> tuple[str | None, str | None]:
+    """(the vLLM release installed in ``venv``, or None; why none could be read, or None): see
+    :func:`installed_vllm`. A METADATA that is not a regular file (a FIFO, a device) is never waited on,
+    and is named (``.../METADATA: is a FIFO (named pipe), not a regular file``)."""
+    from ..common.files import open_regular
+
+    trouble = None
     for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
-        try:
-            with open(metadata, encoding="utf-8", errors="replace") as f:
-                for line in f:
-                    if line.startswith("Version:"):
-                        return line.split(":", 1)[1].strip()
-                    if not line.strip():
-                        break  # the headers end at the first blank line
-        except OSError:
+        try:  # never blocking on what is there, and only the headers' first 64 KiB
+            fd = open_regular(metadata, follow=True)
+            try:
+                head = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
+            finally:
+                os.close(fd)
+        except OSError as err:
+            trouble = f"{metadata}: {err.strerror or err}"
             continue
-    return None
+        for line in head.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip(), None
+            if not line.strip():
+                break  # the headers end at the first blank line
+        trouble = f"{metadata}: no Version: header"
+    return None, trouble
 
 
 def _split_sample(line: str) -> tuple[str, str] | None:
@@ -77,7 +93,8 @@ def parse_metrics(text: str) -> dict[str, float]:
     """Sum Prometheus samples by metric name (labels dropped; an optional timestamp ignored).
 
     The text exposition format (docs/reference/monitoring.md): ``name{labels} value [timestamp]``,
-    comments start with ``#``; a line that is not a sample is skipped.
+    comments start with ``#``; a line that is not a sample is skipped, and so is a NaN or infinite value
+    (a sum over one is no count; the JSON report never carries one).
     """
     values: dict[str, float] = {}
     for line in text.splitlines():
@@ -88,9 +105,11 @@ def parse_metrics(text: str) -> dict[str, float]:
         if sample is None:
             continue
         try:
-            values[sample[0]] = values.get(sample[0], 0.0) + float(sample[1])
+            value = float(sample[1])
         except ValueError:
             continue
+        if value == value and value not in (float("inf"), float("-inf")):  # NaN and +Inf sum to nothing true
+            values[sample[0]] = values.get(sample[0], 0.0) + value
     return values
 
 
@@ -200,6 +219,7 @@ def switch_started_at(releases: Path) -> float | None:
     "switching.json"). Its ``started_at`` when the journal reads as a JSON object with a finite number
     there; otherwise (damaged) the file's last change, which the switch started no later than.
     """
+    from ..common.clock import is_time
     from ..common.files import Damaged, read_json_object
     from ..common.node_files import JOURNAL
 
@@ -211,8 +231,8 @@ def switch_started_at(releases: Path) -> float | None:
     if record is None:
         return None
     started = record.get("started_at")
-    if isinstance(started, (int, float)) and not isinstance(started, bool):
-        return float(started)  # the JSON reader refuses NaN and Infinity (common.files)
+    if is_time(started):
+        return float(started)  # the JSON reader refuses NaN and Infinity (common.files); is_time 1e300
     try:
         return os.lstat(journal).st_mtime
     except OSError:

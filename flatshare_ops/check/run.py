@@ -13,13 +13,16 @@ still prints JSON and ``--textfile`` still writes the file.
 
 from __future__ import annotations
 
+import os
 import signal
 import threading
 import time
 from pathlib import Path
 
 from ..common import serving_shape
-from ..common.files import Damaged, read_json_object
+from ..common.clock import age, is_time
+from ..common.files import Damaged, parse_json_object, read_json_object
+from ..common.release_files import read_release
 from ..common.http import http_get
 from ..common.locks import LockTableError, release_holder
 from ..common.current_link import CurrentLinkError, read_current
@@ -67,10 +70,9 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     if pid is not None:
         holder, damage = lock_holder_record(releases)
         started = holder.get("started_at") if not damage else None
-        age = (f" for {time.time() - started:.0f} s" if isinstance(started, (int, float))
-               and not isinstance(started, bool) else "")
+        held_for = f" for {max(0.0, time.time() - started):.0f} s" if is_time(started) else ""
         in_progress = Finding("release", WARNING, f"release in progress by {holder_phrase(holder, pid, damage)}"
-                              f"{age}: the node may be drained until it ends")
+                              f"{held_for}: the node may be drained until it ends")
     unfinished = None
     journal = releases / JOURNAL
     if pid is None and (journal.exists() or journal.is_symlink()):
@@ -80,7 +82,7 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
                 raise Damaged(journal, "no target release: its to is missing or not text")
             what = _journal_words(record)
         except Damaged as err:
-            unfinished = Finding("release", WARNING, f"unfinished switch, its journal unreadable ({err.form}): check the node "
+            unfinished = Finding("release", WARNING, f"unfinished switch (journal unreadable: {err.form}): check the node "
                                  f"('flatshare status'), then move {journal} aside (releases/README.md)")
             return in_progress, unfinished
         unfinished = Finding("release", WARNING, f"unfinished switch {what}; run 'flatshare release' to finish "
@@ -104,25 +106,63 @@ def _journal_words(record: dict) -> str:
 
 
 def _read_serving(path: Path, node: str) -> tuple[dict | None, Finding | None]:
-    try:
-        serving = read_json_object(path, allow_symlink=True)
-    except Damaged as err:
-        return None, Finding("release", UNKNOWN, f"{err}; reinstall the release (flatshare release)")
-    if serving is None:
-        link = path.parent
-        if link.is_symlink() and not link.exists():
-            return None, Finding("release", UNKNOWN, f"{link}: points at release {link.readlink()}, which is not "
-                                 f"stored on {node}; run 'flatshare release' to switch it to a stored release")
+    """The active release's serving.json, read with the rest of the release and checked against its id
+    (common/release_files.py): a serving.json edited since it was stored is named, never checked against.
+    Links are followed (``current`` is one; a link to the right bytes makes the same id)."""
+    link = path.parent
+    if not (link.is_symlink() or link.exists()):
         return None, Finding("release", UNKNOWN, f"{path} not found: no active release on {node}")
-    schema = serving.get("schema")
-    if isinstance(schema, int) and schema > max(SERVING_SCHEMAS):
-        return None, Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
-                             f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
+    if not link.is_symlink():
+        kind = "a directory" if link.is_dir() else "a regular file" if link.is_file() else "not a symlink"
+        return None, Finding("release", UNKNOWN, f"{link}: is {kind}, not a link to a release; move it aside "
+                             "and run 'flatshare release' to point it at the checkout's release")
+    directory = Path(os.path.realpath(link))
+    if not directory.exists():
+        return None, Finding("release", UNKNOWN, f"{link}: points at release {os.readlink(link)}, which is not "
+                             f"stored on {node}; run 'flatshare release' to switch it to a stored release")
+    rid = directory.name
+    try:
+        serving = parse_json_object(path, read_release(directory, rid, follow_links=True)["serving.json"].encode())
+    except Damaged as err:
+        newer = _newer_schema(path)
+        if newer:  # made by a newer flatshare-ops, which may make its releases otherwise: that is what to say
+            return None, newer
+        inside = _what_is_wrong(path) if err.path == directory else None
+        return None, Finding("release", UNKNOWN, f"{err}" + (f" ({inside})" if inside else "") + f": the active "
+                             f"release {rid} is damaged on {node}, so serving-check has nothing true to check "
+                             "against; release it again (flatshare release)")
+    newer = _newer_schema(path, serving)
+    if newer:
+        return None, newer
     wrong = serving_shape.problem(serving)
     if wrong:
         return None, Finding("release", UNKNOWN, f"{path}: not a release's serving.json ({wrong}); "
                              "reinstall the release (flatshare release)")
     return serving, None
+
+
+def _what_is_wrong(path: Path) -> str | None:
+    """What is wrong with a damaged release's serving.json itself, when something is (said beside the digest)."""
+    try:
+        serving = read_json_object(path, allow_symlink=True)
+    except Damaged as err:
+        return str(err)
+    wrong = serving_shape.problem(serving) if serving is not None else "missing"
+    return f"{path}: not a release's serving.json ({wrong})" if wrong else None
+
+
+def _newer_schema(path: Path, serving: dict | None = None) -> Finding | None:
+    """UNKNOWN when serving.json (read here, bounded, when not given) says a schema newer than this check knows."""
+    if serving is None:
+        try:
+            serving = read_json_object(path, allow_symlink=True) or {}
+        except Damaged:
+            return None
+    schema = serving.get("schema")
+    if isinstance(schema, int) and not isinstance(schema, bool) and schema > max(SERVING_SCHEMAS):
+        return Finding("release", UNKNOWN, f"{path}: serving.json schema {schema} is newer than this "
+                       f"serving-check knows ({max(SERVING_SCHEMAS)}); update flatshare-ops on the node")
+    return None
 
 
 def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, inside_release: bool = False,
@@ -258,7 +298,7 @@ def _explained_by_release(findings: list[Finding], first: int, releases: Path) -
     become WARNINGs (never OK) that say so, unless the release has held the lock for over an hour."""
     holder, _damage = lock_holder_record(releases)
     started = holder.get("started_at")
-    if isinstance(started, (int, float)) and time.time() - started > STALE_LOCK_S:
+    if is_time(started) and time.time() - started > STALE_LOCK_S:
         return
     for finding in findings[first:]:
         if finding.status == CRITICAL:

@@ -61,24 +61,26 @@ def status(
 ) -> None:
     """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
 
-    Exit 1 when a node is unreachable, has an unfinished switch, a damaged file, a unit that is not active, or a
-    voice drain file left with no release running."""
+    Exit 5 when a node's state is damaged (a file named under "damaged", a history line skipped included);
+    else 1 when a node is unreachable, has an unfinished switch, a unit that is not active, or a voice drain
+    file left with no release running."""
     import json as _json
 
     from ..control import commands
+    from ..control.answers import status_lines
 
     reports = fleet_answers(node, inventory, lambda t: commands.status(t.spec))
     healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
                   and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
+    damaged = any("error" not in r and r.get("damaged") for r in reports.values())
+    code = 0 if healthy else 5 if damaged else 1
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
-        raise typer.Exit(0 if healthy else 1)
-    from ..control.answers import status_lines
-
+        raise typer.Exit(code)
     for name, report in reports.items():
         for line in status_lines(name, report):
             typer.echo(line)
-    raise typer.Exit(0 if healthy else 1)
+    raise typer.Exit(code)
 
 
 @app.command("releases")
@@ -99,6 +101,9 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
             continue
         for note in answer.get("skipped", []):
             typer.echo(f"  note: {one_line(note)}")
+        if answer.get("disorder"):
+            typer.echo(f"  damaged: {one_line(str(answer['disorder']))}: a rollback of {name} is refused until the "
+                       "lines are in order (or the file is moved aside)")
         for r in answer.get("records", []):
             typer.echo(f"  {history_line(r if isinstance(r, dict) else {})}")
     raise typer.Exit(1 if unknown else 0)

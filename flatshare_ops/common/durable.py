@@ -13,8 +13,11 @@ is what lets the launcher wrap them. Standard library only.
 from __future__ import annotations
 
 import os
+import stat
 import tempfile
 from pathlib import Path
+
+from .files import NotAFile, open_regular, what_is
 
 
 def fsync_dir(path: Path) -> None:
@@ -39,12 +42,22 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, owner: tuple[int, i
         mode: permission bits of the new file.
         owner: (uid, gid) to give the new file (kept from the file it replaces), or None.
 
+    A regular file or a symlink at ``path`` is replaced (a link is never written through); a
+    directory, a FIFO, a socket or a device there is refused, and nothing is written.
+
     Raises:
+        NotAFile: a directory, FIFO, socket or device is at ``path``.
         OSError: the directory is not writable or the disk is full (ENOSPC,
             EROFS, EIO...); the old file, if any, is then left unchanged and
             no temporary file stays behind.
     """
     path = Path(path)
+    try:
+        kind = os.lstat(path).st_mode
+    except FileNotFoundError:
+        kind = None
+    if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
+        raise NotAFile(path, what_is(kind))
     fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
     try:
         with os.fdopen(fd, "wb") as f:
@@ -68,12 +81,16 @@ def append_line(path: Path, line: str) -> None:
     next append starts with a newline first, so the torn line never swallows
     the new record (readers skip the torn line).
 
+    The file is opened without following a link or blocking (:func:`.files.open_regular`): only a
+    regular file is ever appended to.
+
     Raises:
+        NotAFile: a symlink, directory, FIFO, socket or device is at ``path`` (nothing is written).
         OSError: the file cannot be opened or written (ENOSPC, EIO...).
     """
     if "\n" in line:
         raise ValueError("a record must be one line")
-    fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
+    fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         size = os.fstat(fd).st_size
         prefix = b""

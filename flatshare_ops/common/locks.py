@@ -24,6 +24,7 @@ from __future__ import annotations
 import os
 from pathlib import Path
 
+from .clock import is_time
 from .files import Damaged, read_json_object
 from .node_files import LOCK, RELEASES
 
@@ -47,6 +48,10 @@ def read_holder(path: Path) -> tuple[dict, str | None]:
     for key, kind in fields.items():
         if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool)):
             return {}, f"{Path(path).name}: {key} is {type(record[key]).__name__} (the wrong shape)"
+    if "started_at" in record and not is_time(record["started_at"]):
+        return {}, f"{Path(path).name}: started_at {record['started_at']!r} is not a time"
+    if "pid" in record and record["pid"] <= 0:
+        return {}, f"{Path(path).name}: pid {record['pid']} is not a process id"
     return record, None
 
 

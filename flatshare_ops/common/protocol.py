@@ -90,12 +90,12 @@ _KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome)}
 
 def line(message: AdmitRequest | AdmitAnswer | Outcome) -> str:
     """The message as one protocol line (with its newline): ``::flatshare:KIND {json}``."""
-    return f"{PREFIX}{message.kind} {json.dumps(asdict(message), sort_keys=True)}\n"
+    return f"{PREFIX}{message.kind} {json.dumps(asdict(message), sort_keys=True, allow_nan=False)}\n"
 
 
 def answer_line(message: AdmitAnswer) -> str:
     """An :class:`AdmitAnswer` as the node reads it on stdin: one JSON object and a newline."""
-    return json.dumps(asdict(message), sort_keys=True) + "\n"
+    return json.dumps(asdict(message), sort_keys=True, allow_nan=False) + "\n"
 
 
 def is_protocol(text: str) -> bool:
@@ -120,8 +120,10 @@ def parse_answer(text: str) -> AdmitAnswer | None:
 
 
 def _build(cls, text: str):
-    try:
-        document = json.loads(text)
+    from .files import loads
+
+    try:  # bounded, and RFC 8259's numbers: a NaN or an infinity is a damaged line, never half-believed
+        document = loads(text)
     except ValueError:
         return None
     if not isinstance(document, dict):

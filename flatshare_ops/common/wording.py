@@ -38,9 +38,12 @@ def int_field(record: Mapping, key: str) -> int | None:
 
 
 def time_field(record: Mapping, key: str) -> str | None:
-    """``record[key]`` (Unix seconds) as a UTC stamp, or None when it is not a number."""
+    """``record[key]`` (Unix seconds) as a UTC stamp, or None when it is no time (common/clock.py ``is_time``:
+    not a number, NaN, an infinity, before 1970 or past 9999)."""
+    from .clock import is_time
+
     value = number_field(record, key)
-    return utc_stamp(value) if value is not None else None
+    return utc_stamp(value) if value is not None and is_time(value) else None
 
 
 def listing(words: list[str], last: str = "or") -> str:

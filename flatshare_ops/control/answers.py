@@ -9,6 +9,8 @@ each line says what the answer does say, and names what it does not
 
 from __future__ import annotations
 
+from ..common.clock import is_duration
+
 from ..common import protocol
 from ..common.text import one_line
 from ..common.wording import hold_phrase, int_field, not_recorded, text_field, time_field, who_phrase
@@ -87,7 +89,7 @@ def history_line(record: dict) -> str:
     else:
         what = result or "its result not recorded"
     duration = record.get("duration_s")
-    duration = f"{duration} s" if isinstance(duration, (int, float)) and not isinstance(duration, bool) else None
+    duration = f"{duration:g} s" if is_duration(duration) else None  # never "inf s" or "-3 s"
     who = who_phrase(text_field(record, "user"), text_field(record, "host"))
     details = [d for d in (duration, f"by {who}" if who else None) if d]
     if text_field(record, "rollout"):

@@ -8,10 +8,10 @@ error), and the others are still reported.
 
 from __future__ import annotations
 
-import json
 import threading
 from typing import Callable
 
+from ..common.files import loads
 from ..errors import FlatshareError, TransportError
 from .targets import NodeTarget
 
@@ -63,13 +63,13 @@ def answer_of(result) -> object:
         ValueError: neither is JSON (the caller names it with :func:`not_an_answer`).
     """
     try:
-        return json.loads(result.output)
+        return loads(result.output)
     except ValueError as err:
         lines = [line for line in result.output.splitlines() if line.strip()]
         if len(lines) < 2:
             raise
         try:
-            return json.loads(lines[-1])
+            return loads(lines[-1])
         except ValueError:
             raise err from None
 

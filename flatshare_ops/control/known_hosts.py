@@ -68,8 +68,8 @@ def _text(path: Path) -> str | None:
     """
     from ..common.files import Damaged, read_bytes
 
-    try:
-        raw = read_bytes(path, allow_symlink=True)
+    try:  # bounded (a large fleet's file is a few MiB), never blocking on what is there
+        raw = read_bytes(path, allow_symlink=True, limit=64 << 20)
     except Damaged as err:
         raise TransportError(f"known_hosts file {err}") from None
     return None if raw is None else raw.decode("utf-8", errors="replace")
@@ -98,6 +98,12 @@ def read(path: Path) -> KnownHosts:
         raise TransportError(f"known_hosts file {path} not found; add the nodes' host keys first")
     known = KnownHosts(path)
     for number, raw in enumerate(text.splitlines(), 1):
+        if raw.startswith("\ufeff"):
+            # An editor's byte-order mark: OpenSSH reads it as part of the first hostname, which then matches
+            # no host; so do we, and say so (the line is otherwise easy to take for a good one).
+            known.notes.append(f"{path}:{number}: starts with a byte-order mark (U+FEFF, written by some editors), "
+                               "which OpenSSH reads as part of the hostname; line skipped: save the file without it")
+            continue
         line = raw.strip()
         if not line or line.startswith("#"):
             continue

@@ -11,20 +11,14 @@ its id is damage, named, with nothing done.
 from __future__ import annotations
 
 import hashlib
-import json
-import re
 
 from ..common import serving_shape
-from ..common.files import Damaged, loads, read_bytes
+from ..common.files import Damaged, json_damage, loads, read_bytes
+from ..common.release_files import MAX_FILE_BYTES, RELEASE_FILE, read_release
 from ..errors import FlatshareError, NodeStateError
 from .context import NodeContext
 from .plan import ReleaseView
 from .store import RELEASE_ID, is_stored, release_id
-
-#: What a release's files may be called (the id covers exactly these).
-RELEASE_FILE = re.compile(r"^(serving\.json|profile\.json|units/[A-Za-z0-9@._-]+\.(service|target|timer))$")
-#: Files a stored release directory holds beside its release files (not covered by the id).
-BESIDE = ("switcher",)
 
 
 def validate_bundle(bundle: object) -> dict:
@@ -66,7 +60,7 @@ def _consistency(files: dict[str, str]) -> str | None:
     try:
         serving = loads(files["serving.json"])
     except ValueError as err:
-        return f"has a serving.json that is not JSON ({err})"
+        return f"has a serving.json that is {json_damage(err)}"
     wrong = serving_shape.problem(serving) if isinstance(serving, dict) else "not an object"
     if wrong:
         return f"has a serving.json that is not a release's serving.json ({wrong})"
@@ -83,7 +77,7 @@ def bundle_view(bundle: dict) -> ReleaseView:
     """The release a (validated) bundle carries, as the planner sees it."""
     files = bundle["files"]
     units = {name.removeprefix("units/"): text for name, text in files.items() if name.startswith("units/")}
-    return ReleaseView(bundle["id"], units, json.loads(files["serving.json"]))
+    return ReleaseView(bundle["id"], units, loads(files["serving.json"]))
 
 
 def stored_files(ctx: NodeContext, rid: str) -> dict[str, str]:
@@ -100,30 +94,31 @@ def stored_files(ctx: NodeContext, rid: str) -> dict[str, str]:
                              "release it again from a checkout that renders it ('flatshare release')")
     advice = (f"release {rid} is damaged on {ctx.node}; remove its directory (rm -r {directory}) and "
               "release it again ('flatshare release')")
-    files: dict[str, str] = {}
     try:
-        for path in sorted(directory.rglob("*")):
-            name = path.relative_to(directory).as_posix()
-            if path.is_dir() and not path.is_symlink() and name == "units" or name in BESIDE:
-                continue
-            if not RELEASE_FILE.match(name):
-                raise Damaged(path, "is not a file a release holds")
-            raw = read_bytes(path)
-            if raw is None:
-                raise Damaged(path, "vanished while read")
-            files[name] = raw.decode("utf-8")
+        files = read_release(directory, rid)
     except Damaged as err:
-        raise NodeStateError(f"{err}: {advice}") from None
-    except UnicodeDecodeError:
-        raise NodeStateError(f"{directory}: a file is not UTF-8 text: {advice}") from None
-    except OSError as err:
-        raise NodeStateError(f"{directory}: unreadable ({err.strerror or err}): {advice}") from None
-    digest = release_id(files)
-    if digest != rid:
-        wrong = _consistency(files)
-        raise NodeStateError(f"{directory}: its files make release {digest}, not {rid} "
-                             f"({wrong or 'a file was edited, added or removed'}): {advice}")
+        wrong = None
+        if err.path == directory and "its files make" in err.form:
+            wrong = _consistency(_readable(directory))
+        raise NodeStateError(f"{err}" + (f" ({wrong})" if wrong else "") + f": {advice}") from None
+    wrong = _consistency(files)
+    if wrong:  # files that make their id but are no release (a release made that way was never stored by us)
+        raise NodeStateError(f"{directory}: release {rid} {wrong}: {advice}")
     return files
+
+
+def _readable(directory) -> dict[str, str]:
+    """What can be read of a damaged release directory's files (bounded, never blocking), to say what is
+    wrong inside it."""
+    files = {}
+    for path in sorted(directory.rglob("*")):
+        name = path.relative_to(directory).as_posix()
+        if RELEASE_FILE.match(name):
+            try:
+                files[name] = (read_bytes(path, limit=MAX_FILE_BYTES) or b"").decode("utf-8", errors="replace")
+            except Damaged:
+                files[name] = ""
+    return files if "serving.json" in files else {"serving.json": ""}
 
 
 def load_view(ctx: NodeContext, rid: str) -> ReleaseView:

@@ -18,7 +18,7 @@ meets is the only judge, never whether flatshare-ops's own files can be read:
   fleet its last serving node.
 
 Kept light: the admission probe another node's release waits for imports
-only this, the lock table and the release store.
+only this, the lock table, the release store and the reader of a stored release.
 """
 
 from __future__ import annotations
@@ -29,7 +29,8 @@ from typing import TYPE_CHECKING
 
 from .. import systemd
 from ..common import serving_shape
-from ..common.files import Damaged, read_json_object
+from ..common.files import Damaged, loads
+from ..common.release_files import read_release
 from ..common.http import HTTP_TIMEOUT_S, http_get
 from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
 from ..errors import SystemdError
@@ -53,15 +54,19 @@ class Calls:
 
 
 def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
-    """The active release's serving.json, or None when there is none or it is damaged or of the wrong shape
-    (the callers fall back to the bundle's, or to nothing; the damage is named where it is read in full)."""
+    """The active release's serving.json, verified with the rest of the release against its id
+    (:func:`common.release_files.read_release`); None when there is none, or it is damaged or of the wrong
+    shape: an edited serving.json never names the addresses to ask or the drain file to remove (the callers
+    fall back to the bundle's, or to nothing; the damage is named where it is read in full: status, the
+    switch's plan, serving-check)."""
     if current is None:
         return None
     try:
-        serving = read_json_object(ctx.releases / current / "serving.json")
-    except Damaged:
+        files = read_release(ctx.releases / current, current)
+        serving = loads(files["serving.json"])
+    except (Damaged, ValueError):
         return None
-    return serving if serving is not None and not serving_shape.problem(serving) else None
+    return serving if isinstance(serving, dict) and not serving_shape.problem(serving) else None
 
 
 def node_calls(ctx: NodeContext, serving: dict | None, trusted: bool = True, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:

@@ -19,7 +19,6 @@ Exit codes are :class:`flatshare_ops.errors.Exit`'s.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import select
 import signal
@@ -28,7 +27,7 @@ import time
 from pathlib import Path
 
 from ..common import protocol
-from ..common.files import loads
+from ..common.files import dumps, loads
 from ..errors import Exit, FlatshareError
 
 #: How long the node waits for the operator's answer to an admission request (seconds).
@@ -146,11 +145,15 @@ def switch(args) -> int:
     stdin = _Stdin()
     mode = "undo-rollout" if args.undo_rollout else "rollback" if args.rollback else "release"
     if args.bundle_file is not None:
+        from ..common.files import Damaged, read_bytes
+
         try:
-            first = args.bundle_file.read_text()
-            if not str(args.bundle_file).startswith("/dev/fd/"):
+            if str(args.bundle_file).startswith("/dev/fd/"):
+                first = args.bundle_file.read_text()  # the entry point's pipe: written whole and closed, never waits
+            else:  # a file in releases/.incoming/: read bounded, never blocking on what is there
+                first = (read_bytes(args.bundle_file, limit=256 << 20) or b"").decode("utf-8", errors="replace")
                 args.bundle_file.unlink()
-        except OSError as err:
+        except (OSError, Damaged) as err:
             raise FlatshareError(f"node switch: cannot read the bundle {args.bundle_file} ({err})") from None
     else:
         first = stdin.line(30.0)
@@ -171,7 +174,10 @@ def switch(args) -> int:
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
                       dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
                       auto_rollback=not args.no_auto_rollback)
-    ctx.releases.mkdir(parents=True, exist_ok=True)
+    try:
+        ctx.releases.mkdir(parents=True, exist_ok=True)
+    except OSError:
+        pass  # the switch names it (node/store.py ensure_releases_dir); release.log then says it is not kept
     out = ReleaseOutput(None if args.dry_run else ctx.log_path, nonblocking=True)
     out.watch_hangup()
 
@@ -228,14 +234,16 @@ def switch(args) -> int:
 
 def _keep(ctx, outcome, out) -> None:
     """Keep the outcome on the node for a follow-up (node/outcomes.py); a failed write is said, never fatal."""
+    from ..common.files import Damaged
     from . import outcomes
     from .runner import describe_failure
 
     try:
         outcomes.append(ctx, outcome)
-    except OSError as err:
+    except (OSError, ValueError) as err:
+        why = err.form if isinstance(err, Damaged) else describe_failure(err)
         out.line(f"note: this command's outcome could not be kept in {ctx.releases / outcomes.OUTCOMES} "
-                 f"({describe_failure(err)}); it was still sent, and the history records any switch")
+                 f"({why}); it was still sent, and the history records any switch")
 
 
 def _record_analysis(args) -> int:
@@ -252,7 +260,7 @@ def _record_analysis(args) -> int:
     if not isinstance(document, dict):
         raise FlatshareError("node record-analysis: stdin is not an analysis document (a JSON object)")
     record = append_analysis(ctx, args.switch, args.rollout, current_release(ctx.state_dir), document)
-    print(json.dumps({"node": ctx.node, "recorded": bool(record)}, sort_keys=True))
+    print(dumps({"node": ctx.node, "recorded": bool(record)}, sort_keys=True))
     return 0
 
 
@@ -267,13 +275,13 @@ def main(argv: list[str] | None = None) -> None:
             from .status import node_status, switch_state
 
             ctx = _context(args)
-            print(json.dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
+            print(dumps(switch_state(ctx, args.switch) if args.switch else node_status(ctx), sort_keys=True))
             code = 0
         elif args.command == "history":
             from .records import read_history
 
             hist = read_history(_context(args))
-            print(json.dumps({"records": hist.records, "skipped": hist.skipped}, sort_keys=True))
+            print(dumps({"records": hist.records, "skipped": hist.skipped, "disorder": hist.disorder}, sort_keys=True))
             code = 0
         elif args.command == "hold":
             from . import hold
@@ -289,11 +297,11 @@ def main(argv: list[str] | None = None) -> None:
             else:
                 current = hold.read_hold(ctx)
                 answer = {"held": current is not None, "hold": current}
-            print(json.dumps({"node": ctx.node, **answer}, sort_keys=True))
+            print(dumps({"node": ctx.node, **answer}, sort_keys=True))
         elif args.command == "metrics":
             from .probe import engine_metrics
 
-            print(json.dumps(engine_metrics(_context(args)), sort_keys=True))
+            print(dumps(engine_metrics(_context(args)), sort_keys=True))
             code = 0
         elif args.command == "record-analysis":
             code = _record_analysis(args)
@@ -301,17 +309,17 @@ def main(argv: list[str] | None = None) -> None:
             from .lock_check import lock_check
 
             answer = lock_check(_context(args))
-            print(json.dumps(answer, sort_keys=True))
+            print(dumps(answer, sort_keys=True))
             code = 0 if answer["ok"] else int(Exit.FAILED)
         elif args.command == "module":
             from .probe import built_module
 
-            print(json.dumps(built_module(_context(args), args.path), sort_keys=True))
+            print(dumps(built_module(_context(args), args.path), sort_keys=True))
             code = 0
         else:
             from .probe import probe
 
-            print(json.dumps(probe(_context(args)), sort_keys=True))
+            print(dumps(probe(_context(args)), sort_keys=True))
             code = 0
     except FlatshareError as err:
         print(f"flatshare-node: {err}", file=sys.stderr if args.command != "switch" else sys.stdout)

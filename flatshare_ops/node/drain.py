@@ -12,13 +12,16 @@ The status file is JSON: ``{"state": "serving"|"draining"|"drained",
 
 from __future__ import annotations
 
+import os
+import stat
 import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
 
 from ..common import durable
-from ..common.files import Damaged, read_json_object
+from ..common.clock import is_time
+from ..common.files import Damaged, read_json_object, what_is
 from ..common.poll import poll_until
 from ..errors import Exit, FlatshareError
 
@@ -65,14 +68,19 @@ def begin(drain_file: Path, status_file: Path) -> VoiceDrain:
 
 
 def _written_at(status: dict) -> float:
-    try:
-        return float(status.get("written_at", 0))
-    except (TypeError, ValueError):
-        return 0.0
+    """When the worker wrote ``status`` (Unix seconds); 0 (older than any drain) when that is no time."""
+    value = status.get("written_at")
+    return float(value) if is_time(value) else 0.0
+
+
+#: How far ahead of this clock a status may say it was written (seconds): more is a time that is no time yet.
+AHEAD_S = 5.0
 
 
 def _trusted(status: dict | None, drain: VoiceDrain) -> bool:
-    return bool(status) and status.get("drain_id") == drain.drain_id and _written_at(status) >= drain.began_at
+    """Written for this drain, after it began, and not in the future (a damaged file's year 9999 is no news)."""
+    return bool(status) and status.get("drain_id") == drain.drain_id \
+        and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S
 
 
 def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
@@ -92,9 +100,12 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
     """
     seen: dict = {"calls": None}
     path = drain.status_file
-    if not path.is_symlink() and path.exists() and not path.is_file():
-        kind = "a directory" if path.is_dir() else "not a regular file"
-        raise DrainError(f"{path}: is {kind}: the voice worker cannot write its status there, so no drain can be "
+    try:
+        mode = os.lstat(path).st_mode
+    except OSError:
+        mode = None
+    if mode is not None and not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise DrainError(f"{path}: is {what_is(mode)}, not the voice worker's status file, so no drain can be "
                          f"confirmed; remove it (rm -r {path}) and release again")
 
     def drained() -> dict | None:
@@ -115,10 +126,13 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
 
     status = poll_until(drained, timeout_s, POLL_S, still)
     if status is None:
-        raise DrainError(
-            f"voice worker did not report drained for drain {drain.drain_id} within {timeout_s:g} s "
-            f"(last status: {read_status(drain.status_file)})"
-        )
+        try:
+            last = read_json_object(drain.status_file)
+            said = f"last status: {last}" if last is not None else f"no status in {drain.status_file}"
+        except Damaged as err:
+            said = f"its status file is damaged: {err}"
+        raise DrainError(f"voice worker did not report drained for drain {drain.drain_id} within {timeout_s:g} s "
+                         f"({said})")
     return status
 
 

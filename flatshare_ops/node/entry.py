@@ -9,13 +9,15 @@ once by ``flatshare node bootstrap``, only:
    :data:`PROTOCOL`) and ``lock_sha256`` (the sha256 of the checkout's
    requirements.lock, which must be the lock this node's venv was installed
    from); anything it cannot run is refused in one line, exit 3;
-2. unpacks the switcher into ``releases/.switchers/SHA256/`` (checked against
-   its sha256; kept, content-addressed), and
+2. unpacks the switcher into ``releases/.switchers/SHA256/`` (the zip checked
+   against its sha256 and kept there; an unpacked tree is used only when it is
+   exactly the zip, else unpacked again: :func:`_tree_matches`), and
 3. runs it with this venv's interpreter and dependencies.
 
 Commands without a bundle (status, history, probe, rollback...) run the
 switcher of the node's active release (a rollback runs the switcher of the
-release it leaves), or the installed code when there is none. Standard
+release it leaves), checked against its kept zip the same way, or the installed
+code when there is none or it cannot be checked (said on stderr). Standard
 library only, and kept small: its protocol is the contract between every
 checkout and every node.
 """
@@ -23,6 +25,7 @@ checkout and every node.
 from __future__ import annotations
 
 import base64
+import errno
 import hashlib
 import io
 import json
@@ -38,20 +41,28 @@ from flatshare_ops.common import protocol
 #: The bundle protocol this entry point runs (common/protocol.py: raise it only for a change an older
 #: entry point cannot run).
 PROTOCOL = protocol.VERSION
-#: Runs the switcher: argv[1] is the switcher directory ("" for the installed code).
+#: Runs the switcher: argv[1] is the switcher directory ("" for the installed code). A switcher runs without
+#: bytecode (none written, and a tree holding any is unpacked again: _tree_matches), so that what runs is
+#: exactly the source checked against the zip.
 BOOT = ("import sys; d = sys.argv[1]; sys.argv = ['flatshare-node'] + sys.argv[2:]; "
+        "sys.dont_write_bytecode = sys.dont_write_bytecode or bool(d); "
         "d and sys.path.insert(0, d); from flatshare_ops.node.cli import main; main()")
+#: The most the bundle's line on stdin may hold (bytes).
+MAX_BUNDLE_BYTES = 256 << 20
 REFUSED = 3
 BAD_INPUT = 2
 
 
 def installed_lock_sha256() -> str | None:
     """sha256 of the requirements.lock this venv was installed from (kept beside the venv), or None."""
+    from flatshare_ops.common.files import Damaged, read_bytes
+
     path = Path(sys.prefix).parent / "requirements.lock"
-    try:
-        return hashlib.sha256(path.read_bytes()).hexdigest()
-    except OSError:
+    try:  # bounded, never blocking on what is there
+        data = read_bytes(path, allow_symlink=True, limit=16 << 20)
+    except Damaged:
         return None
+    return hashlib.sha256(data).hexdigest() if data is not None else None
 
 
 def _option(argv: list[str], name: str) -> str | None:
@@ -72,10 +83,15 @@ def _first_line() -> bytes:
     process is replaced).
     """
     chunks: list[bytes] = []
+    size = 0
     while True:
         chunk = os.read(0, 1 << 20)
         if not chunk:
             return b"".join(chunks)
+        size += len(chunk)
+        if size > MAX_BUNDLE_BYTES:
+            _refuse(f"node switch: the bundle's line is longer than {MAX_BUNDLE_BYTES >> 20} MiB; make it with "
+                    "'flatshare release'", BAD_INPUT)
         end = chunk.find(b"\n")
         if end < 0:
             chunks.append(chunk)
@@ -94,37 +110,125 @@ def _refuse(message: str, code: int = REFUSED) -> None:
     sys.exit(code)
 
 
+#: The switcher's zip, kept in its directory: the truth the unpacked tree is checked against (its sha256 is
+#: the directory's name).
+KEPT_ZIP = "switcher.zip"
+#: The most a shipped switcher may hold, zipped (bytes; flatshare_ops/ is well under 1 MiB).
+MAX_ZIP_BYTES = 64 << 20
+
+
 def unpack(releases: Path, switcher: dict) -> Path:
-    """Unpack a shipped switcher into ``releases/.switchers/SHA256/`` (once); returns that directory.
+    """Unpack a shipped switcher into ``releases/.switchers/SHA256/``; returns that directory.
+
+    A directory already there is used only when its tree is exactly the zip (:func:`_tree_matches`);
+    otherwise (truncated, edited, a file added) it is unpacked again.
 
     Raises:
         ValueError: the zip does not match its sha256, or is not a zip of ``flatshare_ops/``.
+        OSError: the switcher could not be written.
     """
     data = base64.b64decode(switcher["zip_b64"], validate=True)
     digest = hashlib.sha256(data).hexdigest()
     if digest != switcher.get("sha256"):
         raise ValueError(f"the shipped switcher's sha256 is {digest}, not {switcher.get('sha256')}")
-    target = releases / ".switchers" / digest
-    if (target / "flatshare_ops" / "node" / "cli.py").is_file():
+    with zipfile.ZipFile(io.BytesIO(data)) as archive:
+        _check_members(archive)
+        return _put_in_place(releases / ".switchers" / digest, data, archive)
+
+
+def _check_members(archive: zipfile.ZipFile) -> None:
+    for info in archive.infolist():
+        name = info.filename
+        if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):
+            raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
+        if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000, 0o040000):
+            raise ValueError(f"the shipped switcher holds {name!r}, which is not a file or a directory")
+
+
+def _put_in_place(target: Path, data: bytes, archive: zipfile.ZipFile) -> Path:
+    """``target`` holding exactly ``archive`` (and its zip, :data:`KEPT_ZIP`): used as it is when it already
+    does, else unpacked afresh beside it and renamed into place (a damaged copy moved aside first)."""
+    if _tree_matches(target, archive) and _kept_zip(target) == data:
         _touch(target)
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{digest[:12]}.", dir=target.parent))
+    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}.", dir=target.parent))
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            for info in archive.infolist():
-                name = info.filename
-                if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):
-                    raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
-                if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000, 0o040000):
-                    raise ValueError(f"the shipped switcher holds {name!r}, which is not a file or a directory")
-            archive.extractall(scratch)
-        os.replace(scratch, target)
-    except BaseException:
+        archive.extractall(scratch)
+        (scratch / KEPT_ZIP).write_bytes(data)
+        for attempt in range(3):
+            try:
+                os.rename(scratch, target)
+                return target
+            except OSError as err:
+                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
+                    raise
+            if _tree_matches(target, archive) and _kept_zip(target) == data:
+                return target  # another command on this node put it right meanwhile
+            aside = target.with_name(f".damaged-{target.name[:12]}-{os.getpid()}-{attempt}")
+            try:
+                os.rename(target, aside)
+            except FileNotFoundError:
+                continue
+            if aside.is_dir() and not aside.is_symlink():
+                shutil.rmtree(aside, ignore_errors=True)
+            else:
+                aside.unlink(missing_ok=True)
+        raise OSError(errno.EEXIST, "another process keeps replacing it", str(target))
+    finally:
         shutil.rmtree(scratch, ignore_errors=True)
-        if not (target / "flatshare_ops").is_dir():
-            raise
-    return target
+
+
+def _kept_zip(target: Path) -> bytes | None:
+    """The zip kept in ``target`` when it is the one ``target`` is named after (its sha256), else None."""
+    from flatshare_ops.common.files import Damaged, read_bytes
+
+    try:
+        data = read_bytes(target / KEPT_ZIP, limit=MAX_ZIP_BYTES)
+    except Damaged:
+        return None
+    return data if data is not None and hashlib.sha256(data).hexdigest() == target.name else None
+
+
+def _tree_matches(target: Path, archive: zipfile.ZipFile) -> bool:
+    """Whether the unpacked tree at ``target`` is exactly the archive: every member a regular file of its
+    size and CRC-32 (read without blocking, links never followed), and nothing else but empty directories
+    and the kept zip (a ``__pycache__`` file counts as something else: switchers run without bytecode)."""
+    import stat
+    import zlib
+
+    from flatshare_ops.common.files import open_regular
+
+    expected = {i.filename: (i.file_size, i.CRC) for i in archive.infolist() if not i.is_dir()}
+    found = 0
+    try:
+        for top, dirs, names in os.walk(target):
+            for name in dirs:
+                if not stat.S_ISDIR(os.lstat(os.path.join(top, name)).st_mode):
+                    return False  # a link where a directory belongs
+            for name in names:
+                path = os.path.join(top, name)
+                relative = os.path.relpath(path, target)
+                if relative == KEPT_ZIP:
+                    continue
+                if relative not in expected:
+                    return False
+                size, crc = expected[relative]
+                fd = open_regular(Path(path))
+                try:
+                    if os.fstat(fd).st_size != size:
+                        return False
+                    value = 0
+                    while block := os.read(fd, 1 << 20):
+                        value = zlib.crc32(block, value)
+                finally:
+                    os.close(fd)
+                if value != crc:
+                    return False
+                found += 1
+    except OSError:
+        return False
+    return found == len(expected)
 
 
 def _touch(directory: Path) -> None:
@@ -136,16 +240,32 @@ def _touch(directory: Path) -> None:
 
 
 def active_switcher(releases: Path) -> Path | None:
-    """The switcher the active release was switched with (``releases/current/switcher``), if still unpacked."""
+    """The switcher the active release was switched with (``releases/current/switcher``), checked against
+    its kept zip and unpacked again from it when it does not match; None (the installed code runs) when
+    there is none, or it cannot be checked (said on stderr)."""
+    from flatshare_ops.common.files import Damaged, read_bytes
+
     try:
-        digest = (releases / "current" / "switcher").read_text().strip()
-    except OSError:
+        digest = (read_bytes(releases / "current" / "switcher", limit=4096) or b"").decode("ascii").strip()
+    except (Damaged, UnicodeDecodeError):
         return None
     directory = releases / ".switchers" / digest
-    if len(digest) == 64 and (directory / "flatshare_ops").is_dir():
-        _touch(directory)
-        return directory
-    return None
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest) or not os.path.lexists(directory):
+        return None
+    data = _kept_zip(directory)
+    if data is None:
+        print(f"flatshare-node: note: the active release's switcher {directory} cannot be checked (its "
+              f"{KEPT_ZIP} is missing or damaged): running the installed flatshare-ops instead; the next "
+              "release unpacks its switcher again", file=sys.stderr, flush=True)
+        return None
+    try:
+        with zipfile.ZipFile(io.BytesIO(data)) as archive:
+            _check_members(archive)
+            return _put_in_place(directory, data, archive)
+    except (ValueError, OSError, zipfile.BadZipFile) as err:
+        print(f"flatshare-node: note: the active release's switcher {directory} could not be unpacked again "
+              f"({err}): running the installed flatshare-ops instead", file=sys.stderr, flush=True)
+        return None
 
 
 def _run(switcher: Path | None, argv: list[str]) -> None:
@@ -163,11 +283,13 @@ def main() -> None:
     if not argv or argv[0] != "switch" or releases is None or _option(argv, "--rollback") is not None \
             or "--rollback" in argv or _option(argv, "--undo-rollout") is not None:
         _run(active_switcher(releases) if releases is not None else None, argv)
+    from flatshare_ops.common.files import loads
+
     line = _first_line()
     try:
-        bundle = json.loads(line) if line.strip() else {}
-    except ValueError:
-        _refuse('node switch: stdin is not JSON; expected a release bundle {"id", "files"}', BAD_INPUT)
+        bundle = loads(line) if line.strip() else {}
+    except ValueError as err:  # not JSON, nested too deeply, NaN or an infinity
+        _refuse(f'node switch: stdin is not JSON ({err}); expected a release bundle {{"id", "files"}}', BAD_INPUT)
     if not isinstance(bundle, dict):
         _refuse('node switch: the release bundle must be {"id": ..., "files": {...}}', BAD_INPUT)
     speaks = bundle.get("protocol", 1)
@@ -192,7 +314,11 @@ def main() -> None:
         except OSError as err:
             _refuse(f"release refused: cannot unpack the switcher into {releases} ({err.strerror or err})")
         bundle = {k: v for k, v in bundle.items() if k != "switcher"}
-    _run(switcher, [*argv, *_hand_over(releases, json.dumps(bundle).encode())])
+    try:
+        handed = _hand_over(releases, json.dumps(bundle).encode())
+    except OSError as err:
+        _refuse(f"release refused: cannot hand the bundle over in {releases} ({err.strerror or err})")
+    _run(switcher, [*argv, *handed])
 
 
 def _hand_over(releases: Path, data: bytes) -> list[str]:

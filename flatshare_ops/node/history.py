@@ -17,13 +17,23 @@ import json
 from pathlib import Path
 
 from ..common import durable
-from ..common.files import loads, read_bytes
+from ..common.clock import is_duration, is_time, utc_stamp
+from ..common.files import dumps, json_damage, loads, read_bytes
+from ..errors import NodeStateError
 
 HISTORY_SCHEMA = 2
+#: The schemas this reader knows: a record of another is named and not used.
+KNOWN_SCHEMAS = (1, HISTORY_SCHEMA)
+#: The most history.jsonl may hold (bytes): about 30,000 records, decades of releases.
+MAX_BYTES = 16 << 20
 #: Results of a switch that ended with its release active and serving-check passed.
 SERVED_RESULTS = ("released", "rolled back")
 #: Every result a record may carry (``analysed``: a canary analysis of the node's release, not a switch).
 RESULTS = ("released", "rolled back", "repaired", "failed", "abandoned", "analysed")
+
+
+class HistoryOrderError(NodeStateError):
+    """The history's order disagrees with its records' times, so which release served last is not known."""
 
 
 class History:
@@ -31,11 +41,14 @@ class History:
 
     Attributes:
         records: dicts, oldest first (schema 1 records are upgraded on read: see :func:`upgrade`).
-        skipped: ``history.jsonl:LINE: why`` for each line skipped (torn, not JSON, not an object).
+        skipped: ``history.jsonl:LINE: why`` for each line skipped (torn, not JSON, not an object, of an
+            unknown schema, of another node, of the wrong types).
+        disorder: ``history.jsonl:LINE: ...`` when the records' times go backwards somewhere (a line moved,
+            or the clock set back), else None: then no rollback target is decided from the order.
     """
 
-    def __init__(self, records: list[dict], skipped: list[str]) -> None:
-        self.records, self.skipped = records, skipped
+    def __init__(self, records: list[dict], skipped: list[str], disorder: str | None = None) -> None:
+        self.records, self.skipped, self.disorder = records, skipped, disorder
 
     def has(self, switch: str | None, result: str) -> bool:
         """Whether switch ``switch`` is already recorded with ``result`` (so it is never recorded twice)."""
@@ -43,8 +56,20 @@ class History:
                                           for r in self.records)
 
     def last(self) -> dict | None:
-        """The newest record, or None."""
-        return self.records[-1] if self.records else None
+        """The newest record, or None (None too when the order is in doubt: which one is newest is not known)."""
+        return self.records[-1] if self.records and self.disorder is None else None
+
+    def in_order(self) -> None:
+        """Raise unless the order can decide which release served last.
+
+        Raises:
+            HistoryOrderError: the records' times go backwards (:attr:`disorder`).
+        """
+        if self.disorder is not None:
+            raise HistoryOrderError(f"{self.disorder}: which release served last is not known, so no rollback "
+                                    "target is decided from it; check the lines (was one moved, or the node's clock "
+                                    "set back?), put them in order or move the file aside (the node then starts a "
+                                    "new history)")
 
 
 def upgrade(record: dict) -> dict:
@@ -67,44 +92,73 @@ def upgrade(record: dict) -> dict:
     return out
 
 
-def read_history(path: Path) -> History:
-    """Every record that can be read, oldest first.
+def read_history(path: Path, node: str) -> History:
+    """Every record of this node that can be read, oldest first.
 
-    A line that is torn (a crash mid-append), not JSON, or not an object is
-    skipped and named in :attr:`History.skipped`; nothing here raises for
+    A line that is torn (a crash mid-append), not JSON (a NaN, an infinity or ``1e400`` included), nested
+    too deeply, not an object, of an unknown schema, of another node, or of the wrong types (a time that
+    is no time, a negative duration) is skipped and named in :attr:`History.skipped`; times that go
+    backwards from one record to the next are named in :attr:`History.disorder`. Nothing here raises for
     damage inside the file.
 
+    Args:
+        path: ``releases/history.jsonl``.
+        node: this node's name: another node's records are never this node's history.
+
     Raises:
-        Damaged: the file itself is a directory, a symlink or unreadable.
+        Damaged: the file itself is a directory, a symlink, a FIFO, a device, larger than
+            :data:`MAX_BYTES`, or unreadable.
     """
-    raw = read_bytes(path)
+    raw = read_bytes(path, limit=MAX_BYTES)
     if raw is None:
         return History([], [])
-    records, skipped = [], []
+    records, skipped, lines = [], [], []
     for number, line in enumerate(raw.decode("utf-8", errors="replace").splitlines(), 1):
         if not line.strip():
             continue
         try:
             record = loads(line)
-        except ValueError:
-            skipped.append(f"{path.name}:{number}: not JSON (a torn or damaged line); skipped")
+        except ValueError as err:
+            form = "not JSON (a torn or damaged line)" if isinstance(err, json.JSONDecodeError) else json_damage(err)
+            skipped.append(f"{path.name}:{number}: {form}; skipped")
             continue
-        if not isinstance(record, dict):
-            skipped.append(f"{path.name}:{number}: not a record (a {type(record).__name__}); skipped")
-            continue
-        record = upgrade(record)
-        wrong = _wrong_types(record)
+        wrong = problem(record, node)
         if wrong:
-            skipped.append(f"{path.name}:{number}: a record of the wrong types ({wrong}); skipped")
+            skipped.append(f"{path.name}:{number}: {wrong}; skipped")
             continue
-        records.append(record)
-    return History(records, skipped)
+        records.append(upgrade(record))
+        lines.append(number)
+    return History(records, skipped, _disorder(path.name, records, lines))
 
 
 #: A record's fields the node reads, and the types they may have.
 _FIELDS = {"switch": (str, type(None)), "rollout": (str, type(None)), "result": (str,), "before": (str, type(None)),
            "after": (str, type(None)), "target": (str, type(None)), "served": (bool,), "step": (str, type(None)),
-           "started_at": (int, float)}
+           "node": (str,), "kind": (str,), "started_at": (int, float), "finished_at": (int, float),
+           "duration_s": (int, float), "resumed": (int,)}
+
+
+def problem(record: object, node: str) -> str | None:
+    """Why a history line's document is not a record of this node that the reader can use, or None.
+
+    One rule for the reader and the writer (:func:`append`): the tool never writes a record it would skip.
+    """
+    if not isinstance(record, dict):
+        return f"not a record (a {type(record).__name__})"
+    schema = record.get("schema", 1)
+    if isinstance(schema, bool) or not isinstance(schema, int):
+        return f"a record of the wrong types (schema is {type(schema).__name__})"
+    if schema not in KNOWN_SCHEMAS:
+        return (f"a record of schema {schema}, which this flatshare-ops does not read (it reads "
+                f"{' and '.join(map(str, KNOWN_SCHEMAS))}; update flatshare-ops on the node)")
+    wrong = _wrong_types(upgrade(record))
+    if wrong:
+        return f"a record of the wrong types ({wrong})"
+    if "node" in record and record["node"] != node:
+        return f"a record of node {record['node']!r}, not of {node} (copied from another node?)"
+    if schema == HISTORY_SCHEMA and "node" not in record:
+        return "a record that names no node (flatshare-ops writes its node in every record)"
+    return None
 
 
 def _wrong_types(record: dict) -> str | None:
@@ -113,18 +167,48 @@ def _wrong_types(record: dict) -> str | None:
             return f"{key} is {type(record[key]).__name__}"
         if key in record and isinstance(record[key], bool) and bool not in types:
             return f"{key} is bool"
+    for key in ("started_at", "finished_at"):
+        if key in record and not is_time(record[key]):
+            return f"{key} {record[key]!r} is not a time"
+    if "resumed" in record and record["resumed"] < 0:
+        return f"resumed {record['resumed']!r} is below 0"
+    if "duration_s" in record and not is_duration(record["duration_s"]):
+        return f"duration_s {record['duration_s']!r} is not a number of seconds, 0 or more"
+    if is_time(record.get("started_at")) and is_time(record.get("finished_at")) \
+            and record["finished_at"] < record["started_at"]:
+        return f"it finished ({utc_stamp(record['finished_at'])}) before it started ({utc_stamp(record['started_at'])})"
     if record.get("result") not in RESULTS:
         return f"result {record.get('result')!r} is not one of {', '.join(RESULTS)}"
     return None
 
 
-def append(path: Path, record: dict) -> None:
-    """Append one record (fsynced).
+def _disorder(name: str, records: list[dict], lines: list[int]) -> str | None:
+    """Where the records' times go backwards, or None. Each record is written when its switch ends
+    (``finished_at``, under the node's lock), so in a history nobody edited they never go backwards."""
+    previous = None
+    for record, line in zip(records, lines):
+        finished = record.get("finished_at")
+        if not is_time(finished):
+            continue
+        if previous is not None and finished < previous[0]:
+            return (f"{name}:{line}: finished {utc_stamp(finished)}, before line {previous[1]} above it "
+                    f"({utc_stamp(previous[0])}): the history's order and its times disagree")
+        previous = (finished, line)
+    return None
+
+
+def append(path: Path, record: dict, node: str) -> None:
+    """Append one record (fsynced), once it is shown to be one its reader takes (:func:`problem`).
 
     Raises:
+        ValueError: the record is one the reader would skip (a bug: nothing is written).
         OSError: the disk is full or read-only (the caller's early-end rule handles it).
     """
-    durable.append_line(path, json.dumps({"schema": HISTORY_SCHEMA, **record}, sort_keys=True))
+    document = {"schema": HISTORY_SCHEMA, **record}
+    wrong = problem(document, node)
+    if wrong:
+        raise ValueError(f"a history record its own reader would skip ({wrong}) was not written")
+    durable.append_line(path, dumps(document, sort_keys=True))
 
 
 def served_releases(history: History) -> list[str]:
@@ -132,7 +216,11 @@ def served_releases(history: History) -> list[str]:
 
     A release whose latest switch failed or was abandoned is left out until it serves again: it is
     no longer known to start on this node.
+
+    Raises:
+        HistoryOrderError: the records' times go backwards, so which is newest is not known.
     """
+    history.in_order()
     seen: list[str] = []
     distrusted: set[str] = set()
     for record in reversed(history.records):
@@ -155,6 +243,9 @@ def rollback_target(history: History, exclude: str | None, stored) -> str | None
 
     Returns:
         The release id, or None when no earlier served release is stored.
+
+    Raises:
+        HistoryOrderError: the records' times go backwards (see :func:`served_releases`).
     """
     for release in served_releases(history):
         if release != exclude and stored(release):

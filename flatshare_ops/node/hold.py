@@ -9,12 +9,11 @@ other nodes' releases do not count it as being released (adr/0007).
 from __future__ import annotations
 
 import getpass
-import json
 import socket
 import time
 
 from ..common import durable
-from ..common.files import Damaged, read_json_object
+from ..common.files import Damaged, dumps, read_json_object
 from ..common.text import hold_message
 from ..common.wording import hold_phrase
 from ..errors import FlatshareError, NodeStateError, Refused
@@ -30,11 +29,18 @@ def read_hold(ctx: NodeContext) -> dict | None:
         NodeStateError: ``hold.json`` is damaged (the message says how to clear it).
     """
     path = ctx.releases / HOLD
+    advice = (f"the operator's hold record is damaged; see who held the node, then remove it (rm {path}) or run "
+              f"'flatshare lock release --node {ctx.node}'")
     try:
         hold = read_json_object(path)
     except Damaged as err:
-        raise NodeStateError(f"{err}: the operator's hold record is damaged; see who held the node, then remove "
-                             f"it (rm {path}) or run 'flatshare lock release --node {ctx.node}'") from None
+        raise NodeStateError(f"{err}: {advice}") from None
+    if hold is not None:
+        wrong = ("schema" in hold and hold["schema"] != 1 and f"schema {hold['schema']!r} is not one this "
+                 "flatshare-ops reads (1)") or ("since" in hold and not is_time(hold["since"]) and
+                                                f"since {hold['since']!r} is not a time")
+        if wrong:
+            raise NodeStateError(f"{path}: {wrong}: {advice}")
     return hold
 
 
@@ -68,8 +74,14 @@ def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     locked, holder = lock_reading(ctx)
     if locked:
         hold["during_release"] = holder
-    ctx.releases.mkdir(parents=True, exist_ok=True)
-    durable.write_atomic(ctx.releases / HOLD, (json.dumps(hold, sort_keys=True) + "\n").encode())
+    from .store import ensure_releases_dir
+
+    ensure_releases_dir(ctx.state_dir)
+    try:
+        durable.write_atomic(ctx.releases / HOLD, (dumps(hold, sort_keys=True) + "\n").encode())
+    except OSError as err:
+        raise Refused(f"lock refused: {ctx.node} could not record the hold in {ctx.releases / HOLD} "
+                      f"({err.strerror or err}); nothing was changed") from None
     return hold
 
 
@@ -77,7 +89,11 @@ def release(ctx: NodeContext) -> dict | None:
     """Lift the hold; returns the hold that was lifted, or None when there was none."""
     current = read_hold(ctx)
     if current is not None:
-        durable.remove(ctx.releases / HOLD)
+        try:
+            durable.remove(ctx.releases / HOLD)
+        except OSError as err:
+            raise Refused(f"lock release refused: {ctx.node} could not remove {ctx.releases / HOLD} "
+                          f"({err.strerror or err}); the hold stays") from None
     return current
 
 

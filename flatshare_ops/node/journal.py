@@ -11,17 +11,33 @@ from __future__ import annotations
 
 import time
 from pathlib import Path
-from typing import Literal
+from typing import Annotated, Literal
 
-from pydantic import BaseModel, ConfigDict, Field, ValidationError
+from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationError
 
 from ..common import durable
+from ..common.clock import is_time
 from ..common.node_files import JOURNAL, RELEASES
-from ..common.files import Damaged, read_bytes
+from ..common.files import Damaged, parse_json_object, read_bytes
 from ..errors import NodeStateError
 from ..schema_errors import one_line
 
 StepState = Literal["pending", "running", "done", "failed"]
+#: How far ahead of this node's clock a journal's time may be (seconds): a switch that began is never later.
+AHEAD_S = 86400.0
+
+
+def _time(value: float) -> float:
+    if not is_time(value):
+        raise ValueError(f"must be a time (Unix seconds, from 1970 to 9999), got {value!r}")
+    if value > time.time() + AHEAD_S:
+        raise ValueError(f"must be a time that has come (the switch began), got {value!r}, over a day ahead of this "
+                         "node's clock")
+    return value
+
+
+#: A time in the journal (Unix seconds, common/clock.py): finite, from 1970 to 9999; NaN, 1e400 or 1e300 is damage.
+Time = Annotated[float, AfterValidator(_time)]
 
 
 class JournalError(NodeStateError):
@@ -31,17 +47,17 @@ class JournalError(NodeStateError):
 class StepRecord(BaseModel):
     """One step of the switch and how far it got."""
 
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
     name: str
     state: StepState = "pending"
-    at: float | None = None  # Unix seconds of the last change
+    at: Time | None = None  # Unix seconds of the last change
     error: str | None = None
 
 
 class Journal(BaseModel):
     """The journal of one switch (schema 2; schema-1 journals, without the ids, read the same)."""
 
-    model_config = ConfigDict(extra="forbid", populate_by_name=True)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False)
     schema_: Literal[1, 2] = Field(default=2, alias="schema")
     switch: str | None = None  # this switch's id (history records carry it too)
     rollout: str | None = None  # the operator's rollout this switch belongs to
@@ -50,11 +66,11 @@ class Journal(BaseModel):
     to: str
     node: str
     host: str
-    pid: int
+    pid: int = Field(gt=0)
     user: str
-    started_at: float
+    started_at: Time
     forced: bool = False
-    resumed: int = 0
+    resumed: int = Field(default=0, ge=0)
     auto: str | None = None  # why the node started this switch by itself (an automatic rollback), else None
     kind: Literal["release", "rollback", "repair"] = "release"
     steps: list[StepRecord]
@@ -69,14 +85,18 @@ def journal_path(state_dir: Path) -> Path:
     return Path(state_dir) / RELEASES / JOURNAL
 
 
-def read_journal(state_dir: Path) -> Journal | None:
+def read_journal(state_dir: Path, node: str) -> Journal | None:
     """The journal of an unfinished switch, or None when there is none.
 
+    Args:
+        state_dir: the node's state directory.
+        node: this node's name: a journal naming another node is damage (never finished here).
+
     Raises:
-        JournalError: the file exists but is not a valid journal (empty, torn,
-            not JSON, wrong shape, a directory or link, unreadable); the message
-            names the damage and says what to do. It is never silently ignored
-            or overwritten.
+        JournalError: the file exists but is not a valid journal (empty, torn, not JSON, nested too
+            deeply, too large, a number that is not finite, a time that is no time, wrong shape, a
+            directory, link, FIFO or device, unreadable, another node's); the message names the
+            damage and says what to do. It is never silently ignored or overwritten.
     """
     path = journal_path(state_dir)
     advice = (f"a switch was interrupted on this node. Check the node (flatshare status), then move the file "
@@ -88,9 +108,17 @@ def read_journal(state_dir: Path) -> Journal | None:
     if raw is None:
         return None
     try:
-        return Journal.model_validate_json(raw)
+        document = parse_json_object(path, raw)
+    except Damaged as err:
+        raise JournalError(f"{path}: corrupt or truncated journal ({err.form}); {advice}") from None
+    try:
+        journal = Journal.model_validate(document)
     except ValidationError as err:
         raise JournalError(f"{path}: corrupt or truncated journal ({one_line(err)}); {advice}") from None
+    if journal.node != node:
+        raise JournalError(f"{path}: damaged journal: it is the journal of node {journal.node!r}, not of "
+                           f"{node} (copied from another node?), so it is never finished here; {advice}")
+    return journal
 
 
 def write_journal(state_dir: Path, journal: Journal) -> None:

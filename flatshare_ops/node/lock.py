@@ -14,10 +14,11 @@ written in a file, and reading it never takes it (:func:`holder_pid`).
 
 from __future__ import annotations
 
+import errno
 import getpass
-import json
 import os
 import socket
+import stat
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -25,6 +26,7 @@ from typing import Iterator
 from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
 from ..common.wording import holder_phrase
+from ..common.files import dumps, what_is
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
@@ -70,7 +72,9 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
     """
     from filelock import FileLock, Timeout  # here: readers only read the lock table
 
-    ctx.releases.mkdir(parents=True, exist_ok=True)
+    from .store import ensure_releases_dir
+
+    ensure_releases_dir(ctx.state_dir)
     try:
         directory = lock_directory(ctx.state_dir)
     except OSError as err:
@@ -81,16 +85,29 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         _refuse_held(ctx, action)
     try:
         path = ctx.lock_path
-        if path.is_symlink() or (path.exists() and not path.is_file()):
-            kind = "a symlink" if path.is_symlink() else "a directory" if path.is_dir() else "not a regular file"
-            raise NodeStateError(f"{path}: is {kind}, not the lock file; no release can hold it: remove it "
-                                 f"(rm -r {path}) and run the command again")
+        try:
+            mode = os.lstat(path).st_mode
+        except FileNotFoundError:
+            mode = None
+        except OSError as err:
+            raise NodeStateError(f"{path}: cannot be read ({err.strerror or err}); fix or remove it and run the "
+                                 "command again") from None
+        if mode is not None and not stat.S_ISREG(mode):  # never opened: a FIFO there would block the open
+            raise NodeStateError(f"{path}: is {what_is(mode)}, not the lock file; no release can hold it: remove "
+                                 f"it (rm -r {path}) and run the command again")
         compat = FileLock(str(path))
         try:
             compat.acquire(timeout=0)
         except Timeout:  # before OSError: filelock's Timeout is a TimeoutError, hence an OSError
             _refuse_held(ctx, action, lambda: held_by(path))  # a switcher from before adr/0011
         except OSError as err:
+            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+                # Not damage: the disk (or the directory) does not take writes, so no switch could keep its journal.
+                what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS else
+                        f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})")
+                raise Refused(f"{action} refused: {ctx.node}'s state directory {ctx.releases} {what}: its lock "
+                              f"{path.name} cannot be taken, and nothing was changed; make it writable (remount it "
+                              "read-write, or fix its permissions), then run the command again") from None
             raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
                                  "the command again") from None
         try:
@@ -148,6 +165,6 @@ def _write_holder(ctx: NodeContext, release: str) -> None:
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
               "release": release, "started_at": time.time()}
     try:
-        durable.write_atomic(ctx.holder_path, (json.dumps(holder) + "\n").encode())
+        durable.write_atomic(ctx.holder_path, (dumps(holder) + "\n").encode())
     except OSError:
         pass  # lock.json only informs people; the kernel's lock is what holds

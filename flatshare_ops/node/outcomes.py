@@ -13,18 +13,19 @@ node/status.py.
 
 from __future__ import annotations
 
-import json
 import time
 from dataclasses import asdict
 
 from ..common import durable
-from ..common.files import Damaged, loads, read_bytes
+from ..common.files import dumps, loads, read_bytes
 from ..common.protocol import Outcome
 from .context import NodeContext
 
 OUTCOMES = "outcomes.jsonl"
 #: How many outcomes the file keeps (the newest); it is rewritten down to this when it has twice as many.
 KEEP = 200
+#: The most the file may hold (bytes): twice KEEP outcomes, with room for long messages.
+MAX_BYTES = 4 << 20
 
 
 def append(ctx: NodeContext, outcome: Outcome) -> None:
@@ -32,21 +33,25 @@ def append(ctx: NodeContext, outcome: Outcome) -> None:
     twice that.
 
     Raises:
+        Damaged: the file is damaged (too large, not a regular file...): nothing is appended to it.
         OSError: the record could not be written (the caller says so; the outcome itself still went out).
+        ValueError: the outcome holds a number that is not finite (a bug: nothing is written).
     """
     path = ctx.releases / OUTCOMES
-    durable.append_line(path, json.dumps({**asdict(outcome), "node": ctx.node, "at": time.time()}, sort_keys=True))
-    lines = (read_bytes(path) or b"").splitlines()
-    if len(lines) > 2 * KEEP:
-        durable.write_atomic(path, b"\n".join(lines[-KEEP:]) + b"\n")
+    lines = (read_bytes(path, limit=MAX_BYTES) or b"").splitlines()
+    line = dumps({**asdict(outcome), "node": ctx.node, "at": time.time()}, sort_keys=True)
+    durable.append_line(path, line)
+    if len(lines) + 1 > 2 * KEEP:
+        durable.write_atomic(path, b"\n".join([*lines, line.encode()][-KEEP:]) + b"\n")
 
 
 def find(ctx: NodeContext, switch_id: str) -> dict | None:
-    """The newest recorded outcome of switch ``switch_id`` on this node, or None (damaged lines are skipped)."""
-    try:
-        raw = read_bytes(ctx.releases / OUTCOMES)
-    except Damaged:
-        return None
+    """The newest recorded outcome of switch ``switch_id`` on this node, or None (damaged lines are skipped).
+
+    Raises:
+        Damaged: the file itself is damaged (too large, a FIFO or a directory...).
+    """
+    raw = read_bytes(ctx.releases / OUTCOMES, limit=MAX_BYTES)
     found = None
     for line in (raw or b"").decode("utf-8", errors="replace").splitlines():
         try:

@@ -19,6 +19,7 @@ from pathlib import Path
 from typing import TextIO
 
 from ..common.clock import utc_stamp
+from ..common.files import open_regular
 
 
 class ReleaseOutput:
@@ -41,12 +42,11 @@ class ReleaseOutput:
         self._log = None
         self._fd = None
         if log_path is not None:
-            try:  # never through a link: release.log is the node's own record
-                fd = os.open(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT | os.O_NOFOLLOW, 0o644)
+            try:  # never through a link, never blocking on a FIFO: release.log is the node's own record
+                fd = open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
                 self._log = os.fdopen(fd, "a", encoding="utf-8")
             except OSError as err:
-                reason = "a symlink, not followed" if err.errno == 40 else (err.strerror or str(err))  # ELOOP
-                self.log_error = f"{log_path}: {reason}"
+                self.log_error = f"{log_path}: {err.strerror or err}"
         if nonblocking:
             try:
                 fd = self.stream.fileno()

@@ -30,6 +30,8 @@ import time
 from dataclasses import dataclass, field
 from pathlib import Path
 
+from ..common.files import loads
+
 #: How long the parse (or the preflight) may take (seconds): importing vLLM is most of it.
 PARSE_TIMEOUT_S = 180.0
 #: What the preflight cannot check without the device (named in the plan).
@@ -88,7 +90,7 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         stderr.seek(0)
         output, errors = stdout.read(), stderr.read()
     try:
-        answer = json.loads(output)
+        answer = loads(output)  # bounded, RFC 8259 numbers (common/files.py)
         if not isinstance(answer, dict) or "ok" not in answer:
             raise ValueError("not a parse result")
         return answer

@@ -29,16 +29,26 @@ def built_module(ctx: NodeContext, path: str | None = None) -> dict:
 
     if path is None:
         try:
-            serving = active_serving(ctx, current_release(ctx.state_dir))
+            current = current_release(ctx.state_dir)
         except NodeStateError as err:
             return {"node": ctx.node, "error": str(err)}
+        serving = active_serving(ctx, current)
+        if serving is None and current is not None:
+            from .bundle import stored_files
+
+            try:
+                stored_files(ctx, current)
+            except NodeStateError as err:  # never a path read from a release that is not what its id says
+                return {"node": ctx.node, "error": f"the active release is damaged: {err}; give the module's path"}
         if serving is None:
             return {"node": ctx.node, "error": "no active release and no module path given: bootstrap the node"}
         path = (serving.get("module") or {}).get("path")
     try:
         return {"node": ctx.node, "path": path, "sha256": sha256_file(path), "modified_at": os.stat(path).st_mtime}
-    except (OSError, TypeError) as err:
-        return {"node": ctx.node, "error": f"{path}: cannot read the built module ({err})"}
+    except OSError as err:
+        return {"node": ctx.node, "error": f"{path}: cannot read the built module ({err.strerror or err})"}
+    except TypeError:
+        return {"node": ctx.node, "error": "the active release names no module path; give it (--path)"}
 
 
 def probe(ctx: NodeContext) -> dict:

@@ -11,6 +11,7 @@ from __future__ import annotations
 import os
 import time
 
+from ..common.files import Damaged, read_bytes
 from . import history as histories, journal as journals
 from .context import NodeContext
 from .store import current_release, is_stored, remove_release, stored_releases
@@ -31,7 +32,7 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
         return []  # the history knows too little (lost, or new): every stored release may be a rollback's target
     target = histories.rollback_target(hist, current, lambda r: is_stored(ctx.state_dir, r))
     keep_ids = {current, target, *served[:keep]}
-    pending = journals.read_journal(ctx.state_dir)
+    pending = journals.read_journal(ctx.state_dir, ctx.node)
     if pending is not None:
         keep_ids |= {pending.to, pending.from_}
     removed = []
@@ -50,9 +51,9 @@ def _prune_switchers(ctx: NodeContext) -> None:
 
     wanted = {os.environ.get("FLATSHARE_SWITCHER")}
     for rid in stored_releases(ctx.state_dir):
-        try:
-            wanted.add((ctx.releases / rid / "switcher").read_text().strip())
-        except OSError:
+        try:  # a note beside the release (not covered by its id): read bounded, never blocking
+            wanted.add((read_bytes(ctx.releases / rid / "switcher", limit=4096) or b"").decode("ascii").strip())
+        except (Damaged, UnicodeDecodeError):
             continue
     for directory in (ctx.releases / ".switchers").glob("*"):
         try:

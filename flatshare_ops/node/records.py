@@ -11,12 +11,15 @@ from __future__ import annotations
 
 import time
 
+from ..common.clock import is_time
 from ..common.files import Damaged
 from ..errors import NodeStateError
 from . import history as histories, journal as journals
 from .context import NodeContext
 from .output import ReleaseOutput
 
+#: How far the clock may have been set back while the history still reads in order (seconds).
+SET_BACK_S = 3600.0
 #: What a successful switch of each kind is recorded as.
 SUCCESS = {"release": "released", "rollback": "rolled back", "repair": "repaired"}
 
@@ -28,20 +31,28 @@ def read_history(ctx: NodeContext) -> histories.History:
         NodeStateError: ``history.jsonl`` itself is a directory, a link or unreadable.
     """
     try:
-        return histories.read_history(ctx.history_path)
+        return histories.read_history(ctx.history_path, ctx.node)
     except Damaged as err:
         raise NodeStateError(f"{err}; move it aside (mv {err.path} {err.path}.bad): the node then starts "
                              "a new history, and rollbacks have nothing to return to until a release serves") from None
 
 
 def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: str | None = None,
-           reason: str | None = None, after: str | None = None, served: bool = False, **extra) -> dict:
+           reason: str | None = None, after: str | None = None, served: bool = False,
+           hist: histories.History | None = None, **extra) -> dict:
     """A history record of ``journal``'s switch (schema 2: releases/README.md).
 
     ``duration_s`` counts from when the run that carried the switch took the node's lock (its
-    refusals, preflight and admission included), to now.
+    refusals, preflight and admission included), to now. ``finished_at`` is now, but never before the
+    switch's start or the newest record of ``hist``: with the clock set back, the history still reads in
+    order (its reader checks the order against these times: node/history.py).
     """
-    now = time.time()
+    clock = time.time()
+    # A clock set back (up to SET_BACK_S) keeps the order; a record further ahead is damage (named by the reader's
+    # order check), never copied into new records.
+    latest = max((r["finished_at"] for r in (hist.records if hist else [])
+                  if is_time(r.get("finished_at")) and r["finished_at"] <= clock + SET_BACK_S), default=0.0)
+    now = max(clock, journal.started_at, latest)  # the journal's start is never a day ahead (node/journal.py)
     return {"switch": journal.switch, "rollout": journal.rollout, "node": ctx.node, "kind": journal.kind,
             "result": result, "step": step, "reason": reason, "before": journal.from_, "after": after,
             "target": journal.to, "served": served, "commit": journal.commit, "user": journal.user,
@@ -53,25 +64,31 @@ def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: st
 def append_success(ctx: NodeContext, journal: journals.Journal, release: str) -> None:
     """Record ``journal``'s switch as done (once per switch id): the ``record-history`` step."""
     result = SUCCESS[journal.kind]
-    if not read_history(ctx).has(journal.switch, result):
-        histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True))
+    hist = read_history(ctx)
+    if not hist.has(journal.switch, result):
+        histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True, hist=hist),
+                         ctx.node)
 
 
 def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, **extra) -> None:
     """Record ``journal``'s switch as failed at ``step`` (once per switch id).
 
     Raises:
-        OSError, NodeStateError: the record could not be written (the caller prints what it would have said).
+        OSError, NodeStateError, ValueError: the record could not be written (the caller prints what it would
+            have said).
     """
-    if not read_history(ctx).has(journal.switch, "failed"):
-        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, **extra))
+    hist = read_history(ctx)
+    if not hist.has(journal.switch, "failed"):
+        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, hist=hist,
+                                                  **extra), ctx.node)
 
 
 def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput, why: str) -> None:
     """Record an interrupted switch as abandoned (another switch replaced its journal with its own)."""
     out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
-    if pending.switch is None or not read_history(ctx).has(pending.switch, "abandoned"):
-        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why))
+    hist = read_history(ctx)
+    if pending.switch is None or not hist.has(pending.switch, "abandoned"):
+        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist), ctx.node)
 
 
 def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:
@@ -96,5 +113,5 @@ def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current:
               "host": socket.gethostname(), "started_at": started if isinstance(started, (int, float)) else now,
               "finished_at": now, "duration_s": round(max(0.0, now - (started or now)), 3), "forced": False,
               "resumed": 0, "auto": None, "analysis": document}
-    histories.append(ctx.history_path, record)
+    histories.append(ctx.history_path, record, ctx.node)
     return record

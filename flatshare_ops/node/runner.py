@@ -142,8 +142,10 @@ def describe_failure(err: BaseException) -> str:
     if isinstance(err, KeyboardInterrupt):
         return "interrupted by SIGINT (Ctrl-C)"
     if isinstance(err, OSError):
-        name = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
         where = f"{err.filename}: " if err.filename else ""
+        if not err.errno and err.strerror:  # common.files.NotAFile: what is there, no errno to name
+            return f"{where}{err.strerror}"
+        name = errno.errorcode.get(err.errno, str(err.errno)) if err.errno else type(err).__name__
         return f"{where}{name} ({err.strerror or err})"
     if isinstance(err, FlatshareError):
         return str(err)
@@ -159,7 +161,7 @@ def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None
         out.line(f"  could not write the journal ({describe_failure(err)}); it stays as last written")
     try:
         append_failure(ctx, journal, step, reason, **({"calls": calls} if calls else {}))
-    except (OSError, NodeStateError) as err:
+    except (OSError, NodeStateError, ValueError) as err:
         out.line(f"  could not record the failure in {ctx.history_path} ({describe_failure(err)}): "
                  f"switch {journal.switch} to {journal.to} failed at {step}: {reason}")
 

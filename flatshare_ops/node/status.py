@@ -10,6 +10,7 @@ from __future__ import annotations
 import os
 
 from .. import systemd
+from ..common.files import Damaged
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
 from . import history as histories, journal as journals
@@ -37,7 +38,7 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     except NodeStateError as err:
         return {"state": "unknown", "damaged": [str(err)]}
     try:
-        pending = journals.read_journal(ctx.state_dir)
+        pending = journals.read_journal(ctx.state_dir, ctx.node)
     except NodeStateError as err:
         pending, damaged = None, [str(err)]
     else:
@@ -55,7 +56,10 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         return {"state": "interrupted", "journal": journals.journal_summary(pending)}
     if holder is not None:
         return {"state": "switching", "journal": None, "pid": holder}
-    kept = find(ctx, switch_id)
+    try:
+        kept = find(ctx, switch_id)
+    except Damaged as err:
+        kept, damaged = None, [*damaged, f"{err}; what switch commands ended with cannot be read: move it aside"]
     if kept is not None:
         return {"state": "ended", "outcome": kept}
     return {"state": "unknown", "damaged": damaged}
@@ -84,6 +88,13 @@ def node_status(ctx: NodeContext) -> dict:
     if status["release"] is not None and not is_stored(ctx.state_dir, status["release"]):
         status["damaged"].append(f"{link}: points at release {status['release']}, which is not stored on the node; "
                                  "run 'flatshare release' to switch the node to a stored release")
+    elif status["release"] is not None:
+        from .bundle import stored_files
+
+        try:  # the active release, checked against its id as every reader of it does (node/bundle.py)
+            stored_files(ctx, status["release"])
+        except NodeStateError as err:
+            status["damaged"].append(f"the active release is damaged: {err}")
     try:
         pid = holder_pid(ctx)
     except LockTableError as err:
@@ -100,8 +111,14 @@ def node_status(ctx: NodeContext) -> dict:
         if isinstance(drain, str) and os.path.exists(drain):  # a dangling link drains nobody
             status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
                                     "calls; 'flatshare release' to this node gives them back")
+    from .hold import read_hold
+
+    try:  # the operator's hold: shown by 'flatshare lock status'; here only its damage, which refuses releases
+        read_hold(ctx)
+    except NodeStateError as err:
+        status["damaged"].append(str(err))
     try:
-        pending = journals.read_journal(ctx.state_dir)
+        pending = journals.read_journal(ctx.state_dir, ctx.node)
         status["switching"] = journals.journal_summary(pending) if pending else None
         status["switching_rollout"] = pending.rollout if pending else None
         status["switching_pid"] = pending.pid if pending else None
@@ -118,6 +135,10 @@ def node_status(ctx: NodeContext) -> dict:
         hist = read_history(ctx)
         status["last"] = hist.last()
         status["damaged"] += [f"{ctx.releases}/{note}" for note in hist.skipped]
+        if hist.disorder:
+            status["damaged"].append(f"{ctx.releases}/{hist.disorder}: no rollback target is decided from it; "
+                                     "put the lines in order or move the file aside")
+            return status
         served = histories.served_releases(hist)
         if status["release"] is None and served and not status["damaged"]:
             status["damaged"].append(f"{link}: missing, though the history says release {served[0]} served last; "

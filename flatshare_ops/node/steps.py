@@ -17,6 +17,8 @@ from typing import Callable
 
 from .. import systemd
 from ..common import durable
+from ..common.files import Damaged, read_bytes
+from ..common.http import wait_for_200
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
 from ..errors import FlatshareError, SystemdError
 from . import drain
@@ -116,9 +118,9 @@ def install_units(sw: Switch) -> None:
                 sw.out.line(f"  removed {unit_dir / name}")
     for name, text in sw.new.units.items():
         path = unit_dir / name
-        try:
-            same = path.read_text() == text
-        except (OSError, UnicodeDecodeError):
+        try:  # never blocking on what is there: a FIFO or a device is refused (and replacing it fails, named)
+            same = read_bytes(path) == text.encode()
+        except Damaged:
             same = False
         if not same:
             durable.write_atomic(path, text.encode())

@@ -18,17 +18,22 @@ history record and the lock holder), not in the id.
 
 from __future__ import annotations
 
-import hashlib
 import os
+import re
+import stat
 import shutil
 import tempfile
 from pathlib import Path
 
 from ..common import durable
+from ..common.files import what_is
 from ..common.node_files import CURRENT, RELEASES
+from ..common.release_files import release_id  # noqa: F401  (the id's one definition; node and tests use it here)
 from ..errors import NodeStateError
 
 from ..common.current_link import RELEASE_ID, CurrentLinkError, read_current  # noqa: F401 (RELEASE_ID: node/bundle.py)
+#: What release_id makes (and so the name of every release this node stored): 16 hex digits.
+RELEASE_DIGEST = re.compile(r"^[0-9a-f]{16}$")
 
 
 def releases_dir(state_dir: Path) -> Path:
@@ -36,12 +41,29 @@ def releases_dir(state_dir: Path) -> Path:
     return Path(state_dir) / RELEASES
 
 
-def release_id(files: dict[str, str]) -> str:
-    """The id of a release made of ``files`` (relative name -> text): a digest of exactly what it renders."""
-    digest = hashlib.sha256()
-    for name in sorted(files):
-        digest.update(name.encode() + b"\0" + files[name].encode() + b"\0")
-    return digest.hexdigest()[:16]
+def ensure_releases_dir(state_dir: Path) -> Path:
+    """``STATE_DIR/releases``, made when missing.
+
+    Raises:
+        NodeStateError: something other than a directory is there (a file, a FIFO, a link...), or it cannot be
+            made (a read-only disk): named, with what to do.
+    """
+    root = releases_dir(state_dir)
+    try:
+        root.mkdir(parents=True, exist_ok=True)
+    except FileExistsError:
+        pass
+    except OSError as err:
+        raise NodeStateError(f"{root}: cannot be made ({err.strerror or err}); fix the state directory "
+                             f"{state_dir}, then run the command again") from None
+    try:
+        mode = os.lstat(root).st_mode
+    except OSError as err:
+        raise NodeStateError(f"{root}: cannot be read ({err.strerror or err})") from None
+    if not stat.S_ISDIR(mode):
+        raise NodeStateError(f"{root}: is {what_is(mode)}, not the node's releases directory; move it aside "
+                             f"(mv {root} {root}.bad) and run the command again")
+    return root
 
 
 def store_release(state_dir: Path, rid: str, files: dict[str, str], replace: bool = False) -> Path:
@@ -54,8 +76,7 @@ def store_release(state_dir: Path, rid: str, files: dict[str, str], replace: boo
     Raises:
         OSError: the disk is full or read-only; no partial release directory stays.
     """
-    root = releases_dir(state_dir)
-    root.mkdir(parents=True, exist_ok=True)
+    root = ensure_releases_dir(state_dir)
     target = root / rid
     if target.is_dir() and not target.is_symlink() and not replace:
         return target
@@ -110,13 +131,15 @@ def switch_current(state_dir: Path, rid: str) -> None:
 
 
 def stored_releases(state_dir: Path) -> list[str]:
-    """The ids of every release directory on the node."""
+    """The ids of every release directory on the node: directories named as release_id names them (16 hex
+    digits), so that nothing else there (a node file that became a directory: damage named where it is read)
+    is ever taken for a release, or pruned as one."""
     root = releases_dir(state_dir)
     try:
         entries = sorted(root.iterdir())
-    except FileNotFoundError:
+    except (FileNotFoundError, NotADirectoryError):
         return []
-    return [p.name for p in entries if not p.name.startswith(".") and p.name != CURRENT and is_stored(state_dir, p.name)]
+    return [p.name for p in entries if RELEASE_DIGEST.match(p.name) and is_stored(state_dir, p.name)]
 
 
 def remove_release(state_dir: Path, rid: str) -> None:

@@ -50,7 +50,7 @@ from .prune import prune
 from .records import SUCCESS, read_history
 from .refusals import Admission, admit_to_drain, refuse_node_state, refuse_what_cannot_start
 from .runner import RollbackNeeded, describe_failure, new_journal, run
-from .store import current_release, is_stored, store_release
+from .store import current_release, ensure_releases_dir, is_stored, store_release
 from . import history as histories
 
 
@@ -139,7 +139,7 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
         validate_bundle(request.bundle)
     if request.mode == "release" and request.bundle is None:
         raise FlatshareError("node switch: a release needs its bundle on stdin")
-    ctx.releases.mkdir(parents=True, exist_ok=True)
+    ensure_releases_dir(ctx.state_dir)
     began = time.time()
     if request.dry_run:
         return _run(ctx, request, out, admit, began)
@@ -151,7 +151,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
     state = None
     with _calls_given_back_on_refusal(ctx, request, out, lambda: state):
         hold.refuse_if_held(ctx, request.action)
-        state = State(current_release(ctx.state_dir), journals.read_journal(ctx.state_dir), read_history(ctx))
+        state = State(current_release(ctx.state_dir), journals.read_journal(ctx.state_dir, ctx.node), read_history(ctx))
         for note in state.hist.skipped:
             out.line(f"note: {ctx.history_path.parent / note}")
         work = decide(ctx, request, out, state)
@@ -224,6 +224,7 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
 def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work | None:
     stored = lambda rid: is_stored(ctx.state_dir, rid)  # noqa: E731
     leaving = pending.to if pending is not None else current
+    hist.in_order()  # which switch came last decides both rollbacks: never guessed from a history out of order
     if request.mode == "undo-rollout":
         target = _before_rollout(hist, pending, request.undo)
         if target is None:
@@ -344,7 +345,12 @@ def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: St
     new one, still stored (the node's rollback rule); None when off or there is none (it then says so)."""
     if not request.auto_rollback or p.kind not in ("release", "repair") or "restart-engine" not in p.steps:
         return None
-    target = histories.rollback_target(state.hist, p.to_id, lambda rid: is_stored(ctx.state_dir, rid))
+    try:
+        target = histories.rollback_target(state.hist, p.to_id, lambda rid: is_stored(ctx.state_dir, rid))
+    except histories.HistoryOrderError as err:
+        out.line(f"{ctx.node}: automatic rollback: none possible ({err}): if the new engine does not serve, the "
+                 "switch ends early and the node stays failed")
+        return None
     if target is None:
         out.line(f"{ctx.node}: automatic rollback: none possible (no earlier release that served is stored): "
                  "if the new engine does not serve, the switch ends early and the node stays failed")

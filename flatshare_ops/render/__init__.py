@@ -57,5 +57,5 @@ def render_profile(loaded: LoadedProfile) -> Rendered:
         units=units,
         serving=render_serving(loaded, units),
         argv=argv,
-        profile_json=json.dumps(loaded.data, indent=2, sort_keys=True) + "\n",
+        profile_json=json.dumps(loaded.data, indent=2, sort_keys=True, allow_nan=False) + "\n",
     )

@@ -51,4 +51,4 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
         "voice": {"drain_file": drain_file(profile), "status_file": drain_status_file(profile),
                   "drain_timeout_s": profile.voice.drain_timeout_s},
     }
-    return json.dumps(document, indent=2, sort_keys=True) + "\n"
+    return json.dumps(document, indent=2, sort_keys=True, allow_nan=False) + "\n"

@@ -360,12 +360,13 @@ def _read_state(base: Path) -> SandboxState:
     path = base / "state.json"
     if base.exists() and not base.is_dir():
         raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
-    try:
-        return SandboxState.model_validate_json(path.read_bytes())
-    except FileNotFoundError:
-        return SandboxState()
-    except (OSError, ValidationError, UnicodeDecodeError) as err:
-        reason = one_line(err) if isinstance(err, ValidationError) else str(err)
+    from ..common.files import Damaged, read_json_object
+
+    try:  # bounded, never blocking on what is there, RFC 8259's numbers
+        document = read_json_object(path)
+        return SandboxState() if document is None else SandboxState.model_validate(document)
+    except (Damaged, ValidationError) as err:
+        reason = one_line(err) if isinstance(err, ValidationError) else err.form
         raise SandboxError(
             f"{path}: unreadable sandbox state ({reason}); stop its processes by hand "
             "(ps aux | grep -e 'systemd --user' -e sshd) and remove the file", exit_code=2,
@@ -644,12 +645,14 @@ def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> Non
     """
     from urllib.parse import urlsplit
 
+    from ..common.files import Damaged, read_json_object
+
     for node in sandbox_nodes:
         path = node.state_dir / "releases/current/serving.json"
-        try:
-            url = json.loads(path.read_text())["engine"]["url"]
+        try:  # only a hint of the address it was made for (bounded, never blocking); the release's checks speak
+            url = (read_json_object(path, allow_symlink=True) or {})["engine"]["url"]
             old = urlsplit(url).hostname
-        except (OSError, ValueError, KeyError, TypeError):
+        except (Damaged, ValueError, KeyError, TypeError, AttributeError):
             continue  # no release yet, or one 'up' does not read: the release's own checks speak for it
         if old and old != node.address:
             raise SandboxError(

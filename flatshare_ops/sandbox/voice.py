@@ -35,6 +35,7 @@ import time
 from pathlib import Path
 
 from ..common.durable import write_atomic
+from ..common.files import Damaged, read_bytes
 from .completions import post_completion, request_body
 from .http import Request, json_body, serve
 
@@ -110,10 +111,7 @@ class Worker:
         """Follow the drain file forever, writing the status on every change."""
         last: tuple | None = None
         while True:
-            try:
-                drain_id = self.drain_file.read_text().strip() or "unnamed"
-            except FileNotFoundError:
-                drain_id = None
+            drain_id = self._drain_id()
             with self.lock:
                 if drain_id is None:
                     self.state, self.drain_id = "serving", None
@@ -122,10 +120,26 @@ class Worker:
                     self.state = "draining" if self.calls else "drained"
                 now = (self.state, self.drain_id, self.calls)
             if now != last:
-                self.write_status()
+                try:
+                    self.write_status()
+                except OSError as err:  # a directory or a FIFO where the status belongs: said, tried again
+                    print(f"voice: cannot write {self.status_file} ({err.strerror or err})", flush=True)
+                    time.sleep(POLL_S)
+                    continue
                 print(f"voice: {self.state} (drain {self.drain_id}, {self.calls} calls)", flush=True)
                 last = now
             time.sleep(POLL_S)
+
+    def _drain_id(self) -> str | None:
+        """The drain file's drain id (``unnamed`` when it says none or cannot be read), or None when there is no
+        drain file: its presence drains the worker (a link to nothing drains nobody); read without blocking."""
+        if not self.drain_file.exists():
+            return None
+        try:
+            text = (read_bytes(self.drain_file, allow_symlink=True) or b"").decode(errors="replace")
+        except Damaged:
+            return "unnamed"
+        return text.strip() or "unnamed"
 
 
 def _number(query: dict, name: str, default: str, kind: type = float, least: float = 0):
