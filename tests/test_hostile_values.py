@@ -142,7 +142,8 @@ def test_a_hold_written_by_hand_is_shown_on_one_line(tmp_path):
 
     shown = describe({"who": "ops\nSERVING-CHECK OK", "since": "yesterday", "message": "a\rb\x1b"})
     assert "\n" not in shown and "\r" not in shown and "\x1b" not in shown
-    assert shown == "ops\\nSERVING-CHECK OK: a\\rb\\x1b"  # a time that is no time is left out, never "?"
+    # A time that is no time is left out, never "?", and said to be unusable.
+    assert shown == "ops\\nSERVING-CHECK OK: a\\rb\\x1b, though hold.json has no usable since"
 
 
 PROFILE_VALUES = {

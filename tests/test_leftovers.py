@@ -144,4 +144,5 @@ def test_a_plain_current_link_passes_the_rule_on_both_sides(tmp_path):
     assert current_release(releases.parent) == "0123456789abcdef"
     report = run_checks(releases.parent, "cyan", tmp_path / "run")
     assert not any("not at a release directory" in f.summary for f in report.findings)
-    assert any("serving.json not found" in f.summary for f in report.findings)  # it went on to read the release
+    # It went on to read the release (which holds no serving.json here: named as the release's damage).
+    assert any("serving.json: missing from release 0123456789abcdef" in f.summary for f in report.findings)

@@ -20,7 +20,7 @@ import time
 from pathlib import Path
 
 from ..common import serving_shape
-from ..common.clock import age, is_time
+from ..common.clock import is_time
 from ..common.files import Damaged, parse_json_object, read_json_object
 from ..common.release_files import read_release
 from ..common.http import http_get

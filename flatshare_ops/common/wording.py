@@ -107,5 +107,7 @@ def hold_phrase(hold: Mapping, source: str = "hold.json") -> str:
     the record lacks is named (``someone, though hold.json has no who``)."""
     who, since, message = text_field(hold, "who"), time_field(hold, "since"), text_field(hold, "message")
     text = (who or "someone") + (f" since {since}" if since else "") + (f": {message}" if message else "")
-    missing = [k for k, v in (("who", who), ("since", since), ("message", message)) if v is None]
+    present = hold if isinstance(hold, Mapping) else {}
+    missing = [k if k not in present else f"usable {k}" for k, v in (("who", who), ("since", since),
+                                                                    ("message", message)) if v is None]
     return text + not_recorded(source, missing)

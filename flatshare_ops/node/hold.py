@@ -13,6 +13,7 @@ import socket
 import time
 
 from ..common import durable
+from ..common.clock import is_time
 from ..common.files import Damaged, dumps, read_json_object
 from ..common.text import hold_message
 from ..common.wording import hold_phrase

@@ -18,7 +18,6 @@ from typing import Callable
 from .. import systemd
 from ..common import durable
 from ..common.files import Damaged, read_bytes
-from ..common.http import wait_for_200
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
 from ..errors import FlatshareError, SystemdError
 from . import drain
