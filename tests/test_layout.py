@@ -85,3 +85,21 @@ def test_the_readmes_layout_section_names_every_module_under_its_folder():
         if f"`{path.name}`" not in where and f"`{folder}/{path.name}`" not in where:
             missing.append(str(relative))
     assert not missing, f"README.md's Layout section does not name: {missing}"
+
+
+def test_each_test_module_brings_up_sandboxes_only_on_its_own_loopback_blocks():
+    """Modules run at once in different test processes: a block shared by two would put two sandboxes on one
+    address (tests/conftest.py, "loopback addresses"). And no module brings a sandbox up on addresses of its own
+    making: every `up(...)` in the tests takes them from loopback_pair."""
+    import re
+
+    from conftest import BLOCKS
+
+    wrong, literal = [], []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        text = path.read_text()
+        for block in re.findall(r"loopback_pair\((\d+)\)", text):
+            if BLOCKS.get(int(block)) != path.stem:
+                wrong.append(f"{path.name}: loopback_pair({block}) is {BLOCKS.get(int(block), 'not registered')}'s")
+        literal += [f"{path.name}: {m}" for m in re.findall(r"""ADDRESSES\s*=\s*\{[^}]*127\.[^}]*\}""", text)]
+    assert not wrong and not literal, wrong + literal

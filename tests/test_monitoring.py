@@ -17,7 +17,7 @@ from markdown_it import MarkdownIt
 
 import monitoring_names
 import promtool_suite
-from conftest import REPO, run_cli
+from conftest import REPO, loopback_pair, run_cli
 from flatshare_ops.check.facts import parse_metrics
 
 
@@ -31,7 +31,7 @@ VLLM_METRICS = REPO / "tests/fixtures/vllm-0.32.0-metrics.txt"
 #: node_exporter's own textfile-collector series (node_exporter's collector/textfile.go).
 NODE_EXPORTER_TEXTFILE = {"node_textfile_scrape_error", "node_textfile_mtime_seconds"}
 #: This module's own sandbox addresses.
-ADDRESSES = {"cyan": "127.76.0.2", "peacock": "127.76.0.3"}
+ADDRESSES = loopback_pair(76)
 
 
 def test_promtool_accepts_the_rendered_rules():

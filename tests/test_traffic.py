@@ -26,14 +26,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, loopback_pair
 from release_fleet import sandbox_fleet
 from flatshare_ops.sandbox.caller import Gateway, place_call, run_calls
 from flatshare_ops.sandbox.completions import post_completion, request_body
 from flatshare_ops.sandbox.engine_behaviour import Behaviour
 
-ADDRESSES = {"cyan": "127.73.0.2", "peacock": "127.73.0.3"}
-SPARE = "127.73.0.4"  # for a stand-in started by hand, outside the fleet
+ADDRESSES = loopback_pair(73)
+SPARE = ADDRESSES["cyan"].rsplit(".", 1)[0] + ".4"  # for a stand-in started by hand, outside the fleet
 DEFAULTS = Behaviour().as_dict()
 VLLM_SITE = next((REPO / ".venv-vllm").glob("lib/python*/site-packages"), None)
 
