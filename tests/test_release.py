@@ -125,6 +125,10 @@ def test_a_dropped_ssh_session_does_not_stop_the_release_on_the_node(fleet):
     while time.monotonic() < deadline and not (fleet.history(name) and fleet.history(name)[-1]["target"] == expected):
         time.sleep(0.1)
     assert fleet.history(name)[-1]["result"] == "released"
+    # The node says so in its log once the history record is written (right after it: wait for the line).
+    deadline = time.monotonic() + 30
+    while time.monotonic() < deadline and f"{name}: released {expected}" not in log.read_text()[start:]:
+        time.sleep(0.05)
     text = log.read_text()[start:]
     total = int(re.search(r"step 1/(\d+) ", text).group(1))
     for number in range(1, total + 1):
