@@ -97,7 +97,8 @@ BAD_PROFILES = {
     "fp8 with async and cpu tier": ('[engine]\nkv_cache_dtype = "fp8"\n', r"child\.toml:3: engine\.kv_cache_dtype: fp8 with async_scheduling and kv_offloading crashes"),
     "newline in a value": ('[voice]\ncommand = ["/bin/voice", "a\\nExecStartPre=/bin/evil"]\n', r"child\.toml:3: voice\.command\[1\]: must not contain control character '\\n'"),
     "control character": ('[engine]\nmodel = "/m\\u0007"\n', r"child\.toml:3: engine\.model: .*control character"),
-    "endpointing reversed": ("[voice]\nendpointing_min_s = 4.0\n", r"child\.toml:3: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
+    # Both ends given by the child: the parent's own endpointing_max_s is the operator's to change.
+    "endpointing reversed": ("[voice]\nendpointing_max_s = 3.0\nendpointing_min_s = 4.0\n", r"child\.toml:4: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
     "duplicate key": ("[voice]\nturn_hints = true\nturn_hints = false\n", r"child\.toml:4: malformed TOML: Key \"turn_hints\" already exists"),
     "typo": ("[engine.make_room]\ndecode_hold_token = 48\n", r"child\.toml:3: engine\.make_room\.decode_hold_token: unknown key"),
     "infinite size": ("[engine.kv_offloading]\nsize_gib = inf\n", r"child\.toml:3: engine\.kv_offloading\.size_gib: .*finite"),
