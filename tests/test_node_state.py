@@ -62,8 +62,8 @@ ADDRESSES = loopback_pair(51)
 ENGINE, GATEWAY, VOICE = "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"
 HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
 #: Groups of this module's tests that run apart (tests/conftest.py, "parallel test processes"), each on a
-#: fleet of its own: the failed writes (with the write_calls fixture) and the rollbacks; the rest (the
-#: damaged files) is the module's own group.
+#: fleet of its own: the failed writes (with the write_calls fixture), the rollbacks, and half of the
+#: damaged files (DAMAGED_LOGS, below); the rest is the module's own group.
 WRITES = pytest.mark.xdist_group("test_node_state_writes")
 ROLLBACKS = pytest.mark.xdist_group("test_node_state_rollbacks")
 #: The call recorder (tests/test_node_state_calls/sitecustomize.py): which durable write is the Nth.
@@ -409,8 +409,15 @@ class Case:
         return f"{self.file}-{self.form}"
 
 
+#: The damaged files of the history, the log and the voice worker: a group of their own (the first half of
+#: the cases stays in the module's group), so that the two halves run apart.
+DAMAGED_LOGS = pytest.mark.xdist_group("test_node_state_damaged_logs")
+
+
 def case(file, form, release=(0,), dry=(0,), named="", serving=True, named_if_failing=""):
-    return pytest.param(Case(file, form, release, dry, named, serving, named_if_failing), id=f"{file}-{form}")
+    marks = [DAMAGED_LOGS] if file in ("history.jsonl", "release.log", "voice.drain", "voice.status") else []
+    return pytest.param(Case(file, form, release, dry, named, serving, named_if_failing), id=f"{file}-{form}",
+                        marks=marks)
 
 
 # Exit codes (flatshare_ops/errors.py): 0 released/done, 1 failed mid-switch (journal kept), 3 refused,
