@@ -855,40 +855,43 @@ def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_no
     inventory = fleet.variant("stall", transport={"silence_s": 5, "reconnect_s": 10})
     fleet.new_hold(name)
     offset = fleet.log_size(name)
-    expected = fleet.expected_id(name)
-    operator = _release_in_background(fleet, name, inventory)
-    session = switch = None
-    try:
-        fleet.wait_log(name, offset, STEP + "restart-engine", operator)
-        session = fleet.session_pid(name)
-        if still_switching:
-            # The node's switch stops where it is (a node slowed down by a fault, never by the machine's
-            # load): it still holds its lock and journal when the reconnect bound ends.
-            (switch,) = fleet.switch_pids(name)
-            os.kill(switch, signal.SIGSTOP)
-        os.kill(session, signal.SIGSTOP)  # the session stalls: no byte reaches the operator any more
-        out = _finish(operator, 120)
-        if still_switching:
-            assert fleet.lock_holder(name) == switch  # true: the node's side still holds its lock
-    finally:
-        _signal(switch, signal.SIGCONT)
-        _signal(session, signal.SIGCONT)
-        if operator.poll() is None:
-            operator.kill()
-    _no_traceback(out)
-    assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
-    if not still_switching:
-        assert f"{name}: the node says: released {expected}" in out, out
-        assert operator.returncode == 0, out
-    else:
-        assert re.search(rf"^{name}: the node is still switching after 10 s \(the reconnect bound\): "
-                         rf"switch \S+ -> {expected} ", out, re.MULTILINE), out
-        assert operator.returncode == 7, out
-    # What the node did, from its own history.
-    assert _poll(lambda: fleet.history(name)[-1]["target"] == expected, 90)
-    last = fleet.history(name)[-1]
-    assert (last["target"], last["result"]) == (expected, "released")
-    assert fleet.current(name) == expected
+    # Still switching: the node's switch is stopped (SIGSTOP) while it waits for the new engine's /health,
+    # which loads for 5 s: a node slowed down by a fault, never by the machine's load. It holds its lock and
+    # journal when the reconnect bound ends, and goes on when it is let go (its start budget is 60 s).
+    marker = r"waiting for http://\S+/health to answer 200" if still_switching else STEP + "restart-engine"
+    with fleet.node_profile(name, load="5" if still_switching else None):
+        expected = fleet.expected_id(name)
+        operator = _release_in_background(fleet, name, inventory)
+        session = switch = None
+        try:
+            fleet.wait_log(name, offset, marker, operator)
+            session = fleet.session_pid(name)
+            if still_switching:
+                (switch,) = fleet.switch_pids(name)
+                os.kill(switch, signal.SIGSTOP)
+            os.kill(session, signal.SIGSTOP)  # the session stalls: no byte reaches the operator any more
+            out = _finish(operator, 120)
+            if still_switching:
+                assert fleet.lock_holder(name) == switch  # true: the node's side still holds its lock
+        finally:
+            _signal(switch, signal.SIGCONT)
+            _signal(session, signal.SIGCONT)
+            if operator.poll() is None:
+                operator.kill()
+        _no_traceback(out)
+        assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
+        if not still_switching:
+            assert f"{name}: the node says: released {expected}" in out, out
+            assert operator.returncode == 0, out
+        else:
+            assert re.search(rf"^{name}: the node is still switching after 10 s \(the reconnect bound\): "
+                             rf"switch \S+ -> {expected} ", out, re.MULTILINE), out
+            assert operator.returncode == 7, out
+        # What the node did, from its own history.
+        assert _poll(lambda: fleet.history(name)[-1]["target"] == expected, 90)
+        last = fleet.history(name)[-1]
+        assert (last["target"], last["result"]) == (expected, "released"), last
+        assert fleet.current(name) == expected
     fleet.settled(name)
 
 
