@@ -15,9 +15,12 @@ demo: setup
 	@./scripts/vllm-venvs.sh
 	@./scripts/demo.sh
 
+# The tests in TEST_PROCESSES parallel processes (pytest-xdist), each group of tests whole in one of them,
+# the longest first (tests/conftest.py, "parallel test processes"). TEST_PROCESSES=0 runs them in this one.
+TEST_PROCESSES ?= 4
 test: setup
 	@./scripts/vllm-venvs.sh
-	$(BIN)/python -m pytest -q
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
 
 sandbox-down: setup
 	$(BIN)/flatshare sandbox down

@@ -74,14 +74,185 @@ def user_manager(tmp_path_factory):
     stop_manager(name, pid)
 
 
-def loopback_pair(offset: int) -> dict[str, str]:
-    """Loopback addresses for a test sandbox, distinct per test process, so that two
-    test runs (or a test run beside `make demo`'s 127.0.0.x) never share an address."""
-    slot = (os.getpid() * 2 + offset) % 60000
-    return {"cyan": f"127.{1 + slot // 250}.{slot % 250}.2", "peacock": f"127.{1 + slot // 250}.{slot % 250}.3"}
+# --- parallel test processes (pytest-xdist) ------------------------------------------------------------
+#
+# `make test` runs the tests in parallel processes: `pytest -n N --dist loadgroup --no-loadscope-reorder`.
+# xdist sends each group of tests (the xdist_group mark) to one process, whole; a test without a mark is
+# put in its module's group, so a module's fixtures (its sandbox fleet) are set up in one process only.
+# A long module is split by marking some of its tests with a group of their own (a name starting with
+# the module's): each group then brings up its own fleet, in whichever process runs it. Mark tests or a
+# module's pytestmark, never both (xdist joins every group name it finds).
+#
+# The groups are sent longest first (GROUP_SECONDS: measured on this machine's 2 CPUs beside the rest of
+# the suite; a group not listed counts as short), so that no process is left with a long group at the end.
+# The real engines' tier (test_real_engine: about 6 minutes, its two engines taking most of both CPUs while
+# they start) goes first and keeps one process for the whole run; the other processes share the rest.
+
+GROUP_SECONDS = {
+    "test_real_engine": 360,
+    "test_fleet_safety": 170, "test_node_state": 170, "test_node_state_damaged_logs": 130,
+    "test_fleet_safety_signals": 130, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
+    "test_fleet_safety_sessions": 110, "test_release": 100, "test_production_path_runbook": 90,
+    "test_node_state_rollbacks": 85, "vllm_parser": 60, "test_production_path": 60, "test_release_crashes": 50,
+    "session_sandbox": 45, "test_traffic": 35, "test_release_changes": 30, "test_variants": 30,
+}
+#: Modules that share what a test process keeps for its session, in one group: the session's `sandbox`
+#: fleet (below), and vLLM's parsers (vllm_parse_many).
+MODULE_GROUPS = {
+    "test_sandbox": "session_sandbox", "test_serving_check": "session_sandbox",
+    "test_vllm_parser": "vllm_parser", "test_vllm_argv_differential": "vllm_parser",
+}
+
+
+def _group(item) -> str:
+    mark = item.get_closest_marker("xdist_group")
+    return str(mark.args[0] if mark.args else mark.kwargs.get("name", "default")) if mark else ""
+
+
+@pytest.hookimpl(tryfirst=True)
+def pytest_collection_modifyitems(config, items):
+    for item in items:
+        if not _group(item):
+            item.add_marker(pytest.mark.xdist_group(MODULE_GROUPS.get(item.path.stem, item.path.stem)))
+    if hasattr(config, "workerinput"):  # an xdist worker: every worker sorts alike (a stable sort of a table)
+        items.sort(key=lambda item: -GROUP_SECONDS.get(_group(item), 0))
+
+
+# --- vLLM's parser, one process per release and test process -------------------------------------------
+
+VLLM_PARSER = Path(__file__).resolve().parent / "vllm_parser" / "serve_lines.py"
+_vllm_parsers: dict = {}  # interpreter -> (its running tests/vllm_parser/serve_lines.py, that one's stderr)
+
+
+def vllm_parse_many(python: Path, argvs: list[list[str]], timeout_s: float = 600) -> list[dict]:
+    """vLLM's result for each argv (the words after `vllm serve`), as vllm_serve_parse.py's parse-many gives
+    them, from a parser that ``python`` (a parser venv's interpreter) runs once for this test process
+    (tests/vllm_parser/serve_lines.py) and keeps for every later call."""
+    import atexit
+    import json
+    import threading
+
+    import tempfile
+
+    process, errors = _vllm_parsers.get(python, (None, None))
+    if process is None or process.poll() is not None:
+        errors = tempfile.TemporaryFile("w+")
+        process = subprocess.Popen([str(python), str(VLLM_PARSER)], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                                   stderr=errors, text=True, env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
+        _vllm_parsers[python] = (process, errors)
+        atexit.register(process.kill)
+    watchdog = threading.Timer(timeout_s, process.kill)  # no answer within the bound fails the test
+    watchdog.start()
+    try:
+        process.stdin.write(json.dumps(argvs) + "\n")
+        process.stdin.flush()
+        answer = process.stdout.readline()
+    finally:
+        watchdog.cancel()
+    if not answer:
+        errors.seek(0)
+        raise AssertionError(f"{python} {VLLM_PARSER} ended without an answer (exit {process.wait()}):\n"
+                             + errors.read()[-3000:])
+    results = json.loads(answer)
+    assert len(results) == len(argvs), (len(results), len(argvs))
+    return results
+
+
+# --- loopback addresses ---------------------------------------------------------------------------------
+#
+# Every sandbox a test brings up listens on addresses of its own: cyan 127.BLOCK.LANE.2, peacock
+# 127.BLOCK.LANE.3 (and .4 for a stand-in started by hand), from loopback_pair(BLOCK).
+#
+# - BLOCK is the module's own (or a fixture's), registered in BLOCKS: no two modules share one, so that
+#   modules running at once in different test processes (xdist's workers) never share an address
+#   (tests/test_layout.py checks that each module asks only for the blocks registered to it).
+# - LANE is the test process's own (1 to 250): the first lane whose lock file
+#   (/tmp/flatshare-test-lanes/LANE.lock) no other process holds and on which nothing listens, held until
+#   the process ends. So two workers of one run, or two runs from two checkouts, never share a lane.
+#   Lane 0 is left to sandboxes made by hand (make demo's cyan is 127.0.0.2).
+
+#: Block -> the test module that brings up sandboxes on it (conftest: the session's `sandbox` fixture).
+BLOCKS = {
+    0: "conftest", 1: "test_sandbox", 2: "test_sandbox", 3: "test_release", 11: "test_release_changes",
+    13: "test_variants", 17: "test_production_path", 19: "test_production_path", 21: "test_production_path",
+    51: "test_node_state", 61: "test_fleet_safety", 71: "test_real_engine", 73: "test_traffic",
+    76: "test_monitoring", 79: "test_lock", 80: "test_leftovers", 81: "test_node_damage", 82: "test_canary",
+    83: "test_rollout_strategy",
+}
+LANES = Path("/tmp/flatshare-test-lanes")
+_lane: list = []  # [lane number, its open lock file], once taken
+
+
+def _listening_lanes() -> set[int]:
+    """Third octets of the 127.x.y.z addresses (x > 0) something listens on (TCP), from /proc/net/tcp."""
+    lanes = set()
+    try:
+        rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
+    except OSError:
+        return lanes
+    for row in rows:
+        fields = row.split()
+        if len(fields) > 3 and fields[3] == "0A":  # LISTEN
+            octets = bytes.fromhex(fields[1].split(":")[0])[::-1]  # little-endian in the kernel's table
+            if octets[0] == 127 and octets[1] > 0:
+                lanes.add(octets[2])
+    return lanes
+
+
+def process_lane() -> int:
+    """This test process's lane (1 to 250), taken on first use and held until the process ends."""
+    import fcntl
+
+    if not _lane:
+        LANES.mkdir(parents=True, exist_ok=True)
+        busy = _listening_lanes()
+        for lane in range(1, 251):
+            if lane in busy:
+                continue
+            f = open(LANES / f"{lane}.lock", "a+")
+            try:
+                fcntl.flock(f, fcntl.LOCK_EX | fcntl.LOCK_NB)
+            except BlockingIOError:
+                f.close()
+                continue
+            f.truncate(0)
+            f.write(f"{os.getpid()}\n")
+            f.flush()
+            _lane[:] = [lane, f]
+            break
+        else:
+            raise RuntimeError(f"no free test lane in {LANES} (250 test processes at once?)")
+    return _lane[0]
+
+
+def loopback_nodes(block: int, names: tuple[str, ...]) -> dict[str, str]:
+    """Loopback addresses for a sandbox of block ``block`` (a module's own; see above) in this test process:
+    the i-th name gets 127.BLOCK.LANE.(i + 2), at most 250 names."""
+    if block not in BLOCKS:
+        raise ValueError(f"loopback block {block} is not registered in tests/conftest.py's BLOCKS")
+    lane = process_lane()
+    return {name: f"127.{block}.{lane}.{i + 2}" for i, name in enumerate(names)}
+
+
+def loopback_pair(block: int) -> dict[str, str]:
+    """Loopback addresses for a cyan and peacock sandbox of block ``block`` in this test process."""
+    return loopback_nodes(block, ("cyan", "peacock"))
 
 
 TEST_ADDRESSES = loopback_pair(0)
+
+
+def without_canaries(base: Path) -> None:
+    """Give the sandbox inventory ``base/fleet.toml`` (an ``up``'s; ``up`` keeps it) ``[rollout] canaries = 0``:
+    a rollout switches node by node with no canary analysis, for tests of something else on a fleet with
+    no calls to measure (the profile's analysis, with none, would wait its two minutes and pause: exit 11;
+    the analysis's own tests: test_canary, test_rollout_strategy, test_real_engine)."""
+    import tomlkit
+
+    path = base / "fleet.toml"
+    doc = tomlkit.parse(path.read_text())
+    doc.setdefault("rollout", tomlkit.table())["canaries"] = 0
+    path.write_text(tomlkit.dumps(doc))
 
 
 @pytest.fixture(scope="session")
@@ -95,6 +266,7 @@ def sandbox(tmp_path_factory):
     base = tmp_path_factory.mktemp("sandbox")
     try:
         up(base, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _line: None)
+        without_canaries(base)
         yield base
     finally:
         down(base, echo=lambda _line: None)

@@ -6,10 +6,13 @@ from __future__ import annotations
 import json
 import os
 import subprocess
+import tempfile
+import threading
+import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import REPO, copy_checkout, run_cli
+from conftest import REPO, copy_checkout, run_cli, without_canaries
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
@@ -121,6 +124,99 @@ class Fleet:
             return {u: unit_property(bus, u, "Unit", "InvocationID") for u in (ENGINE, GATEWAY, VOICE)}
 
 
+class Switched(subprocess.CompletedProcess):
+    """What a node-side switch did: its exit code, its lines for people (stdout; protocol lines apart), its
+    stderr, the outcome it sent last (None when it sent none) and the admission answers it was given."""
+
+    def __init__(self, args, returncode, stdout, stderr, outcome=None, admissions=()) -> None:
+        super().__init__(args, returncode, stdout, stderr)
+        self.outcome, self.admissions = outcome, list(admissions)
+
+
+def node_switch(inventory: Path, root: Path, name: str, env: dict | None = None, *, force: bool = False,
+                rollback: bool = False, auto_rollback: bool | None = None, timeout_s: float = 180) -> Switched:
+    """Run the node's own switch, ``flatshare-node switch``, as a local ``flatshare release`` (or ``rollback``)
+    on node ``name`` runs it: the same command line (control/commands.py), the same bundle on stdin
+    (control/bundle.py, with the progress cadence of the inventory's silence bound), and an admission
+    answered as the operator's side answers it (control/rollout.py, ``admission``): the other nodes probed
+    (node/probe.py) and the drain admitted while ``min_serving`` of them take calls and are not being
+    released. Nothing of the operator's side runs: no rendering check, no follow-up, no summary.
+
+    ``env`` is added to the switch's environment (tests/faults). Returns a :class:`Switched`.
+    """
+    from flatshare_ops.common import protocol
+    from flatshare_ops.control import commands
+    from flatshare_ops.control.bundle import bundle
+    from flatshare_ops.control.rollout import progress_cadence
+    from flatshare_ops.control.targets import targets
+
+    everyone = targets(inventory, [], True)
+    (target,) = [t for t in everyone if t.name == name]
+    target.local = True
+    payload = {} if rollback else bundle(root, target, ship=False)
+    payload["progress_every_s"] = progress_cadence(target.settings.transport.silence_s)
+    if auto_rollback is None:
+        auto_rollback = rollback or target.loaded.profile.release.auto_rollback
+    argv = commands.switch(target.spec, uuid.uuid4().hex[:16], rollout=uuid.uuid4().hex[:12], force=force,
+                           rollback=rollback, auto_rollback=auto_rollback)
+    errors = tempfile.TemporaryFile("w+")
+    process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
+                               text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+    watchdog = threading.Timer(timeout_s, process.kill)  # a switch that never ends fails the test, not the run
+    watchdog.start()
+    admissions, people, outcome = [], [], None
+    try:
+        process.stdin.write(json.dumps(payload) + "\n")
+        process.stdin.flush()
+        for line in process.stdout:
+            message = protocol.parse(line.rstrip("\n"))
+            if isinstance(message, protocol.AdmitRequest):
+                answer = _admission(target, everyone)
+                admissions.append(answer)
+                process.stdin.write(protocol.answer_line(answer))
+                process.stdin.flush()
+            elif isinstance(message, protocol.Outcome):
+                outcome = message
+            elif not protocol.is_protocol(line):
+                people.append(line)
+        process.stdin.close()
+        code = process.wait(timeout=timeout_s)
+    finally:
+        watchdog.cancel()
+        if process.poll() is None:
+            process.kill()
+            process.wait()
+        process.stdin.close()
+        process.stdout.close()
+        errors.seek(0)
+        said = errors.read()
+        errors.close()
+    return Switched(argv, code, "".join(people), said, outcome, admissions)
+
+
+def _admission(target, everyone):
+    """The operator's admission rule (control/rollout.py): the others probed, the drain admitted while
+    ``min_serving`` of them take calls and no release holds them."""
+    from flatshare_ops.common import protocol
+    from flatshare_ops.node.context import NodeContext
+    from flatshare_ops.node.probe import probe
+
+    serving = []
+    for other in everyone:
+        if other.name == target.name:
+            continue
+        spec = other.spec
+        runtime = Path(spec.runtime_dir) if spec.runtime_dir else None
+        answer = probe(NodeContext(other.name, Path(spec.state_dir), ManagerAddress(spec.scope, runtime)))
+        if answer["takes_calls"] and not answer["locked"]:
+            serving.append(other.name)
+    need = target.settings.min_serving
+    if len(serving) >= need:
+        return protocol.AdmitAnswer(True)
+    return protocol.AdmitAnswer(False, f"{len(serving)} other node(s) take calls and are not being released; "
+                                       f"min_serving {need}")
+
+
 @contextmanager
 def sandbox_fleet(tmp_path_factory, addresses: dict[str, str]):
     """Bring up a fleet from a scratch copy of the checkout on ``addresses``; yield a :class:`Fleet`; tear down."""
@@ -128,6 +224,7 @@ def sandbox_fleet(tmp_path_factory, addresses: dict[str, str]):
     checkout = copy_checkout(REPO, root / "checkout")
     base = root / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
+    without_canaries(base)
     try:
         yield Fleet(checkout, base, addresses)
     finally:

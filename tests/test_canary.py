@@ -18,13 +18,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout
+from conftest import BIN, REPO, copy_checkout, loopback_pair
 
 from flatshare_ops.sandbox.caller import Gateway, run_calls
 from flatshare_ops.sandbox.fleet import SandboxNode, down, up
 from flatshare_ops.systemd import ManagerAddress, connect, unit_property
 
-ADDRESSES = {"cyan": "127.82.0.2", "peacock": "127.82.0.3"}
+ADDRESSES = loopback_pair(82)
 NODES = ("cyan", "peacock")
 ENGINE = "flatshare-engine.service"
 HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"

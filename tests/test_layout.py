@@ -122,3 +122,21 @@ def test_a_release_ships_exactly_what_the_node_runs():
     extra = python - wanted
     assert not extra, f"shipped but never run by the node: {sorted(extra)}"
     assert not [n for n in names if n.split("/")[1] in ("sandbox", "control", "render", "config", "cli.py")]
+
+
+def test_each_test_module_brings_up_sandboxes_only_on_its_own_loopback_blocks():
+    """Modules run at once in different test processes: a block shared by two would put two sandboxes on one
+    address (tests/conftest.py, "loopback addresses"). And no module brings a sandbox up on addresses of its own
+    making: every `up(...)` in the tests takes them from loopback_pair or loopback_nodes."""
+    import re
+
+    from conftest import BLOCKS
+
+    wrong, literal = [], []
+    for path in sorted((REPO / "tests").glob("*.py")):
+        text = path.read_text()
+        for block in re.findall(r"loopback_(?:pair|nodes)\((\d+)\b", text):
+            if BLOCKS.get(int(block)) != path.stem:
+                wrong.append(f"{path.name}: loopback_pair({block}) is {BLOCKS.get(int(block), 'not registered')}'s")
+        literal += [f"{path.name}: {m}" for m in re.findall(r"""ADDRESSES\s*=\s*\{[^}]*127\.[^}]*\}""", text)]
+    assert not wrong and not literal, wrong + literal

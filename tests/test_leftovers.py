@@ -3,7 +3,7 @@ set`` keeps a UTF-8 byte order mark; a release with nothing to do enables again 
 node and serving-check read ``releases/current`` by one rule.
 
 Truth: bytes on disk, systemd's ``UnitFileState`` and ``InvocationID`` over D-Bus, the node's own reading of
-``releases/current``. The release case runs on a sandbox fleet of its own (cyan 127.79.0.4, peacock 127.79.0.5).
+``releases/current``. The release case runs on a sandbox fleet of its own (loopback block 80).
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ import os
 from pathlib import Path
 
 import pytest
-from conftest import run_cli, snapshot
+from conftest import loopback_pair, run_cli, snapshot
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.errors import NodeStateError
@@ -23,7 +23,7 @@ from flatshare_ops.systemd import connect, daemon_reload, manager, unit_property
 VARIANT = Path("profiles/rtx-5060-ti-serve-vllm-0.33.toml")
 OLD = "rtx-5060-ti-serve-vllm-0.33"
 NEW = "rtx-5060-ti-serve-vllm-0.33-next"
-ADDRESSES = {"cyan": "127.79.0.4", "peacock": "127.79.0.5"}
+ADDRESSES = loopback_pair(80)
 
 
 # --- a renamed variant's old outputs ---------------------------------------------------------------------

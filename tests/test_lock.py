@@ -5,7 +5,7 @@ Truth is the kernel's, read independently of the reading under test: each holder
 their locks (``/proc/PID/fd``, ``/proc/PID/fdinfo``: the ``lock:`` lines the kernel shows for the
 descriptor that holds a lock) and the processes' command lines; the history's bytes on disk.
 
-The stress test runs on a sandbox fleet of its own (cyan 127.79.0.2, peacock 127.79.0.3).
+The stress test runs on a sandbox fleet of its own (loopback block 79).
 """
 
 from __future__ import annotations
@@ -22,7 +22,7 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO
+from conftest import BIN, REPO, loopback_pair
 
 from flatshare_ops.check.run import release_state
 from flatshare_ops.common.locks import held_by, release_holder
@@ -32,7 +32,7 @@ from flatshare_ops.node.lock import node_lock
 from flatshare_ops.node.probe import probe
 from flatshare_ops.systemd import ManagerAddress
 
-ADDRESSES = {"cyan": "127.79.0.2", "peacock": "127.79.0.3"}
+ADDRESSES = loopback_pair(79)
 
 #: A child that takes the node's lock with the real code, says so, and holds it until its stdin closes.
 HOLDER = r"""

@@ -1,6 +1,6 @@
 """Damaged node files, every kind issue 22 names, each in every form the kind covers.
 
-On a sandbox fleet of its own (cyan 127.81.0.2, peacock 127.81.0.3, module-scoped), from a scratch
+On a sandbox fleet of its own (loopback block 81, module-scoped), from a scratch
 checkout whose hold value is set anew for each release that must be a real change. Where a case needs only
 the node's switch, it drives ``flatshare-node switch`` itself (the bundle on stdin, made by
 control/bundle.py; admission requests answered by the test as the operator's side would,
@@ -47,7 +47,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, run_cli
+from conftest import BIN, REPO, copy_checkout, loopback_pair, run_cli, without_canaries
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common import protocol
@@ -58,7 +58,7 @@ from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
 from flatshare_ops.systemd import ManagerAddress, connect, run_job, unit_property
 
-ADDRESSES = {"cyan": "127.81.0.2", "peacock": "127.81.0.3"}
+ADDRESSES = loopback_pair(81)
 CYAN = "cyan"
 ENGINE, GATEWAY, VOICE = "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"
 NODE_PROCESS = re.compile(r"flatshare-node|flatshare_ops\.node")
@@ -337,6 +337,7 @@ def node(tmp_path_factory):
     checkout = copy_checkout(REPO, scratch / "checkout")
     base = scratch / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    without_canaries(base)
     try:
         n = Node(checkout, base, scratch)
         # Sandbox-only speed: the stand-in engine loads in 0.2 s; a voice drain is given up on after 3 s.

@@ -1,10 +1,11 @@
 """Node state that survives damage and a full disk; rollback only to what served.
 
-On a sandbox fleet of its own (cyan 127.51.0.2, peacock 127.51.0.3, module-scoped), from a scratch
+On a sandbox fleet of its own (loopback block 51, module-scoped), from a scratch
 checkout whose hold value is flipped for every release, so that each release is a real change:
 
-1. every file a node keeps, damaged in every form that applies, is read defensively by
-   ``flatshare release``, ``rollback --dry-run``, ``status``, ``releases`` and ``serving-check``;
+1. every file a node keeps, damaged in every form that applies, is read defensively by the node's
+   switch (what ``flatshare release`` runs there), ``rollback --dry-run``, ``status``, ``releases`` and
+   ``serving-check``;
 2. appends a crash cannot corrupt (a torn history line; a failure between the history record and
    the journal's removal);
 3. the one early-end rule whatever durable write fails (tests/faults/ ``fail=PRIMITIVE, nth=N``);
@@ -13,6 +14,11 @@ checkout whose hold value is flipped for every release, so that each release is 
    keeps the interrupted switch);
 6. the engine's stop time does not eat its start budget;
 7. every command a message suggests exists.
+
+A release here is the node's own switch, run as a local ``flatshare release`` runs it (the same command
+line, bundle and admission answer; tests/release_fleet.py's ``node_switch``): what these tests check is
+the node's, and a whole operator's release would only add its start-up and its probe of peacock. Where
+a test checks what the operator's side says, it runs ``flatshare release`` itself (``operator_release``).
 
 Truth is read independently of the tool's own words where it can be: files on disk, systemd's
 ActiveState and InvocationID over D-Bus, the stand-ins' HTTP answers, ``/proc/locks``. Every test
@@ -34,7 +40,8 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, faults, run_cli
+from conftest import BIN, REPO, copy_checkout, faults, loopback_pair, run_cli, without_canaries
+from release_fleet import node_switch
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.http import wait_for_200
@@ -51,9 +58,14 @@ from flatshare_ops.systemd import (
     unit_property,
 )
 
-ADDRESSES = {"cyan": "127.51.0.2", "peacock": "127.51.0.3"}
+ADDRESSES = loopback_pair(51)
 ENGINE, GATEWAY, VOICE = "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"
 HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
+#: Groups of this module's tests that run apart (tests/conftest.py, "parallel test processes"), each on a
+#: fleet of its own: the failed writes (with the write_calls fixture), the rollbacks, and half of the
+#: damaged files (DAMAGED_LOGS, below); the rest is the module's own group.
+WRITES = pytest.mark.xdist_group("test_node_state_writes")
+ROLLBACKS = pytest.mark.xdist_group("test_node_state_rollbacks")
 #: The call recorder (tests/test_node_state_calls/sitecustomize.py): which durable write is the Nth.
 CALLS = Path(__file__).resolve().parent / "test_node_state_calls"
 CYAN = "cyan"
@@ -91,7 +103,18 @@ class Fleet:
         return run_cli(*args, env={"FLATSHARE_INVENTORY": str(self.inventory), **(env or {})})
 
     def release(self, name: str = CYAN, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
-        """``flatshare release`` run on the node itself (FLATSHARE_NODE: a local child process)."""
+        """The node's own switch to the checkout's release, as a local ``flatshare release`` runs it (the same
+        command line, bundle and admission: tests/release_fleet.py's node_switch). What these tests check is
+        the node's: its exit code, its lines, its files; the operator's side only passes them on, and
+        tests/test_release.py checks that it does. ``args``: ``--no-auto-rollback``."""
+        unknown = [a for a in args if a != "--no-auto-rollback"]
+        assert not unknown, unknown
+        return node_switch(self.inventory, self.checkout, name, env,
+                           auto_rollback=False if "--no-auto-rollback" in args else None)
+
+    def operator_release(self, name: str = CYAN, *args: str, env: dict | None = None) -> subprocess.CompletedProcess:
+        """``flatshare release`` run on the node itself (FLATSHARE_NODE: a local child process), for what the
+        operator's side says (its follow-up of a switch that ended without an outcome, its summary)."""
         return self.cli("release", "--root", str(self.checkout), *args, env={"FLATSHARE_NODE": name, **(env or {})})
 
     def rollback(self, name: str = CYAN, *args: str) -> subprocess.CompletedProcess:
@@ -287,6 +310,7 @@ def fleet(tmp_path_factory):
     checkout = copy_checkout(REPO, scratch / "checkout")
     base = scratch / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+    without_canaries(base)
     try:
         f = Fleet(checkout, base, scratch)
         # Sandbox-only speed: the stand-in engine loads in 0.2 s, and a voice worker that cannot
@@ -386,8 +410,15 @@ class Case:
         return f"{self.file}-{self.form}"
 
 
+#: The damaged files of the history, the log and the voice worker: a group of their own (the first half of
+#: the cases stays in the module's group), so that the two halves run apart.
+DAMAGED_LOGS = pytest.mark.xdist_group("test_node_state_damaged_logs")
+
+
 def case(file, form, release=(0,), dry=(0,), named="", serving=True, named_if_failing=""):
-    return pytest.param(Case(file, form, release, dry, named, serving, named_if_failing), id=f"{file}-{form}")
+    marks = [DAMAGED_LOGS] if file in ("history.jsonl", "release.log", "voice.drain", "voice.status") else []
+    return pytest.param(Case(file, form, release, dry, named, serving, named_if_failing), id=f"{file}-{form}",
+                        marks=marks)
 
 
 # Exit codes (flatshare_ops/errors.py): 0 released/done, 1 failed mid-switch (journal kept), 3 refused,
@@ -850,6 +881,7 @@ def write_calls(fleet) -> list[tuple[str, str]]:
     return calls
 
 
+@WRITES
 def test_a_crash_between_the_history_record_and_the_journal_removal_never_records_a_switch_twice(fleet, write_calls):
     removes = [path for primitive, path in write_calls if primitive == "remove"]
     k = next(i for i, path in enumerate(removes, 1) if path.endswith("/releases/switching.json"))
@@ -930,6 +962,7 @@ def fail_each_write(fleet: Fleet, primitive: str, ns: list[int], calls: list[tup
     return failures
 
 
+@WRITES
 def test_a_failed_write_anywhere_in_a_switch_ends_it_early_and_the_next_release_finishes(fleet, write_calls):
     # Every durable write of a switch fails once, in turn (every primitive counted together, so this is
     # each write_atomic, append_line, replace_symlink and remove), then one past the end.
@@ -939,6 +972,7 @@ def test_a_failed_write_anywhere_in_a_switch_ends_it_early_and_the_next_release_
     assert not failures, "\n\n".join(failures)
 
 
+@WRITES
 @pytest.mark.parametrize("primitive, nth", [("rename", 1), ("write_atomic", 2)])
 def test_a_failed_write_while_storing_the_release_is_one_line_not_a_traceback(fleet, primitive, nth):
     expected = fleet.fresh()  # a release the node has not stored: it is written first
@@ -952,6 +986,7 @@ def test_a_failed_write_while_storing_the_release_is_one_line_not_a_traceback(fl
     assert not problems and still == before and not stored
 
 
+@WRITES
 def test_a_failed_first_journal_write_does_not_claim_a_journal_is_kept(fleet, write_calls):
     n = next(i for i, (name, path) in enumerate([c for c in write_calls if c[0] == "write_atomic"], 1)
              if path.endswith("/releases/switching.json"))
@@ -1041,6 +1076,7 @@ def _early_end_then_finish(fleet: Fleet, process: subprocess.Popen, expected: st
     assert fleet.serving_check().returncode == 0
 
 
+@WRITES
 def test_a_disk_that_fills_mid_switch_ends_it_early_and_the_next_release_finishes(fleet):
     expected = fleet.change()
     with tmpfs_over_releases(fleet) as releases:
@@ -1056,6 +1092,7 @@ def test_a_disk_that_fills_mid_switch_ends_it_early_and_the_next_release_finishe
     fleet.settled()
 
 
+@WRITES
 def test_a_state_directory_that_turns_read_only_mid_switch_ends_it_early_and_the_next_release_finishes(fleet):
     releases = fleet.releases()
     expected = fleet.change()
@@ -1083,6 +1120,7 @@ def test_a_state_directory_that_turns_read_only_mid_switch_ends_it_early_and_the
     fleet.settled()
 
 
+@WRITES
 def test_a_disk_full_before_a_release_gives_one_line_and_changes_nothing(fleet):
     fleet.fresh()  # a release the node has not stored: storing it is the first write
     before = fleet.current()
@@ -1142,6 +1180,7 @@ def _rollbacks_skip_the_release_that_never_served(fleet: Fleet, left: str, faile
     assert fleet.serving_check().returncode == 0
 
 
+@ROLLBACKS
 def test_a_rollback_after_a_failed_start_returns_to_what_served_never_to_the_failed_release(fleet):
     left = fleet.current()
     start = len(fleet.history())
@@ -1158,6 +1197,7 @@ def test_a_rollback_after_a_failed_start_returns_to_what_served_never_to_the_fai
         fleet.finish()
 
 
+@ROLLBACKS
 def test_a_rollback_after_a_switch_interrupted_by_sigint_returns_to_what_served(fleet):
     left = fleet.current()
     start = len(fleet.history())
@@ -1181,6 +1221,7 @@ def test_a_rollback_after_a_switch_interrupted_by_sigint_returns_to_what_served(
         fleet.finish()
 
 
+@ROLLBACKS
 def test_a_second_rollback_does_not_return_to_a_release_whose_last_switch_failed(fleet):
     left = fleet.current()
     failed = fleet.change()  # the other stored release: it served once, earlier
@@ -1198,9 +1239,10 @@ def test_a_second_rollback_does_not_return_to_a_release_whose_last_switch_failed
     assert second.returncode in (0, 3), text_of(second)
 
 
+@ROLLBACKS
 def test_a_refused_rollback_keeps_the_interrupted_switch_and_gives_calls_back(fleet):
     failed = fleet.change()
-    killed = fleet.release(env=faults(kill_after_step="stop-gateway"))
+    killed = fleet.operator_release(env=faults(kill_after_step="stop-gateway"))
     assert "ended without its outcome" in killed.stdout, text_of(killed)
     journal = json.loads(fleet.journal().read_text())
     assert journal["to"] == failed
@@ -1238,6 +1280,7 @@ def test_a_refused_rollback_keeps_the_interrupted_switch_and_gives_calls_back(fl
     fleet.settled()
 
 
+@ROLLBACKS
 def test_a_damaged_stored_release_is_rewritten_or_refused_before_any_drain(fleet):
     left, left_hold = fleet.current(), fleet.hold()
     back = fleet.change()  # another release: stored unless it never served (then pruned)
@@ -1264,6 +1307,7 @@ def test_a_damaged_stored_release_is_rewritten_or_refused_before_any_drain(fleet
     assert (result.returncode == 0 and now_valid) or (result.returncode == 5 and not restarted), text_of(result)
 
 
+@ROLLBACKS
 def test_a_rollback_never_installs_a_truncated_unit_from_a_stored_release(fleet):
     left = fleet.current()
     target = next(r for r in _served(fleet) if r != left and (fleet.releases() / r).is_dir())
@@ -1284,18 +1328,20 @@ def test_a_rollback_never_installs_a_truncated_unit_from_a_stored_release(fleet)
 # --- 6. the engine's stop time does not eat its start budget -------------------------------------------
 
 
+@ROLLBACKS
 def test_the_engine_start_budget_counts_from_the_start_job_not_from_the_stop(fleet):
     drop_in = fleet.node().manager.unit_dir / f"{ENGINE}.d" / "50-slow-stop.conf"
     drop_in.parent.mkdir(exist_ok=True)
-    # Stopping takes 10 s (a regular drop-in, not an E2 link: the release goes ahead with it); loading takes
-    # 5 s of an 8 s start budget. Counted from the stop, the budget would be spent before /health answers.
-    drop_in.write_text("[Service]\nExecStopPost=/bin/sleep 10\n")
+    # Stopping takes 6 s (a regular drop-in, not an E2 link: the release goes ahead with it); loading takes
+    # 2 s of a 6 s start budget (4 s to spare for a loaded machine's start-up). Counted from the stop, the
+    # budget would be spent before /health answers.
+    drop_in.write_text("[Service]\nExecStopPost=/bin/sleep 6\n")
     fleet.reload()
     log = fleet.releases() / "release.log"
     mark = log.stat().st_size
     try:
-        with fleet.profile_edit(CYAN, {"start_timeout_s = 60": "start_timeout_s = 8",
-                                       'FLATSHARE_STANDIN_LOAD_S = "0.2"': 'FLATSHARE_STANDIN_LOAD_S = "5"'}):
+        with fleet.profile_edit(CYAN, {"start_timeout_s = 60": "start_timeout_s = 6",
+                                       'FLATSHARE_STANDIN_LOAD_S = "0.2"': 'FLATSHARE_STANDIN_LOAD_S = "2"'}):
             expected = fleet.change()
             before = fleet.engine()[1]
             result = fleet.release()
@@ -1305,12 +1351,13 @@ def test_the_engine_start_budget_counts_from_the_start_job_not_from_the_stop(fle
     assert result.returncode == 0, text_of(result)
     assert fleet.current() == expected and fleet.engine()[1] != before
     assert "engine ready in" in result.stdout
-    # The precondition held: stopping the engine took its 10 s (release.log's own timestamps).
+    # The precondition held: stopping the engine took longer than the whole start budget (release.log's own
+    # timestamps).
     text = log.read_bytes()[mark:].decode(errors="replace")
     stamps = {what: re.search(rf"^(\S+)   {what} {ENGINE}", text, re.MULTILINE) for what in ("stop", "start")}
     assert all(stamps.values()), text
     took = [time.mktime(time.strptime(stamps[w].group(1), "%Y-%m-%dT%H:%M:%SZ")) for w in ("stop", "start")]
-    assert took[1] - took[0] >= 8, text
+    assert took[1] - took[0] >= 6, text
     fleet.settled()
 
 
@@ -1390,6 +1437,7 @@ def _records_of(fleet: Fleet, start: int) -> list[tuple]:
             for r in fleet.history()[start:]]
 
 
+@ROLLBACKS
 @pytest.mark.parametrize("fault", ["the engine never answers /health within its start budget",
                                    "serving-check is CRITICAL after the switch (the module is not the pinned one)"])
 def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_itself(fleet, fault):
@@ -1400,7 +1448,7 @@ def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_it
         '\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
     with fleet.profile_edit(CYAN, edits):
         failed = fleet.fresh()
-        result = fleet.release()
+        result = fleet.operator_release()
     assert result.returncode == 9, text_of(result)  # its own code: rolled back automatically
     assert "Traceback" not in text_of(result)
     step = "restart-engine" if fault.startswith("the engine") else "serving-check"
@@ -1417,6 +1465,7 @@ def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_it
     assert failed not in _served(fleet)
 
 
+@ROLLBACKS
 def test_with_automatic_rollback_off_a_fixed_release_replaces_the_broken_interrupted_switch_at_once(fleet):
     left = fleet.current()
     start = len(fleet.history())

@@ -7,8 +7,9 @@ import json
 
 import pytest
 
-from conftest import loopback_pair, run_cli
+from conftest import loopback_pair, run_cli, without_canaries
 from flatshare_ops.common.http import wait_for_200
+from flatshare_ops.config.profile import load_profile
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.sandbox.fleet import reboot
 from flatshare_ops.systemd import connect, unit_property
@@ -134,6 +135,7 @@ def _bus_owner(socket) -> int:
         bus.close()
 
 
+@pytest.mark.xdist_group("test_production_path_system_scope")  # a fleet of its own: runs apart
 def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
     """Production's scope: the tool reaches systemd on the system bus (DBUS_SYSTEM_BUS_ADDRESS), here a
     sandbox node's own bus where its manager owns org.freedesktop.systemd1."""
@@ -147,13 +149,16 @@ def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
     checkout = copy_checkout(REPO, root / "checkout")
     base = root / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, system_scope=("peacock",))
+    without_canaries(base)
     try:
         node = SandboxNode("peacock", addresses["peacock"], base, "system")
         state = json.loads((base / "state.json").read_text())
         assert _bus_owner(node.bus) == state["nodes"]["peacock"]["manager_pid"]
         assert not Path("/run/dbus/system_bus_socket").exists()  # no other system bus to reach by mistake
         assert 'scope = "system"' in (base / "fleet.toml").read_text()
-        set_ = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "7", "--root", str(checkout))
+        hold = load_profile(checkout / "profiles/rtx-5060-ti-serve.toml").profile.engine.make_room.decode_hold_tokens
+        hold = "7" if hold != 7 else "8"  # a change, whatever the checkout's profile holds
+        set_ = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", hold, "--root", str(checkout))
         assert set_.returncode == 0, set_.stderr
         inventory = ["--inventory", str(base / "fleet.toml"), "--root", str(checkout)]
         released = run_cli("release", "--node", "peacock", *inventory)
@@ -161,11 +166,12 @@ def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
         checked = run_cli("check", "--node", "peacock", "--inventory", str(base / "fleet.toml"))
         assert checked.returncode == 0, checked.stdout
         argv = json.loads((node.state_dir / "releases/current/serving.json").read_text())["engine"]["argv"]
-        assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "7"
+        assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == hold
     finally:
         down(base, echo=lambda _l: None)
 
 
+@pytest.mark.xdist_group("test_production_path_runbook")  # a fleet of its own: runs apart
 def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory):
     """PRODUCTION.md, "The first node: a runbook", step by step on a node with only sshd, its manager and
     an engine venv."""
@@ -179,6 +185,7 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
     checkout = copy_checkout(REPO, root / "checkout")
     base = root / "sandbox"
     up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, bare=("cyan",))
+    without_canaries(base)
     env = {"FLATSHARE_INVENTORY": str(base / "fleet.toml")}
 
     def flatshare(*args: str):
@@ -214,7 +221,9 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
         assert wait_for_200(f"http://{node.address}:8000/health", 60) == 200
         assert poll_until(lambda: flatshare("check", "--node", "cyan").returncode == 0, 30)
         before = json.loads((node.state_dir / "releases/current/serving.json").read_text())["profile"]["sha256"]
-        assert run_cli("profiles", "set", "engine.make_room.retain_s", "29", "--root", str(checkout)).returncode == 0
+        retain = load_profile(checkout / "profiles/rtx-5060-ti-serve.toml").profile.engine.make_room.retain_s
+        retain = "29" if retain != 29 else "28"  # a change, whatever the checkout's profile holds
+        assert run_cli("profiles", "set", "engine.make_room.retain_s", retain, "--root", str(checkout)).returncode == 0
         assert flatshare("release", "--node", "cyan").returncode == 0
         back = flatshare("rollback", "--node", "cyan")
         assert back.returncode == 0, back.stdout

@@ -88,6 +88,8 @@ def _render_error(checkout: Path, profile: Path) -> tuple[int, str, str]:
     return result.returncode, result.stdout, result.stderr
 
 
+_A = load_profile(REPO / PROFILE).profile.release.analysis  # the parent's analysis values
+
 BAD_PROFILES = {
     # name: (child text, what the one line must say)
     "malformed": ("[engine\nport = 1\n", r"child\.toml:2: malformed TOML"),
@@ -97,18 +99,24 @@ BAD_PROFILES = {
     "fp8 with async and cpu tier": ('[engine]\nkv_cache_dtype = "fp8"\n', r"child\.toml:3: engine\.kv_cache_dtype: fp8 with async_scheduling and kv_offloading crashes"),
     "newline in a value": ('[voice]\ncommand = ["/bin/voice", "a\\nExecStartPre=/bin/evil"]\n', r"child\.toml:3: voice\.command\[1\]: must not contain control character '\\n'"),
     "control character": ('[engine]\nmodel = "/m\\u0007"\n', r"child\.toml:3: engine\.model: .*control character"),
-    "endpointing reversed": ("[voice]\nendpointing_min_s = 4.0\n", r"child\.toml:3: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
+    # Both ends given by the child: the parent's own endpointing_max_s is the operator's to change.
+    "endpointing reversed": ("[voice]\nendpointing_max_s = 3.0\nendpointing_min_s = 4.0\n", r"child\.toml:4: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
     "duplicate key": ("[voice]\nturn_hints = true\nturn_hints = false\n", r"child\.toml:4: malformed TOML: Key \"turn_hints\" already exists"),
     "typo": ("[engine.make_room]\ndecode_hold_token = 48\n", r"child\.toml:3: engine\.make_room\.decode_hold_token: unknown key"),
     "infinite size": ("[engine.kv_offloading]\nsize_gib = inf\n", r"child\.toml:3: engine\.kv_offloading\.size_gib: .*finite"),
     "dollar in a program path": ('[gateway]\ncommand = ["/opt/gate$way/bin/gw"]\n', r"child\.toml:3: gateway\.command: a program path must not contain '\$'"),
-    "batch smaller than sequences": ("[engine]\nmax_num_batched_tokens = 1\n", r"child\.toml:3: engine\.max_num_batched_tokens: must be >= max_num_seqs \(32\), got 1"),
-    "analysis limits not below count": ("[release.analysis]\ninconclusive_limit = 3\n",
+    # Both given by the child: the parent's max_num_seqs is the operator's to change.
+    "batch smaller than sequences": ("[engine]\nmax_num_seqs = 32\nmax_num_batched_tokens = 1\n", r"child\.toml:4: engine\.max_num_batched_tokens: must be >= max_num_seqs \(32\), got 1"),
+    # One key written by the child (the rule points at it), at the bound the parent's others make: the
+    # parent's analysis values are the operator's to change.
+    "analysis limits not below count": (f"[release.analysis]\ninconclusive_limit = {_A.count - _A.failure_limit}\n",
                                         r"child\.toml:3: release\.analysis\.inconclusive_limit: failure_limit \+ "
-                                        r"inconclusive_limit must be below count \(4\), got 1 \+ 3"),
-    "analysis count not above the limits": ("[release.analysis]\ncount = 2\n",
+                                        rf"inconclusive_limit must be below count \({_A.count}\), got "
+                                        rf"{_A.failure_limit} \+ {_A.count - _A.failure_limit}"),
+    "analysis count not above the limits": (f"[release.analysis]\ncount = {_A.failure_limit + _A.inconclusive_limit}\n",
                                             r"child\.toml:3: release\.analysis\.count: failure_limit \+ "
-                                            r"inconclusive_limit must be below count \(2\), got 1 \+ 1"),
+                                            rf"inconclusive_limit must be below count \({_A.failure_limit + _A.inconclusive_limit}\), "
+                                            rf"got {_A.failure_limit} \+ {_A.inconclusive_limit}"),
     "huge integer": ("[engine.flatshare_jit]\nmargin_ms = 99999999999999999999\n", r"child\.toml:3: engine\.flatshare_jit\.margin_ms: "),
 }
 

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, copy_checkout
+from conftest import BIN, REPO, copy_checkout, loopback_pair
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.sandbox.fleet import down, up
@@ -31,7 +31,7 @@ from release_fleet import ENGINE, Fleet
 
 pytestmark = pytest.mark.real_engine
 
-ADDRESSES = {"cyan": "127.71.0.2", "peacock": "127.71.0.3"}
+ADDRESSES = loopback_pair(71)
 HOLD = "engine.make_room.decode_hold_tokens"
 #: The canary's analysis, short (the profile's values are minutes of calls): the canary node's own profile.
 FAST_ANALYSIS = {"release.analysis.interval_s": 6, "release.analysis.count": 2, "release.analysis.min_requests": 3,

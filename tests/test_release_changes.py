@@ -37,6 +37,16 @@ def _set(fleet, key: str, value: str) -> None:
     assert result.returncode == 0, result.stderr
 
 
+def _value(fleet, key: str):
+    """The checkout profile's value of ``key`` (dotted), as loaded."""
+    from flatshare_ops.config.profile import load_profile
+
+    value = load_profile(fleet.checkout / "profiles/rtx-5060-ti-serve.toml").profile
+    for part in key.split("."):
+        value = getattr(value, part)
+    return value
+
+
 def _log_since(fleet, name: str, start: int) -> str:
     return (fleet.node(name).state_dir / "releases/release.log").read_text()[start:]
 
@@ -106,7 +116,8 @@ def test_a_voice_change_restarts_only_the_voice_worker(fleet):
     before = fleet.invocations(name)
     current = json.loads((fleet.node(name).state_dir / "releases/current/serving.json").read_text())
     del current
-    _set(fleet, "voice.endpointing_max_s", "2.5")
+    kept = _value(fleet, "voice.endpointing_max_s")
+    _set(fleet, "voice.endpointing_max_s", "2.5" if kept != 2.5 else "2.75")  # a change, whatever it holds
     try:
         result = fleet.release("--node", name)
         assert result.returncode == 0, result.stdout
@@ -115,7 +126,7 @@ def test_a_voice_change_restarts_only_the_voice_worker(fleet):
         assert (after[ENGINE], after[GATEWAY]) == (before[ENGINE], before[GATEWAY])
         assert "restart-engine" not in result.stdout.split("steps:")[-1].split("units:")[0]
     finally:
-        _set(fleet, "voice.endpointing_max_s", "3.0")
+        _set(fleet, "voice.endpointing_max_s", str(kept))
     assert fleet.release("--node", name).returncode == 0
     fleet.settled(name)
 
@@ -125,7 +136,8 @@ def test_a_timer_change_restarts_the_timer_and_drains_nothing(fleet):
     before = fleet.invocations(name)
     with connect(fleet.address(name)) as bus:
         timer_before = unit_property(bus, "serving-check.timer", "Unit", "InvocationID")
-    _set(fleet, "check.interval_s", "120")
+    kept = _value(fleet, "check.interval_s")
+    _set(fleet, "check.interval_s", "120" if kept != 120 else "90")  # a change, whatever it holds
     try:
         result = fleet.release("--node", name)
         assert result.returncode == 0, result.stdout
@@ -133,7 +145,7 @@ def test_a_timer_change_restarts_the_timer_and_drains_nothing(fleet):
         with connect(fleet.address(name)) as bus:
             assert unit_property(bus, "serving-check.timer", "Unit", "InvocationID") != timer_before
     finally:
-        _set(fleet, "check.interval_s", "60")
+        _set(fleet, "check.interval_s", str(kept))
     assert fleet.release("--node", name).returncode == 0
     fleet.settled(name)
 

@@ -17,11 +17,11 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout
+from conftest import BIN, REPO, copy_checkout, loopback_nodes
 
 from flatshare_ops.sandbox.fleet import SandboxNode, down, up
 
-ADDRESSES = {"n1": "127.83.0.2", "n2": "127.83.0.3", "n3": "127.83.0.4", "n4": "127.83.0.5"}
+ADDRESSES = loopback_nodes(83, ("n1", "n2", "n3", "n4"))
 NODES = tuple(ADDRESSES)
 
 

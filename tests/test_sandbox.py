@@ -16,7 +16,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, TEST_ADDRESSES, loopback_pair, run_cli
+from conftest import REPO, TEST_ADDRESSES, loopback_pair, run_cli, without_canaries
 from flatshare_ops.config.inventory import load_inventory, resolve
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.control.ssh import SSHConnection, SSHTarget
@@ -248,10 +248,22 @@ def test_status_reports_each_node(sandbox):
     assert all(entry["engine_health"] == 200 for entry in report.values())
 
 
-def test_down_stops_every_process_it_started(tmp_path):
+def _short_dir(tmp_path_factory) -> Path:
+    """A sandbox directory with a short path: a node's manager binds BASE/NODE/run/user/systemd/private, and a
+    unix socket's path has at most 107 bytes (a test's own tmp_path under pytest-xdist, .../popen-gw1/
+    test_down_stops_every_process_0/sb/peacock/..., has 108: that manager never opened its socket)."""
+    return tmp_path_factory.mktemp("sb")
+
+
+def test_down_stops_every_process_it_started(tmp_path_factory):
     addresses = loopback_pair(1)
-    base = tmp_path / "sb"
-    up(base, REPO / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
+    base = _short_dir(tmp_path_factory)
+    try:
+        up(base, REPO / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
+        without_canaries(base)
+    except BaseException:
+        down(base, echo=lambda _l: None)  # what came up before the failure: never left running
+        raise
     state = json.loads((base / "state.json").read_text())
     pids = [record[k] for record in state["nodes"].values() for k in ("manager_pid", "sshd_pid")]
     groups = [Path(f"/sys/fs/cgroup/{hierarchy}/flatshare-{SandboxNode(n, a, base.resolve()).manager.name}")
@@ -300,10 +312,10 @@ def test_down_never_signals_a_recorded_pid_that_is_not_the_sandboxs(tmp_path):
         sleeper.kill()
 
 
-def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(tmp_path):
+def test_up_refuses_an_address_another_process_holds_and_leaves_nothing_running(tmp_path_factory):
     addresses = loopback_pair(2)
     holder = socket.create_server((addresses["peacock"], 2222))
-    base = tmp_path / "sb"
+    base = _short_dir(tmp_path_factory)
     try:
         result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in",
                          env={"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"})

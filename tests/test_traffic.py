@@ -26,14 +26,14 @@ from prometheus_client import CollectorRegistry
 from prometheus_client.exposition import generate_latest
 from prometheus_client.parser import text_string_to_metric_families
 
-from conftest import BIN, REPO
+from conftest import BIN, REPO, loopback_pair
 from release_fleet import sandbox_fleet
 from flatshare_ops.sandbox.caller import Gateway, place_call, run_calls
 from flatshare_ops.sandbox.completions import post_completion, request_body
 from flatshare_ops.sandbox.engine_behaviour import Behaviour
 
-ADDRESSES = {"cyan": "127.73.0.2", "peacock": "127.73.0.3"}
-SPARE = "127.73.0.4"  # for a stand-in started by hand, outside the fleet
+ADDRESSES = loopback_pair(73)
+SPARE = ADDRESSES["cyan"].rsplit(".", 1)[0] + ".4"  # for a stand-in started by hand, outside the fleet
 DEFAULTS = Behaviour().as_dict()
 VLLM_SITE = next((REPO / ".venv-vllm").glob("lib/python*/site-packages"), None)
 
@@ -137,14 +137,20 @@ def test_a_stream_through_cyan_when_its_release_starts_finishes_and_calls_during
             "report", place_call([cyan, peacock], 1, 400, timeout_s=120)))
         caller.start()
         _wait_for(lambda: [r for r in _requests(_engine("cyan"), "caller-1") if r["tokens"]], 10, "the long call streams")
-        # A voice call on cyan (one turn, its reply 80 tokens: 8 s) holds the release in its voice drain.
-        status, started = _post(f"http://{cyan_node.address}:8090/calls/start?seconds=0&turns=1&tokens=80")
-        assert status == 200, started
+        log = cyan_node.state_dir / "releases/release.log"
+        offset = log.stat().st_size if log.exists() else 0
+        released_from = time.time()
         release = subprocess.Popen([str(BIN / "flatshare"), "release", "--inventory", str(fleet.inventory),
                                     "--root", str(fleet.checkout), "--node", "cyan"],
                                    stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-        released_from = time.time()
         try:
+            # A voice call on cyan (one turn, its reply 80 tokens: 8 s) holds the release in its voice drain:
+            # placed when cyan asks for admission to drain (the drain is next), so that the call is still in
+            # progress when the drain begins however long the release took to get there.
+            _wait_for(lambda: log.exists() and b"asking the operator's side for admission to drain"
+                      in log.read_bytes()[offset:], 60, "cyan's release asks for admission")
+            status, started = _post(f"http://{cyan_node.address}:8090/calls/start?seconds=0&turns=1&tokens=80")
+            assert status == 200, started
             _drain_cyan_while_calls_come(fleet, cyan, peacock, started["call"])
             caller.join(60)
             out = release.communicate(timeout=120)[0]
@@ -259,7 +265,7 @@ def _vllm_source(relative: str) -> ast.Module:
     if VLLM_SITE is None:
         if os.environ.get("FLATSHARE_SKIP_VLLM_PARSER") == "1":
             pytest.skip(".venv-vllm is missing (FLATSHARE_SKIP_VLLM_PARSER=1)")
-        pytest.fail(".venv-vllm is missing: run scripts/vllm-parser-venv.sh (make test does)")
+        pytest.fail(".venv-vllm is missing: run scripts/vllm-venvs.sh (make test does)")
     return ast.parse((VLLM_SITE / "vllm" / relative).read_text())
 
 

@@ -31,6 +31,7 @@ from pathlib import Path
 
 import pytest
 
+from conftest import vllm_parse_many
 from flatshare_ops.common import vllm_argv
 
 REPO = Path(__file__).resolve().parent.parent
@@ -63,11 +64,32 @@ def production_words() -> list[str]:
 
 P = production_words()
 M = P[0]
-ADDITIONAL = {  # the production --additional-config, as JSON (keys reordered)
-    "flatshare_jit": {"step_time_model": "/var/lib/flatshare/step-time/rtx-5060-ti.json", "margin_ms": 30},
-    "make_room": {"recompute_tokens": 0, "decode_hold_tokens": 48, "take_reservations": True,
-                  "hint_hold_ms": 400, "retain_s": 30, "retain_tokens": 3584},
-}
+
+
+def _dotted_as_json(words: list[str]) -> dict:
+    """The render's ``--additional-config.A.B VALUE`` words as the one JSON document they spell, every level's
+    keys in reverse order (a JSON value stays one; a path stays a string): production's --additional-config,
+    whatever values the checkout's profile holds."""
+    document: dict = {}
+    for flag, value in zip(words, words[1:]):
+        if flag.startswith("--additional-config."):
+            *path, leaf = flag.removeprefix("--additional-config.").split(".")
+            node = document
+            for key in path:
+                node = node.setdefault(key, {})
+            try:
+                node[leaf] = json.loads(value)
+            except ValueError:
+                node[leaf] = value
+
+    def reversed_keys(value):
+        return {k: reversed_keys(v) for k, v in reversed(value.items())} if isinstance(value, dict) else value
+
+    return reversed_keys(document)
+
+
+ADDITIONAL = _dotted_as_json(P)  # the production --additional-config, as JSON (keys reordered)
+assert set(ADDITIONAL) == {"flatshare_jit", "make_room"}, ADDITIONAL
 
 
 def _without_dotted(words: list[str]) -> list[str]:
@@ -318,11 +340,8 @@ def vllm_results(release: str) -> list[dict]:
     """vLLM's result for every CORPUS line: one parse-many process per release."""
     if release not in _RESULTS:
         python = _venv_python(release)
-        proc = subprocess.run(
-            [str(python), str(SCRIPT), "parse-many"], input=json.dumps([w for _, w in CORPUS]),
-            capture_output=True, text=True, timeout=600, env=ENV)
-        assert proc.returncode == 0, proc.stderr[-3000:]
-        _RESULTS[release] = json.loads(proc.stdout)
+        # vllm_serve_parse.py's parse-many, in the parser kept for this test process (tests/conftest.py).
+        _RESULTS[release] = vllm_parse_many(python, [w for _, w in CORPUS])
         assert len(_RESULTS[release]) == len(CORPUS)
     return _RESULTS[release]
 

@@ -11,15 +11,12 @@ speculative-decoding switch turned on.
 
 from __future__ import annotations
 
-import json
 import os
-import subprocess
 
 import pytest
 
-from conftest import REPO
+from conftest import REPO, vllm_parse_many
 from flatshare_ops.config.profile import load_profile
-from flatshare_ops.node.preflight import PARSE_SCRIPT
 from flatshare_ops.render import render_profile
 from flatshare_ops.render.meaning import DEST_KEYS, expected_values
 
@@ -34,11 +31,7 @@ def _parse_many(release: str, argvs: list[list[str]]) -> list[dict]:
         if os.environ.get("FLATSHARE_SKIP_VLLM_PARSER") == "1":
             pytest.skip("FLATSHARE_SKIP_VLLM_PARSER=1")
         pytest.fail(f"{python} missing: run scripts/vllm-venvs.sh (make test does)")
-    result = subprocess.run([str(python), str(PARSE_SCRIPT), "parse-many"], input=json.dumps(argvs),
-                            capture_output=True, text=True, timeout=600,
-                            env={**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"})
-    assert result.returncode == 0, result.stderr[-2000:]
-    return json.loads(result.stdout)
+    return vllm_parse_many(python, argvs)  # vllm_serve_parse.py's parse-many, in a parser kept for this process
 
 
 def _speculative_on(tmp_path, parent):

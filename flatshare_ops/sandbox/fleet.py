@@ -309,11 +309,25 @@ Subsystem sftp internal-sftp
 
 
 def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
-    """Write ``BASE/fleet.toml``, the sandbox's inventory (tomlkit); returns its path."""
-    import tomlkit
+    """Write ``BASE/fleet.toml``, the sandbox's inventory (tomlkit); returns its path.
 
-    doc = tomlkit.document()
-    doc.add(tomlkit.comment("The sandbox inventory, written by `flatshare sandbox up`."))
+    Its ``nodes`` table is ``up``'s; whatever else an operator added to an inventory ``up`` wrote before
+    (``[rollout]``, ``[transport]``, ``min_serving``) is kept. One that no longer parses as TOML is
+    written anew.
+    """
+    import tomlkit
+    from tomlkit.exceptions import ParseError
+
+    path = base / "fleet.toml"
+    doc = None
+    if path.is_file():
+        try:
+            doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+        except (OSError, UnicodeDecodeError, ParseError):
+            doc = None
+    if doc is None:
+        doc = tomlkit.document()
+        doc.add(tomlkit.comment("The sandbox inventory, written by `flatshare sandbox up`."))
     doc["schema"] = 1
     table = tomlkit.table(is_super_table=True)
     for node in sandbox_nodes:
@@ -329,7 +343,6 @@ def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
             entry["runtime_dir"] = str(node.manager.runtime_dir.relative_to(base))
         table[node.name] = entry
     doc["nodes"] = table
-    path = base / "fleet.toml"
     _write_if_changed(path, tomlkit.dumps(doc).encode())
     return path
 

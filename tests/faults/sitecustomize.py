@@ -10,8 +10,12 @@ this file wraps the package's functions in the node-side process only
 - ``{"fail": PRIMITIVE, "nth": N, "errno": "ENOSPC"}``: the Nth call of a durable-write
   primitive (``write_atomic``, ``append_line``, ``rename``, ``replace_symlink``, ``remove``, or
   ``any``: every primitive counted together) raises OSError(errno) instead of writing.
-- ``{"sleep_in_step": STEP, "seconds": S}``: the step waits S seconds first (to send signals during it).
+- ``{"sleep_in_step": STEP, "seconds": S}``: the step waits S seconds first (to send signals during it);
+  with ``"until": PATH`` it waits only until PATH exists (at most S seconds): the test ends the wait when
+  it has done what it does during the step, however long that took.
 - ``{"bug_in_plan": true}``: planning raises RuntimeError, as a bug before any step would.
+- ``{"wait_in_prune": S}``: the prune at the end of a switch (of old releases and switchers) waits S
+  seconds before it removes anything, as a prune of much takes a while (to send signals during it).
 """
 
 import json
@@ -66,12 +70,24 @@ def _install(spec: dict) -> None:
 
         switch.plan = buggy
 
+    if "wait_in_prune" in spec:
+        prune = switch.prune
+
+        def slow_prune(*args, **kwargs):
+            time.sleep(float(spec["wait_in_prune"]))  # a signal's handler raises here as inside the prune
+            return prune(*args, **kwargs)
+
+        switch.prune = slow_prune
+
     if "sleep_in_step" in spec:
         step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
         run = step.run
 
         def slow(sw):
-            time.sleep(float(spec["seconds"]))
+            deadline = time.monotonic() + float(spec["seconds"])
+            until = spec.get("until")
+            while time.monotonic() < deadline and not (until and os.path.exists(until)):
+                time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
             run(sw)
 
         object.__setattr__(step, "run", slow)
