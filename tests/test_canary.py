@@ -22,7 +22,7 @@ from conftest import BIN, REPO, copy_checkout, loopback_pair
 
 from flatshare_ops.sandbox.caller import Gateway, run_calls
 from flatshare_ops.sandbox.fleet import SandboxNode, down, up
-from flatshare_ops.systemd import ManagerAddress, connect, unit_property
+from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
 
 ADDRESSES = loopback_pair(82)
 NODES = ("cyan", "peacock")

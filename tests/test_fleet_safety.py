@@ -38,7 +38,7 @@ from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import SandboxNode, down, up
-from flatshare_ops.systemd import ManagerAddress, connect, unit_property
+from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
 
 ADDRESSES = loopback_pair(61)
 OTHER_HOST = ADDRESSES["cyan"].rsplit(".", 1)[0] + ".9"  # in known_hosts lines for a host that is not in the fleet
@@ -570,7 +570,7 @@ def _assert_fleet_answers(fleet: Fleet, inventory: Path, reason: str) -> None:
     assert re.search(rf"^peacock: UNKNOWN: peacock: .*{re.escape(reason)}", status.stdout, re.MULTILINE), status.stdout
     assert status.returncode == 1
 
-    lock = fleet.cli("lock", "status", "--inventory", str(inventory), timeout=90)
+    lock = fleet.cli("hold", "status", "--inventory", str(inventory), timeout=90)
     assert re.search(r"^peacock: UNKNOWN: ", lock.stdout, re.MULTILINE) and "cyan: not held" in lock.stdout, lock.stdout
     assert lock.returncode == 6, lock.stdout + lock.stderr  # "not held" is not known of an unreachable node
 
@@ -1321,7 +1321,7 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
         os.kill(pid, signal.SIGSTOP)
         undo = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
     else:
-        from flatshare_ops import systemd
+        from flatshare_ops.node import systemd
 
         systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)
         assert _poll(lambda: fleet.unit_state("peacock", GATEWAY) == "inactive", 30)
@@ -1418,7 +1418,7 @@ def test_a_hold_taken_while_a_release_switches_the_node_says_it_goes_on_and_stop
         fleet.wait_log(name, offset, rf"{STEP}{step}$", operator)
         switcher = fleet.lock_holder(name)
         assert switcher, "no release holds the lock"
-        held = fleet.cli("lock", "acquire", "--node", name, "-m", "E2 benchmark", "--inventory", str(fleet.inventory))
+        held = fleet.cli("hold", "place", "--node", name, "-m", "E2 benchmark", "--inventory", str(fleet.inventory))
         go.touch()
         out = _finish(operator, 120)
     finally:
@@ -1439,7 +1439,7 @@ def test_a_hold_taken_while_a_release_switches_the_node_says_it_goes_on_and_stop
         refused = fleet.release("--node", name)
         assert refused.returncode == 3 and f"{name} is held by" in refused.stdout, refused.stdout
     finally:
-        fleet.cli("lock", "release", "--node", name, "--inventory", str(fleet.inventory))
+        fleet.cli("hold", "lift", "--node", name, "--inventory", str(fleet.inventory))
     fleet.settled(name)
 
 

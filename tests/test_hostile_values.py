@@ -1,7 +1,7 @@
 """Hostile values at every edge: each is refused in one line (exit 2) or shown escaped, never obeyed.
 
 The cases come from a breaker's findings (values through `profiles set`, a hand-made release bundle,
-node files, `lock acquire -m`, serving-check's --node-name); each test is the kind, with the finding's
+node files, `hold place -m`, serving-check's --node-name); each test is the kind, with the finding's
 case among its parameters.
 """
 
@@ -126,8 +126,8 @@ def test_node_files_with_nan_or_infinity_are_damaged(tmp_path):
                                      "a\u2028b"])
 def test_a_hold_message_must_be_one_line_of_text(tmp_path, message):
     # Refused on the operator's side before any node is asked (no inventory is read)...
-    result = run_cli("lock", "acquire", "--node", "cyan", "-m", message, "--inventory", str(tmp_path / "none.toml"))
-    assert result.returncode == 2 and "lock acquire: -m:" in result.stderr, result.stdout + result.stderr
+    result = run_cli("hold", "place", "--node", "cyan", "-m", message, "--inventory", str(tmp_path / "none.toml"))
+    assert result.returncode == 2 and "hold place: -m:" in result.stderr, result.stdout + result.stderr
     # ...and on the node's (a hold written by another tool's checkout).
     node = subprocess.run(
         [sys.executable, "-m", "flatshare_ops.node", "hold", "--node", "cyan", "--state-dir", str(tmp_path),
@@ -243,7 +243,7 @@ def test_serving_check_shows_a_hostile_node_name_escaped_and_says_so(tmp_path):
 
 def test_an_inventory_scope_that_is_not_the_profiles_is_named_for_that_node(tmp_path):
     from flatshare_ops.control import commands
-    from flatshare_ops.control.fleet import ask
+    from flatshare_ops.control.fanout import ask
     from flatshare_ops.control.targets import targets
     from flatshare_ops.errors import FlatshareError
 
@@ -335,7 +335,7 @@ def test_sandbox_commands_on_a_path_that_is_no_sandbox_say_so(tmp_path):
 
 
 def test_a_user_name_with_a_control_character_is_named_as_such(tmp_path):
-    result = run_cli("lock", "acquire", "--node", "cyan", "-m", "E2", "--inventory", str(tmp_path / "none.toml"),
+    result = run_cli("hold", "place", "--node", "cyan", "-m", "E2", "--inventory", str(tmp_path / "none.toml"),
                      env={"LOGNAME": "evil\nuser", "USER": "evil\nuser"})
     assert result.returncode == 2 and "your user@host evil\\nuser@" in result.stderr, result.stderr
 

@@ -25,12 +25,12 @@ import pytest
 from conftest import BIN, REPO, loopback_pair
 
 from flatshare_ops.check.run import release_state
-from flatshare_ops.common.locks import held_by, release_holder
+from flatshare_ops.common.locks import release_holder
 from flatshare_ops.errors import Refused
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
 from flatshare_ops.node.probe import probe
-from flatshare_ops.systemd import ManagerAddress
+from flatshare_ops.node.systemd import ManagerAddress
 
 ADDRESSES = loopback_pair(79)
 
@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
-from flatshare_ops.systemd import ManagerAddress
+from flatshare_ops.node.systemd import ManagerAddress
 with node_lock(NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", None)), "test-release"):
     print("locked", flush=True)
     sys.stdin.read()

@@ -19,8 +19,6 @@ import json
 import re
 import subprocess
 import sys
-import time
-from pathlib import Path
 
 import pytest
 from conftest import REPO
@@ -29,14 +27,14 @@ from flatshare_ops.check.run import release_state
 from flatshare_ops.common.clock import utc_stamp
 from flatshare_ops.control.answers import (admission_line, follow_up_report, history_line, hold_line, probe_words,
                                            status_lines)
-from flatshare_ops.errors import FlatshareError, Refused
+from flatshare_ops.errors import Refused
 from flatshare_ops.node import hold as holds
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.journal import JournalError, journal_summary, read_journal
 from flatshare_ops.node.lock import node_lock
 from flatshare_ops.node.probe import probe
 from flatshare_ops.node.status import node_status, switch_state
-from flatshare_ops.systemd import ManagerAddress
+from flatshare_ops.node.systemd import ManagerAddress
 
 STARTED = 1_795_000_000.5  # a time whose stamp is distinctive: 2026-11-17T...
 PLACEHOLDERS = re.compile(r"\bNone\b|\bnull\b|(?:^|[^\w])\?(?:[^\w]|$)")
@@ -45,11 +43,10 @@ SAYS_MISSING = re.compile(r"unknown|not record|has no |no record|missing|does no
 
 HOLDER = r"""
 import sys
-from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
-from flatshare_ops.systemd import ManagerAddress
+from flatshare_ops.node.systemd import ManagerAddress
 with node_lock(NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", Path(sys.argv[3]))), "feedfacecafe0001"):
     print("locked", flush=True)
     sys.stdin.read()

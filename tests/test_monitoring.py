@@ -224,7 +224,7 @@ def test_serving_checks_textfile_has_every_name_the_rules_and_dashboard_read(fle
     assert monitoring_names.missing_names(text, ours) == []
     samples = _samples(text)
     release = os.readlink(node.state_dir / "releases/current")
-    assert samples[f'flatshare_serving_check_switch_started_timestamp_seconds{{node="cyan"}}'] == f"{started:.3f}"
+    assert samples['flatshare_serving_check_switch_started_timestamp_seconds{node="cyan"}'] == f"{started:.3f}"
     assert samples[f'flatshare_serving_check_active_release_info{{node="cyan",release="{release}",'
                    'profile="rtx-5060-ti-serve",vllm_release="0.32.0"}'] == "1"
     assert samples['flatshare_serving_check_takes_calls{node="cyan"}'] == "1"
@@ -234,7 +234,7 @@ def test_serving_checks_textfile_has_every_name_the_rules_and_dashboard_read(fle
 def test_a_stopped_gateway_or_a_drain_file_means_the_node_takes_no_calls(fleet, tmp_path):
     from flatshare_ops.common.http import wait_for_200
     from flatshare_ops.sandbox.fleet import SandboxNode
-    from flatshare_ops.systemd import ManagerAddress, connect, run_job
+    from flatshare_ops.node.systemd import ManagerAddress, connect, run_job
 
     node = SandboxNode("peacock", ADDRESSES["peacock"], fleet)
     serving = json.loads((node.state_dir / "releases/current/serving.json").read_text())

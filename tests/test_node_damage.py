@@ -34,7 +34,6 @@ import os
 import queue
 import re
 import shutil
-import socket
 import stat
 import subprocess
 import sys
@@ -43,7 +42,7 @@ import time
 import uuid
 import zipfile
 from contextlib import contextmanager
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
@@ -56,7 +55,7 @@ from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle as make_bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
-from flatshare_ops.systemd import ManagerAddress, connect, run_job, unit_property
+from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
 
 ADDRESSES = loopback_pair(81)
 CYAN = "cyan"

@@ -12,7 +12,7 @@ from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.sandbox.fleet import reboot
-from flatshare_ops.systemd import connect, unit_property
+from flatshare_ops.node.systemd import connect, unit_property
 from release_fleet import ENGINE, GATEWAY, VOICE, sandbox_fleet
 
 ADDRESSES = loopback_pair(17)
@@ -44,13 +44,15 @@ def test_a_released_node_serves_again_after_a_reboot_of_its_systemd(fleet):
 
 def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not_a_drain(fleet):
     inventory = ["--inventory", str(fleet.inventory)]
-    held = run_cli("lock", "acquire", "--node", "cyan", "-m", "E2 benchmark", *inventory)
+    held = run_cli("hold", "place", "--node", "cyan", "-m", "E2 benchmark", *inventory)
     assert held.returncode == 0, held.stdout + held.stderr
     try:
-        again = run_cli("lock", "acquire", "--node", "cyan", "-m", "twice", *inventory)
+        again = run_cli("hold", "place", "--node", "cyan", "-m", "twice", *inventory)
         assert again.returncode == 3 and "already held" in again.stderr + again.stdout
-        status = run_cli("lock", "status", *inventory)
+        status = run_cli("hold", "status", *inventory)
         assert "cyan: held by" in status.stdout and "E2 benchmark" in status.stdout and "peacock: not held" in status.stdout
+        old = run_cli("lock", "status", *inventory)  # the old spelling still answers, and names the new one
+        assert old.stdout == status.stdout and "'flatshare lock status' is now 'flatshare hold status'" in old.stderr
         fleet.set_hold(next(v for v in (0, 48, 7) if str(v) not in (fleet.hold("cyan"), fleet.hold("peacock"))))
         before = fleet.current("cyan")
         refused = fleet.release("--node", "cyan")
@@ -63,9 +65,9 @@ def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not
         assert other.returncode == 0, other.stdout
         assert "cyan: takes calls, no release holds it" in other.stdout
     finally:
-        lifted = run_cli("lock", "release", "--node", "cyan", *inventory)
+        lifted = run_cli("hold", "lift", "--node", "cyan", *inventory)
     assert lifted.returncode == 0 and "hold lifted" in lifted.stdout
-    assert run_cli("lock", "release", "--node", "cyan", *inventory).returncode == 4
+    assert run_cli("hold", "lift", "--node", "cyan", *inventory).returncode == 4
     assert fleet.release("--node", "cyan").returncode == 0
     fleet.settled("cyan")
 
@@ -122,7 +124,7 @@ def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet,
 
 def _bus_owner(socket) -> int:
     """The pid owning org.freedesktop.systemd1 on the bus at ``socket`` (asked of the bus itself)."""
-    from flatshare_ops.systemd import dbuslib
+    from flatshare_ops.node.systemd import dbuslib
 
     lib = dbuslib()
     bus = lib.DBusAddress(f"unix:path={socket}".encode())
@@ -189,7 +191,7 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
     env = {"FLATSHARE_INVENTORY": str(base / "fleet.toml")}
 
     def flatshare(*args: str):
-        return run_cli(*args, "--root", str(checkout), env=env) if args[0] not in ("check", "lock") \
+        return run_cli(*args, "--root", str(checkout), env=env) if args[0] not in ("check", "hold") \
             else run_cli(*args, env=env)
 
     node = SandboxNode("cyan", addresses["cyan"], base, bare=True)

@@ -90,7 +90,7 @@ def test_a_command_that_ends_without_its_outcome_asks_the_node():
 
 def test_a_fleet_answer_that_is_not_json_is_named_with_its_first_and_last_lines():
     from flatshare_ops.control import commands
-    from flatshare_ops.control.fleet import ask
+    from flatshare_ops.control.fanout import ask
 
     record = json.dumps({"records": [{"result": "released"}] * 40, "skipped": []})
     torn = record[: len(record) // 2]
@@ -108,7 +108,7 @@ def test_a_line_a_nodes_shell_prints_before_the_answer_is_not_taken_for_the_answ
     # pyenv's rehash in a login script, racing another session's, printed this on a node's stderr (seen here):
     # the answer is the command's last line of stdout, and stderr is apart.
     from flatshare_ops.control import commands
-    from flatshare_ops.control.fleet import ask
+    from flatshare_ops.control.fanout import ask
 
     record = json.dumps({"records": [], "skipped": []})
     noise = "rm: cannot remove '/root/.pyenv/shims/tmp.QeP6J5ds93': No such file or directory"

@@ -21,7 +21,7 @@ from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.common.vllm_argv import differences, read_argv
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.systemd import ManagerAddress, connect, daemon_reload, run_job
+from flatshare_ops.node.systemd import ManagerAddress, connect, daemon_reload, run_job
 
 ENGINE = "flatshare-engine.service"
 
@@ -361,7 +361,7 @@ def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox)
     status, heavy, ours = result.stdout.strip().split(" ", 2)
     assert (status, heavy) == ("0", "[]"), result.stdout + result.stderr
     # Only serving-check's own modules, the shared standard-library part, systemd and the error table.
-    allowed = ("flatshare_ops.check", "flatshare_ops.common", "flatshare_ops.systemd", "flatshare_ops.errors")
+    allowed = ("flatshare_ops.check", "flatshare_ops.common", "flatshare_ops.node.systemd", "flatshare_ops.errors")
     assert all(m.startswith(allowed) for m in eval(ours)), ours  # noqa: S307 (our own repr of a list)
 
 

@@ -17,7 +17,7 @@ from conftest import REPO
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 from flatshare_ops.render.units import UNIT_NAMES, unit_programs
-from flatshare_ops.systemd import (
+from flatshare_ops.node.systemd import (
     ManagerAddress, connect, daemon_reload, exec_start_argv, manager, run_job, unit_property,
 )
 from flatshare_ops.render.verify import verify_units

@@ -29,7 +29,7 @@ NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node
 
 def fleet_answers(node, inventory, build):
     from ..config.inventory import inventory_path
-    from ..control.fleet import ask
+    from ..control.fanout import ask
     from ..control.targets import targets
 
     return ask(targets(inventory_path(inventory), node or [], not node), build)

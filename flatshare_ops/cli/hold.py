@@ -1,4 +1,9 @@
-"""``flatshare lock acquire | status | release``: an operator's hold on a node (node/hold.py)."""
+"""``flatshare hold place | status | lift``: an operator's hold on a node (node/hold.py).
+
+A hold is a record on the node, not a lock (node/lock.py is the release lock a switch holds); the
+command was ``flatshare hold place | status | release`` before, and that spelling still works (hidden,
+with a note on stderr) so that operators' scripts keep working.
+"""
 
 from __future__ import annotations
 
@@ -11,9 +16,16 @@ from ..errors import FlatshareError
 from .app import app, InventoryOption, NodesOption, fleet_answers
 
 
-lock_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "
+hold_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "
                                                    "with a message; not a drain.")
-app.add_typer(lock_app, name="lock")
+app.add_typer(hold_app, name="hold")
+#: The old spelling, ``flatshare hold place | status | release``: hidden, each command says its new name.
+old_app = typer.Typer(no_args_is_help=True, hidden=True)
+app.add_typer(old_app, name="lock", hidden=True)
+
+
+def _renamed(old: str, new: str) -> None:
+    typer.echo(f"note: 'flatshare lock {old}' is now 'flatshare hold {new}'", err=True)
 
 
 def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str, dict]:
@@ -22,13 +34,13 @@ def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str
     return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
 
 
-@lock_app.command("acquire")
-def lock_acquire(
+@hold_app.command("place")
+def hold_place(
     node: Annotated[str, typer.Option("--node", help="The node to hold.")],
     message: Annotated[str, typer.Option("-m", "--message", help="Why (e.g. 'E2 benchmark').")],
     inventory: InventoryOption = None,
 ) -> None:
-    """Hold a node: its releases and rollbacks are refused with your message until 'flatshare lock release'."""
+    """Hold a node: its releases and rollbacks are refused with your message until 'flatshare hold lift'."""
     import getpass
     import socket
 
@@ -36,10 +48,10 @@ def lock_acquire(
 
     wrong = hold_message(message)
     if wrong:
-        raise FlatshareError(f"lock acquire: -m: {wrong}")
+        raise FlatshareError(f"hold place: -m: {wrong}")
     who = f"{getpass.getuser()}@{socket.gethostname()}"
     if hold_message(who):
-        raise FlatshareError(f"lock acquire: your user@host {one_line(who)} holds a control character; set LOGNAME "
+        raise FlatshareError(f"hold place: your user@host {one_line(who)} holds a control character; set LOGNAME "
                              "(or USER) to a plain name")
     from ..control.answers import hold_line
 
@@ -55,8 +67,8 @@ def lock_acquire(
                             "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
 
 
-@lock_app.command("status")
-def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+@hold_app.command("status")
+def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
     """Who holds each node, and why (default: every node)."""
     from ..control.answers import hold_line
 
@@ -68,8 +80,8 @@ def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
         raise typer.Exit(6)  # a node could not be asked: "not held" is not known of it
 
 
-@lock_app.command("release")
-def lock_release(node: Annotated[str, typer.Option("--node", help="The node to release.")],
+@hold_app.command("lift")
+def hold_lift(node: Annotated[str, typer.Option("--node", help="The node whose hold to lift.")],
                  inventory: InventoryOption = None) -> None:
     """Lift an operator's hold on a node (exit 4 when it was not held)."""
     answer = _hold([node], inventory, release=True)[node]
@@ -83,3 +95,25 @@ def lock_release(node: Annotated[str, typer.Option("--node", help="The node to r
 
     lifted = answer["lifted"] if isinstance(answer["lifted"], dict) else {}
     typer.echo(f"{node}: hold lifted; it was held by {hold_phrase(lifted)}")
+
+
+@old_app.command("acquire")
+def lock_acquire(node: Annotated[str, typer.Option("--node")], message: Annotated[str, typer.Option("-m", "--message")],
+                 inventory: InventoryOption = None) -> None:
+    """Old name of 'flatshare hold place'."""
+    _renamed("acquire", "place")
+    hold_place(node, message, inventory)
+
+
+@old_app.command("status")
+def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+    """Old name of 'flatshare hold status'."""
+    _renamed("status", "status")
+    hold_status(node, inventory)
+
+
+@old_app.command("release")
+def lock_release(node: Annotated[str, typer.Option("--node")], inventory: InventoryOption = None) -> None:
+    """Old name of 'flatshare hold lift'."""
+    _renamed("release", "lift")
+    hold_lift(node, inventory)

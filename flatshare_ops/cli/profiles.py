@@ -131,7 +131,7 @@ def _module_on_node(name: str, inventory: Path | None) -> tuple[str, Path]:
 
     from ..config.inventory import inventory_path
     from ..control import commands
-    from ..control.fleet import ask
+    from ..control.fanout import ask
     from ..control.targets import targets
 
     (target,) = targets(inventory_path(inventory), [name], False)

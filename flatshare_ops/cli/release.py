@@ -65,7 +65,7 @@ def release(
     130/143 interrupted."""
     from ..config.inventory import inventory_path
     from ..control.rollout import Rollout, refuse_drift, refuse_placeholder_pins, terminal, warn_uncommitted
-    from ..control.targets import fleet, targets
+    from ..control.targets import every_node, targets
 
     out = terminal()
     refuse_drift(root)
@@ -74,7 +74,7 @@ def release(
     refuse_placeholder_pins(chosen)
     warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
-    rollout = Rollout(root, chosen, fleet(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
+    rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
                       auto_rollback=not no_auto_rollback, analysis=analysis.value)
     raise typer.Exit(_finish(rollout, as_json))
 
@@ -108,12 +108,12 @@ def rollback(
     its canaries analysed)."""
     from ..config.inventory import inventory_path
     from ..control.rollout import Rollout, terminal
-    from ..control.targets import fleet, targets
+    from ..control.targets import every_node, targets
 
     out = terminal()
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
-    everyone = fleet(path, chosen)
+    everyone = every_node(path, chosen)
     _on_signals()
     if not all_nodes:
         raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run), as_json))
@@ -128,7 +128,7 @@ def rollback(
 def _last_rollout(chosen, out):
     """(the fleet's last rollout, the nodes in the order to undo it: failed or interrupted first)."""
     from ..control import commands
-    from ..control.fleet import ask
+    from ..control.fanout import ask
     from ..control.rollout import last_rollout
 
     histories = ask(chosen, lambda t: commands.history(t.spec))

@@ -28,7 +28,7 @@ def check(
     from ..check.report import EXIT_CODES, UNKNOWN, Finding, Report, nagios_text, worst
     from ..config.inventory import inventory_path
     from ..control import commands
-    from ..control.fleet import ask
+    from ..control.fanout import ask
     from ..control.targets import targets
 
     try:

@@ -30,7 +30,7 @@ _SHOWN = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 
 def hold_message(value: str) -> str | None:
-    """Why a hold message (``flatshare lock acquire -m``) cannot be used, or None: it must be one line of
+    """Why a hold message (``flatshare hold place -m``) cannot be used, or None: it must be one line of
     text, not empty, with no control character."""
     if not value.strip():
         return "the message is empty; say why the node is held"

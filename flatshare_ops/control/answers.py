@@ -105,7 +105,7 @@ def history_line(record: dict) -> str:
 
 
 def hold_line(name: str, answer: dict) -> str:
-    """``flatshare lock status``'s line for one node's hold answer (``flatshare-node hold``)."""
+    """``flatshare hold status``'s line for one node's hold answer (``flatshare-node hold``)."""
     if "error" in answer:
         return f"{name}: UNKNOWN: {one_line(answer['error'])}"
     if answer.get("held") is True:

@@ -37,7 +37,7 @@ def source(root: Path) -> Path:
 #: the top-level modules they import. Not shipped: the operator's side, the renderer, the profile's loading,
 #: the sandbox, the operator's command line.
 SHIPPED_PARTS = ("node", "check", "common")
-SHIPPED_MODULES = ("__init__.py", "errors.py", "schema_errors.py", "systemd.py")
+SHIPPED_MODULES = ("__init__.py", "errors.py", "schema_errors.py")
 #: serving-check's command line: its timer runs the node's installed flatshare-ops, never a switcher.
 NOT_SHIPPED = ("check/cli.py",)
 

@@ -19,7 +19,7 @@ from typing import Callable
 from ..errors import TransportError
 from . import commands
 from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape
-from .fleet import answer_of
+from .fanout import answer_of
 from .targets import NodeTarget
 
 #: What the rollout does after several canaries' analyses: the most cautious action wins.

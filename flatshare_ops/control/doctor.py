@@ -23,7 +23,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
     from .answers import probe_words
-    from .fleet import answer_of
+    from .fanout import answer_of
     from .targets import targets
 
     failed = 0
@@ -104,7 +104,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
 def _lock_reading(conn, target) -> tuple[str, str, str]:
     """(state, item, detail) of the node's lock check (``flatshare-node lock-check``)."""
     from . import commands
-    from .fleet import answer_of
+    from .fanout import answer_of
 
     item = f"{target.name} lock reading"
     try:

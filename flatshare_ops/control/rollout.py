@@ -32,7 +32,7 @@ from ..node.output import ReleaseOutput
 from . import commands
 from .answers import admission_line, follow_up_report
 from .connection import CommandResult, Connection, Lost, Session, Silence
-from .fleet import answer_of, not_an_answer
+from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
 
 

@@ -124,7 +124,7 @@ def targets(inventory_file: Path, names: list[str], all_nodes: bool) -> list[Nod
     return [NodeTarget(here, inventory.nodes[here], inventory_file, inventory, local=True)]
 
 
-def fleet(inventory_file: Path, chosen: list[NodeTarget]) -> list[NodeTarget]:
+def every_node(inventory_file: Path, chosen: list[NodeTarget]) -> list[NodeTarget]:
     """Every node of the inventory; the chosen ones are the same objects (so results are shared)."""
     by_name = {t.name: t for t in chosen}
     return [by_name.get(t.name, t) for t in targets(inventory_file, [], True)]

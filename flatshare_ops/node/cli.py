@@ -72,7 +72,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("module", "the serve module this node built (path, sha256), as JSON"),
                        ("metrics", "this node's engine /metrics (for a canary analysis), as JSON"),
                        ("record-analysis", "record a canary analysis of this node's release (JSON on stdin)"),
-                       ("hold", "an operator's hold on this node (flatshare lock), as JSON"),
+                       ("hold", "an operator's hold on this node (flatshare hold), as JSON"),
                        ("lock-check", "whether reading the release lock works here (a child takes a lock), as JSON")):
         p = sub.add_parser(name, help=text)
         p.add_argument("--node", required=True, help="this node's name")
@@ -105,7 +105,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _context(args):
-    from ..systemd import ManagerAddress
+    from .systemd import ManagerAddress
     from .context import NodeContext
 
     return NodeContext(args.node, args.state_dir, ManagerAddress(args.scope, args.runtime_dir))

@@ -1,4 +1,4 @@
-"""An operator's hold on a node (``flatshare lock``): a record, not a held file lock, as Kamal's lock is.
+"""An operator's hold on a node (``flatshare hold``): a record, not a held file lock, as Kamal's lock is.
 
 ``releases/hold.json`` says who holds the node, since when and why (``-m``,
 e.g. "E2 benchmark"). While it is there, releases and rollbacks to the node
@@ -31,7 +31,7 @@ def read_hold(ctx: NodeContext) -> dict | None:
     """
     path = ctx.releases / HOLD
     advice = (f"the operator's hold record is damaged; see who held the node, then remove it (rm {path}) or run "
-              f"'flatshare lock release --node {ctx.node}'")
+              f"'flatshare hold lift --node {ctx.node}'")
     try:
         hold = read_json_object(path)
     except Damaged as err:
@@ -93,7 +93,7 @@ def release(ctx: NodeContext) -> dict | None:
         try:
             durable.remove(ctx.releases / HOLD)
         except OSError as err:
-            raise Refused(f"lock release refused: {ctx.node} could not remove {ctx.releases / HOLD} "
+            raise Refused(f"hold lift refused: {ctx.node} could not remove {ctx.releases / HOLD} "
                           f"({err.strerror or err}); the hold stays") from None
     return current
 
@@ -107,4 +107,4 @@ def refuse_if_held(ctx: NodeContext, action: str) -> None:
     hold = read_hold(ctx)
     if hold is not None:
         raise Refused(f"{action} refused: {ctx.node} is held by {describe(hold)}; "
-                      f"'flatshare lock release --node {ctx.node}' lifts the hold")
+                      f"'flatshare hold lift --node {ctx.node}' lifts the hold")

@@ -30,7 +30,7 @@ import socket
 import time
 from pathlib import Path
 
-from .. import systemd
+from . import systemd
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError

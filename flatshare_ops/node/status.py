@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from .. import systemd
+from . import systemd
 from ..common.files import Damaged
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
@@ -113,7 +113,7 @@ def node_status(ctx: NodeContext) -> dict:
                                     "calls; 'flatshare release' to this node gives them back")
     from .hold import read_hold
 
-    try:  # the operator's hold: shown by 'flatshare lock status'; here only its damage, which refuses releases
+    try:  # the operator's hold: shown by 'flatshare hold status'; here only its damage, which refuses releases
         read_hold(ctx)
     except NodeStateError as err:
         status["damaged"].append(str(err))

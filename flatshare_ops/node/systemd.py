@@ -28,8 +28,8 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from .common import poll
-from .errors import Exit, SystemdError
+from ..common import poll
+from ..errors import Exit, SystemdError
 
 #: The default bound of one exchange with the manager (seconds).
 SYSTEMD_TIMEOUT_S = 5.0
