@@ -140,3 +140,21 @@ def test_each_test_module_brings_up_sandboxes_only_on_its_own_loopback_blocks():
                 wrong.append(f"{path.name}: loopback_pair({block}) is {BLOCKS.get(int(block), 'not registered')}'s")
         literal += [f"{path.name}: {m}" for m in re.findall(r"""ADDRESSES\s*=\s*\{[^}]*127\.[^}]*\}""", text)]
     assert not wrong and not literal, wrong + literal
+
+
+def test_parallel_test_processes_keep_each_group_in_one_process(tmp_path):
+    """make test's `-n N --dist loadgroup` sends each group whole to one process (tests/conftest.py); with a
+    pytest whose ids xdist cannot rewrite (9.2), the groups were silently lost and a module's fleet came up in
+    every process. Two small groups of three tests, four processes: each group's tests report one process."""
+    import re
+
+    (tmp_path / "test_grouped.py").write_text(
+        "import pytest\n"
+        + "".join(f"@pytest.mark.xdist_group('{g}')\n@pytest.mark.parametrize('i', range(3))\ndef test_{g}(i):\n"
+                  "    pass\n" for g in ("one", "two")))
+    result = subprocess.run([sys.executable, "-m", "pytest", "-n", "4", "--dist", "loadgroup", "-v", "-p",
+                             "no:cacheprovider", "-c", "/dev/null", str(tmp_path)], capture_output=True, text=True,
+                            timeout=120, cwd=tmp_path)
+    assert result.returncode == 0, result.stdout + result.stderr
+    workers = {g: set(re.findall(rf"\[(gw\d+)\] .*PASSED .*test_{g}\[", result.stdout)) for g in ("one", "two")}
+    assert all(len(w) == 1 for w in workers.values()), (workers, result.stdout)
