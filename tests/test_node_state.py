@@ -1496,7 +1496,7 @@ def test_a_node_left_serving_by_an_interrupted_switch_asks_admission_once_for_it
     # checkout then renders another release, and peacock's gateway is stopped: the one switch that replaces
     # the interrupted one asks for admission before its only drain, and is refused (nothing drains).
     fleet.change()
-    killed = fleet.release(env=faults(kill_after_step="end-voice-drain"))
+    killed = fleet.operator_release(env=faults(kill_after_step="end-voice-drain"))
     assert "the node-side command ended without its outcome" in killed.stdout, text_of(killed)
     assert fleet.journal().exists() and not fleet.calls_problems()
     fleet.change()

@@ -337,7 +337,8 @@ def test_node_switch_refuses_a_malformed_bundle_before_writing(tmp_path, bundle,
 def test_a_batch_that_would_drain_every_node_is_refused(fleet):
     result = fleet.release("--all", "--batch-size", "2")
     assert result.returncode == 2
-    assert "--batch-size 2 would drain more than 1 of 2 nodes at once (min_serving 1); use at most 1" in result.stderr
+    assert ("batches of 2 would drain more than 1 of 2 nodes at once (min_serving 1); use at most 1 (--batch-size, "
+            "or the inventory's rollout.batch)") in result.stderr, result.stderr
 
 
 def test_all_and_node_together_are_bad_input(fleet):
