@@ -43,6 +43,7 @@ SAYS_MISSING = re.compile(r"unknown|not record|has no |no record|missing|does no
 
 HOLDER = r"""
 import sys
+from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock

@@ -147,12 +147,15 @@ def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback
     since = {name: len(fleet.history(name)) for name in ADDRESSES}
     fleet.set_hold(new)
     try:
-        with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT}), _calls(3, 8) as calls:
+        # Three measurements, one of them allowed to be quiet: a window of 6 s on a loaded machine may see one call.
+        tolerant = {"release.analysis.count": 3, "release.analysis.inconclusive_limit": 1}
+        with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT, **tolerant}), _calls(3, 8) as calls:
             result = fleet.release("--all", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
         assert (analysis["canary"], analysis["baseline"], analysis["phase"]) == ("cyan", "peacock", "passed"), analysis
-        assert all(m["canary"]["requests"] >= 3 for m in analysis["measurements"]), analysis["measurements"]
+        passed = [m for m in analysis["measurements"] if m["verdict"] == "pass"]
+        assert len(passed) >= 2 and all(m["canary"]["requests"] >= 3 for m in passed), analysis["measurements"]
         assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]
         assert _results(fleet, "peacock", since["peacock"]) == ["released"]
         # Every call streamed to its last token; calls that met a draining gateway were answered by the other.
@@ -224,6 +227,8 @@ def test_a_release_whose_engine_exits_at_start_is_rolled_back_by_the_node_and_qu
 
 
 def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_and_never_restarts_it(fleet):
+    synced = fleet.release("--node", "cyan")  # on the checkout's own release first (the fix goes back to it)
+    assert synced.returncode in (0, 4), synced.stdout + synced.stderr
     served, since = fleet.current("cyan"), len(fleet.history("cyan"))
     with fleet.node_profile("cyan", {"engine.make_room.decode_hold_tokens": 100000}):
         failed = fleet.release("--node", "cyan", "--no-auto-rollback")

@@ -399,5 +399,11 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
         assert released.returncode == 0, released.stdout + released.stderr
         for name in ("cyan", "peacock"):
             assert f"[{name}] {name}: switching (no release) -> " in released.stdout
+        # The canary's first release: nothing to compare with or go back to, so no analysis (and no wait for
+        # calls that a fresh fleet has none of); the skip is in cyan's history.
+        assert "canary analysis skipped: cyan had no release before" in released.stdout, released.stdout
+        records = [json.loads(line) for line in
+                   (base / "cyan/var/lib/flatshare/releases/history.jsonl").read_text().splitlines()]
+        assert [r.get("analysis", {}).get("skipped") for r in records if r.get("result") == "analysed"] == [True]
     finally:
         assert run_cli("sandbox", "down", "--dir", str(base)).returncode == 0

@@ -74,6 +74,8 @@ class Outcome:
         message: the one-line reason of a failure or refusal, else None.
         detail: a JSON-ready document of what else the node has to say (an automatic rollback's
             cause, the engine's last lines).
+        first: the switch was the node's first release (it had none before): there is nothing to compare
+            it with or roll it back to (a node that does not send it: False).
     """
 
     switch: str
@@ -82,6 +84,7 @@ class Outcome:
     release: str | None = None
     message: str | None = None
     detail: dict = field(default_factory=dict)
+    first: bool = False
     kind = "outcome"
 
 

@@ -264,6 +264,20 @@ class Rollout:
         switched = [t for t in canaries if t.result == Exit.OK]
         if self.dry_run or not switched:
             return None
+        firsts = [t for t in switched if self.outcomes.get(t.name) is not None and self.outcomes[t.name].first]
+        if firsts and len(firsts) == len(switched):
+            # Each canary's first release: nothing ran there before to compare with or go back to (as Argo
+            # Rollouts' first rollout of a new Rollout skips its steps). The next batches' nodes, if they had a
+            # release, are judged by their own switch's checks.
+            why = "the canary analysis was skipped: its first release (the node had none before)"
+            for target in switched:
+                self.analysed[target.name] = "analysis skipped: its first release"
+                record(self, target, self.switch_ids[target.name],
+                       {"schema": 1, "skipped": True, "summary": why, "canary": target.name, "measurements": []})
+            self.out.line(f"canary analysis skipped: {', '.join(t.name for t in switched)} had no release before "
+                          "(a node's first release has nothing to compare with or roll back to); recorded in their "
+                          "history")
+            return None
         if self.analysis == "skip":
             for target in switched:
                 self.analysed[target.name] = "analysis skipped (--analysis skip)"

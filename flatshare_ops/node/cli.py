@@ -201,7 +201,7 @@ def switch(args) -> int:
     try:
         done = switch_node(ctx, request, out, admit)
         outcome = protocol.Outcome(request.switch, int(done.code), done.result, done.release, done.message,
-                                   done.detail)
+                                   done.detail, done.first)
         if done.code == Exit.ROLLED_BACK:
             out.line(f"flatshare: {ctx.node}: rolled back automatically: {done.message}")
     except FlatshareError as err:

@@ -98,6 +98,7 @@ class Done:
     release: str | None = None
     message: str | None = None
     detail: dict = field(default_factory=dict)
+    first: bool = False  # the node's first release: it had none before this switch
 
 
 @dataclass
@@ -337,7 +338,7 @@ def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Wor
     except RollbackNeeded as failure:
         return _roll_back_automatically(ctx, request, out, work, failure, back_to)
     _prune(ctx, out)
-    return Done(Exit.OK, SUCCESS[p.kind], p.to_id)
+    return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None)
 
 
 def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: State, out: ReleaseOutput) -> str | None:
