@@ -1336,6 +1336,8 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
     finally:
         monitor.stop()
         undo()
+    # peacock's gateway answers again (a process continued after SIGSTOP, or started anew) before it is checked.
+    assert _poll(lambda: _http_status(f"http://{ADDRESSES['peacock']}:8080/health") == 200, 30)
     _refused_without_draining(fleet, "cyan", result, offset)
     assert re.search(r"^peacock: does not take calls \(.*gateway.*\)", result.stdout, re.MULTILINE), result.stdout
     assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", GATEWAY) == gateway_pid

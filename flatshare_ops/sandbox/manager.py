@@ -81,13 +81,14 @@ def _enter_cgroups(name: str) -> None:
         (directory / "cgroup.procs").write_text(str(os.getpid()))
 
 
-def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, timeout_s: float = 30.0) -> int:
+def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, timeout_s: float = 90.0) -> int:
     """Start the node's user manager and wait until its private socket answers.
 
     Args:
         dirs: the node's directories (created if missing).
         extra_env: variables the manager passes on to its services (a node's own bus address).
-        timeout_s: how long to wait for the socket, in seconds.
+        timeout_s: how long to wait for the socket, in seconds: 90, as a manager started while two real
+            engines start on this machine's 2 CPUs (load 14) once took more than 30 s to open it.
 
     Returns:
         The manager's process id.
