@@ -255,6 +255,31 @@ def test_counts_that_are_no_counts_and_buckets_that_are_not_cumulative_are_unrea
         assert isinstance(scrape, FailedScrape) and scrape.reason.startswith(says), scrape
 
 
+@pytest.mark.parametrize("le", ["-Inf", "-1", "-0.001", "NaN"])
+def test_a_bucket_bound_that_is_no_latency_is_unreadable_never_a_quantile(le):
+    # A breaker's /metrics: buckets at -Inf (or below zero) made the p95 "<= -1 s", or a traceback; a latency
+    # bound is 0 or more seconds, or +Inf.
+    engine = Engine()
+    engine.serve({0.05: 10})
+    text = engine.text().replace('le="0.001"}', f'le="{le}"}}')
+    scrape = read_scrape("cyan", T0, text)
+    assert isinstance(scrape, FailedScrape), scrape
+    assert f"vllm:time_to_first_token_seconds_bucket has a series whose le is '{le}', not a bucket bound" \
+        == scrape.reason, scrape.reason
+
+
+@pytest.mark.parametrize("created", ["NaN", "+Inf", "-5.0"])
+def test_a_created_timestamp_that_is_no_time_is_unreadable_never_a_restart_each_window(created):
+    engine = Engine()
+    engine.serve({0.05: 10})
+    text = engine.text()
+    start = f"}} {engine.started}"
+    assert 'vllm:time_to_first_token_seconds_created{' in text and start in text
+    text = text.replace(start, f"}} {created}")
+    scrape = read_scrape("cyan", T0, text)
+    assert isinstance(scrape, FailedScrape) and "_created" in scrape.reason and "not a time" in scrape.reason, scrape
+
+
 def test_an_unreadable_canary_scrape_is_an_error_measurement_naming_the_node_and_the_cause():
     engine = Engine()
     start = engine.scrape("cyan", T0)
@@ -484,6 +509,16 @@ def test_consecutive_errors_reaching_the_limit_fail_it_and_errors_apart_do_not()
     assert (two.phase, two.done) == (Phase.FAILED, True)
     apart = run([E, P, E, P], config=settings(consecutive_error_limit=2))
     assert apart.phase == Phase.INCONCLUSIVE  # two measurements not taken, more than inconclusive_limit 1
+
+
+@pytest.mark.parametrize("inconclusive", ["pass", "pause", "fail"])
+def test_an_analysis_that_could_take_no_measurement_fails_even_when_its_error_limit_is_above_count(inconclusive):
+    # A breaker's profile: consecutive_error_limit 50 with count 4 and inconclusive = "pass" let a canary
+    # whose /metrics never read roll on.
+    result = run([E, E, E, E], config=settings(consecutive_error_limit=50, inconclusive=inconclusive))
+    assert (result.phase, result.action, result.done) == (Phase.FAILED, Action.ROLLBACK, True), result.reason
+    assert result.reason == "none of the 4 measurements could be taken (consecutive_error_limit 50 is above count 4)"
+    assert run([E, P, E, E], config=settings(consecutive_error_limit=50)).phase == Phase.INCONCLUSIVE
 
 
 def test_after_count_measurements_a_few_unclear_ones_are_tolerated_and_more_are_inconclusive():

@@ -259,3 +259,38 @@ def test_a_skipped_analysis_is_recorded_in_the_canarys_history(fleet):
     shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--inventory", str(fleet.inventory)],
                            capture_output=True, text=True, timeout=120)
     assert "the canary analysis was skipped (--analysis skip)" in shown.stdout, shown.stdout
+
+
+def test_a_rollout_stopped_during_its_analysis_analyses_the_canary_again_before_the_next_batch(fleet):
+    # A breaker's case: SIGTERM to `release --all` during the canary's analysis, then `release --all` again:
+    # the canary had nothing to do, and peacock switched with no analysis ever having passed the canary.
+    import signal
+
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", analysis={**FAST_ANALYSIS, "interval_s": 5, "inconclusive": "pause"}):
+        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        first = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
+                                  "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                 text=True, env=env)
+        seen = []
+        for line in first.stdout:
+            seen.append(line)
+            if line.startswith("canary analysis of cyan"):
+                first.send_signal(signal.SIGTERM)
+                break
+        rest = first.communicate(timeout=120)[0]
+        assert first.returncode == 143, "".join(seen) + rest
+        assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released"]  # no analysis recorded
+        again = fleet.cli("release", "--all")
+    text = again.stdout + again.stderr
+    assert again.returncode == 11, text  # no calls: inconclusive, and the profile says pause
+    assert re.search(r"^cyan runs this release, but no canary analysis passed it \(its switch [0-9a-f]+\)",
+                     again.stdout, re.MULTILINE), text
+    assert re.search(r"measurement 1 of 3, .*: inconclusive", again.stdout), text
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
+    assert _since(fleet, "peacock", start["peacock"]) == []  # peacock never switched
+    resumed = fleet.cli("release", "--all", "--analysis", "skip")
+    assert resumed.returncode == 0, resumed.stdout + resumed.stderr
+    for name in NODES:
+        fleet.settled(name)

@@ -123,7 +123,7 @@ def test_node_files_with_nan_or_infinity_are_damaged(tmp_path):
 
 
 @pytest.mark.parametrize("message", ["E2 bench\n::flatshare:outcome {\"code\": 0}", "red\x1b[31m\x07", "", "  ",
-                                     "a\u2028b"])
+                                     "a\u2028b", "E2 \udcff\udcfe bench"])  # the last: bytes ff fe, not UTF-8
 def test_a_hold_message_must_be_one_line_of_text(tmp_path, message):
     # Refused on the operator's side before any node is asked (no inventory is read)...
     result = run_cli("hold", "place", "--node", "cyan", "-m", message, "--inventory", str(tmp_path / "none.toml"))
@@ -346,3 +346,82 @@ def test_a_mistyped_fingerprint_is_named_as_mistyped(tmp_path, value):
                      "--inventory", str(_fleet_file(tmp_path)))
     assert result.returncode == 2 and "is not a fingerprint as 'ssh-keygen -lf KEY.pub' prints it" in result.stderr
     assert "\n" not in result.stderr.strip()
+
+
+@pytest.mark.parametrize("document", ['{"measurements": [{"canary": "x"}]}',
+                                      '{"measurements": [{"canary": {"start_s": "abc"}}]}',
+                                      '{"measurements": [{"canary": {"start_s": -1e300}}]}',
+                                      '{"measurements": [{"canary": {"start_s": true}}]}',
+                                      '{"measurements": "all"}', '{"summary": {"a": 1}}', '[1]'])
+def test_a_hostile_analysis_document_is_refused_by_the_node_in_one_line_and_nothing_is_written(tmp_path, document):
+    # What the operator's side sends `flatshare-node record-analysis` (a breaker's cases): never a traceback,
+    # and the node's history is not touched.
+    state = tmp_path / "state"
+    (state / "releases").mkdir(parents=True)
+    result = subprocess.run(
+        [sys.executable, "-m", "flatshare_ops.node", "record-analysis", "--node", "cyan", "--state-dir", str(state),
+         "--scope", "user", "--runtime-dir", str(tmp_path), "--switch", "hostile1"],
+        input=document + "\n", capture_output=True, text=True, timeout=60)
+    said = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert said.count("\n") == 0 and "stdin is not an analysis document" in said, said
+    assert not (state / "releases/history.jsonl").exists()
+
+
+@pytest.mark.parametrize("answer,said", [(b"HTTP/1.0 200 OK\r\n\r\n" + b"x" * (9 << 20), "answered more than 8 MiB"),
+                                         (b"SSH-2.0-OpenSSH_9.2\r\n", "answered something that is not HTTP")])
+def test_an_oversized_or_foreign_answer_is_named_as_such_never_as_a_timeout(answer, said):
+    # A breaker's case: a /metrics of 9 MiB, answered in 60 ms, was reported "did not answer within 5 s".
+    import socket
+    import threading
+
+    from flatshare_ops.common.http import http_fetch
+
+    server = socket.create_server(("127.0.0.1", 0))
+    port = server.getsockname()[1]
+
+    def serve():
+        conn, _ = server.accept()
+        with conn:
+            conn.recv(65536)
+            try:
+                conn.sendall(answer)
+            except OSError:
+                pass  # the reader stopped at its bound
+
+    thread = threading.Thread(target=serve, daemon=True)
+    thread.start()
+    try:
+        status, body, why = http_fetch(f"http://127.0.0.1:{port}/metrics", 5.0)
+    finally:
+        thread.join(10)
+        server.close()
+    assert (status, body, why) == (0, b"", said)
+
+
+@pytest.mark.parametrize("key,value,said", [
+    ("min_serving", '"0%"', "min_serving: must be a count or a share from \"1%\" to \"100%\" (a whole number and %), got '0%'"),
+    ("min_serving", "true", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got True"),
+    ("min_serving", "1.5", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got 1.5"),
+    ("min_serving", "-1", "min_serving: must be a count of 0 or more, or a share such as \"50%\", got -1"),
+    ("rollout.batch", '"150%"', "rollout.batch: must be a count or a share from \"1%\" to \"100%\" (a whole number and "
+                                "%), got '150%'"),
+    ("rollout.batch", "0", "rollout.batch: must be a count from 1 to 1000, or a share such as \"50%\", got 0"),
+    ("rollout.batch", '" 50%"', "rollout.batch: must be a count or a share from \"1%\" to \"100%\" (a whole number "
+                                "and %), got ' 50%'"),
+])
+def test_a_count_or_share_in_the_inventory_is_refused_in_its_own_words_at_its_line(tmp_path, key, value, said):
+    # A breaker's cases: pydantic's union errors named a key no file has (min_serving.constrained-int) and said
+    # "integer" of a field that takes a share.
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import ProfileError
+
+    table, _, name = key.rpartition(".")
+    nodes = "".join(f'[nodes.{n}]\nhost = "127.0.0.{i}"\nprofile = "{PRODUCTION}"\n' for i, n in ((2, "a"), (3, "b")))
+    text = f"schema = 1\n{name} = {value}\n{nodes}" if not table else f"schema = 1\n{nodes}[{table}]\n{name} = {value}\n"
+    path = tmp_path / "fleet.toml"
+    path.write_text(text)
+    line = next(i for i, row in enumerate(text.splitlines(), 1) if row.startswith(f"{name} ="))
+    with pytest.raises(ProfileError) as raised:
+        load_inventory(path)
+    assert str(raised.value) == f"{path}:{line}: {said}"

@@ -113,6 +113,9 @@ BAD_PROFILES = {
                                         r"child\.toml:3: release\.analysis\.inconclusive_limit: failure_limit \+ "
                                         rf"inconclusive_limit must be below count \({_A.count}\), got "
                                         rf"{_A.failure_limit} \+ {_A.count - _A.failure_limit}"),
+    "analysis longer than a day": ("[release.analysis]\ncount = 1000\ninterval_s = 100\n",
+                                   r"child\.toml:\d+: release\.analysis\.count: the analysis would take count x "
+                                   r"interval_s = 100000 s, more than a day \(86400 s\)"),
     "analysis count not above the limits": (f"[release.analysis]\ncount = {_A.failure_limit + _A.inconclusive_limit}\n",
                                             r"child\.toml:3: release\.analysis\.count: failure_limit \+ "
                                             rf"inconclusive_limit must be below count \({_A.failure_limit + _A.inconclusive_limit}\), "

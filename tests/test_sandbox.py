@@ -407,3 +407,26 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
         assert [r.get("analysis", {}).get("skipped") for r in records if r.get("result") == "analysed"] == [True]
     finally:
         assert run_cli("sandbox", "down", "--dir", str(base)).returncode == 0
+
+
+@pytest.mark.parametrize("damage", ["torn", "not-utf8", "against-schema", "directory"])
+def test_sandbox_up_refuses_an_inventory_it_cannot_keep_before_anything_starts(tmp_path, damage):
+    # A breaker's cases: a torn or non-UTF-8 fleet.toml was replaced without a word (what an operator added to it
+    # lost), one against the schema was kept (every later command then refused), a directory gave a traceback.
+    base = tmp_path / "sb"
+    base.mkdir()
+    path = base / "fleet.toml"
+    if damage == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes({"torn": b"schema = 1\n[rollout\ncanaries = 1\n", "not-utf8": b"schema = 1\n\xff\xfe = 1\n",
+                          "against-schema": b"schema = 1\n[rollout]\ncanaries = -5\n"}[damage])
+    before = path.read_bytes() if path.is_file() else None
+    addresses = loopback_pair(2)
+    env = {"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"}
+    result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in", env=env)
+    said = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert str(path) in said and "move it aside" in said, said
+    assert (path.read_bytes() if path.is_file() else None) == before
+    assert not (base / "cyan").exists() and not (base / "state.json").exists()  # nothing started

@@ -23,14 +23,23 @@ def http_get(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
     Returns:
         (status, body); status 0 when nothing answered in time or the answer
         was not HTTP (a slow-drip server cannot stretch the bound: each read
-        gets only what is left of it).
+        gets only what is left of it). :func:`http_fetch` also says which.
     """
+    status, body, _why = http_fetch(url, timeout_s)
+    return status, body
+
+
+def http_fetch(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes, str]:
+    """:func:`http_get`, with what went wrong when the status is 0: ``(status, body, why)``, ``why`` a phrase
+    ("did not answer within 5 s", "answered more than 8 MiB", "answered something that is not HTTP",
+    "could not be reached (...)"), empty with a status."""
     rest = url.removeprefix("http://")
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.rpartition(":")
     host = host.strip("[]")
     deadline = time.monotonic() + timeout_s
     chunks: list[bytes] = []
+    late = f"did not answer within {timeout_s:g} s"
     try:
         with socket.create_connection((host, int(port)), timeout=timeout_s) as conn:
             conn.sendall(f"GET /{path} HTTP/1.0\r\nHost: {hostport}\r\nConnection: close\r\n\r\n".encode())
@@ -38,7 +47,7 @@ def http_get(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
             while True:
                 left = deadline - time.monotonic()
                 if left <= 0:
-                    return 0, b""
+                    return 0, b"", late
                 conn.settimeout(left)
                 chunk = conn.recv(65536)
                 if not chunk:
@@ -46,14 +55,16 @@ def http_get(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
                 chunks.append(chunk)
                 received += len(chunk)
                 if received > MAX_BODY:
-                    return 0, b""
-    except (OSError, ValueError):
-        return 0, b""
+                    return 0, b"", f"answered more than {MAX_BODY >> 20} MiB"
+    except TimeoutError:
+        return 0, b"", late
+    except (OSError, ValueError) as err:
+        return 0, b"", f"could not be reached ({type(err).__name__}: {err})"
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")
     try:
-        return int(head.split(b" ", 2)[1]), body
+        return int(head.split(b" ", 2)[1]), body, ""
     except (IndexError, ValueError):
-        return 0, b""
+        return 0, b"", "answered something that is not HTTP"
 
 
 def wait_for_200(url: str, timeout_s: float, progress=None) -> int:

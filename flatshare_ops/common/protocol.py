@@ -76,6 +76,9 @@ class Outcome:
             cause, the engine's last lines).
         first: the switch was the node's first release (it had none before): there is nothing to compare
             it with or roll it back to (a node that does not send it: False).
+        unjudged: with nothing to do, the id of the switch that installed the release the node runs when no
+            canary analysis passed it or was skipped for it (a rollout interrupted during its analysis, a
+            paused one, a release of the node alone), else None.
     """
 
     switch: str
@@ -85,6 +88,7 @@ class Outcome:
     message: str | None = None
     detail: dict = field(default_factory=dict)
     first: bool = False
+    unjudged: str | None = None
     kind = "outcome"
 
 

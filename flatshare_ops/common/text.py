@@ -31,9 +31,14 @@ _SHOWN = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
 
 def hold_message(value: str) -> str | None:
     """Why a hold message (``flatshare hold place -m``) cannot be used, or None: it must be one line of
-    text, not empty, with no control character."""
+    text, not empty, with no control character, and UTF-8 (bytes that are not arrive from the command line
+    as surrogate escapes, which the node's record cannot hold)."""
     if not value.strip():
         return "the message is empty; say why the node is held"
+    try:
+        value.encode("utf-8")
+    except UnicodeEncodeError:
+        return "the message is not UTF-8 text; give one line of text in UTF-8"
     bad = _SHOWN.search(value)  # what one_line would escape
     if bad is not None:
         return f"the message holds control character {bad.group()!r}; give one line of text"

@@ -11,7 +11,7 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import Field, ValidationError, model_validator
+from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from ..errors import ProfileError
 from ..schema_errors import dotted, ordered, rule
@@ -66,6 +66,27 @@ class Monitoring(StrictModel):
 Share = Annotated[str, Field(pattern=r"^([1-9][0-9]?|100)%$")]
 
 
+def _count_or_share(low: int, high: int | None):
+    """A validator for a field that is a count (``low`` to ``high``) or a share ("1%" to "100%"): one rule in
+    the message, never pydantic's per-member errors (whose keys, such as ``constrained-int``, name no key of
+    the file)."""
+
+    def check(value):
+        if isinstance(value, bool) or not isinstance(value, (int, str)):
+            raise ValueError(f"must be a count ({low} or more{'' if high is None else f', at most {high}'}) or a "
+                             f"share from \"1%\" to \"100%\", got {value!r}")
+        if isinstance(value, str):
+            if not re.fullmatch(r"([1-9][0-9]?|100)%", value):
+                raise ValueError(f"must be a count or a share from \"1%\" to \"100%\" (a whole number and %), "
+                                 f"got {value!r}")
+        elif value < low or (high is not None and value > high):
+            span = f"of {low} or more" if high is None else f"from {low} to {high}"
+            raise ValueError(f"must be a count {span}, or a share such as \"50%\", got {value}")
+        return value
+
+    return BeforeValidator(check)
+
+
 def nodes_of(value: int | str, total: int, round_up: bool) -> int:
     """A count of nodes: ``value`` itself, or its share of ``total`` nodes (``"50%"``), rounded up (a floor that
     must hold: ``min_serving``) or down but at least 1 (a batch, as Ansible rounds ``serial``)."""
@@ -88,7 +109,7 @@ class Strategy(StrictModel):
     """
 
     canaries: int = Field(default=1, ge=0, le=1000)
-    batch: Annotated[int, Field(ge=1, le=1000)] | Share = 1
+    batch: Annotated[int | str, _count_or_share(1, 1000)] = 1
     max_failed: int = Field(default=0, ge=0, le=1000)
 
     def batch_size(self, total: int) -> int:
@@ -112,7 +133,7 @@ class Inventory(StrictModel):
 
     schema_: int = Field(alias="schema", ge=1, le=1)
     known_hosts: str | None = None
-    min_serving: Annotated[int, Field(ge=0)] | Share = 1
+    min_serving: Annotated[int | str, _count_or_share(0, None)] = 1
     rollout: Strategy = Field(default_factory=Strategy)
     transport: Transport = Field(default_factory=Transport)
     monitoring: Monitoring = Field(default_factory=Monitoring)

@@ -328,6 +328,9 @@ class Analysis(StrictModel):
                              f"below count ({self.count}), "
                              f"got {self.failure_limit} + {self.inconclusive_limit}; a passing analysis needs a "
                              "passed measurement")
+        if self.count * self.interval_s > 86400:
+            raise ValueError(f"count|interval_s: the analysis would take count x interval_s = "
+                             f"{self.count * self.interval_s:g} s, more than a day (86400 s); a rollout waits for it")
         return self
 
 

@@ -292,6 +292,9 @@ def _read(node: str, at: float, text: str) -> Scrape:
                for name in (f"{vm.TIME_TO_FIRST_TOKEN}_created", f"{vm.E2E_REQUEST_LATENCY}_created",
                             vm.REQUEST_SUCCESS.removesuffix("_total") + "_created")
                for labels, value in by_name.get(name, ())}
+    for key, value in created.items():  # a time since the epoch: a NaN would differ from itself, a restart each window
+        if not math.isfinite(value) or value < 0:
+            raise _Unreadable(f"{_series_text(key)} is {value}, not a time")
     return Scrape(node, at, ttft, e2e, finished, waiting, counters, created)
 
 
@@ -305,7 +308,9 @@ def _histogram(by_name: Mapping[str, list[tuple[dict[str, str], float]]], name: 
             bound = float(le) if le is not None else math.nan
         except ValueError:
             bound = math.nan
-        if math.isnan(bound):
+        # A bound is a latency in seconds: finite and not negative, or +Inf (the last bucket). NaN, -Inf and a
+        # negative bound are no bucket bounds (a p95 "<= -1 s" read from them would pass any threshold).
+        if math.isnan(bound) or bound < 0:
             raise _Unreadable(f"{name}_bucket has a series without an le label" if le is None
                               else f"{name}_bucket has a series whose le is {one_line(le)!r}, not a bucket bound")
         count = _whole(value, f"{name}_bucket")
@@ -712,7 +717,8 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
     passed when at most ``inconclusive_limit`` of them neither passed nor failed (inconclusive or error), else
     inconclusive, which the profile's ``inconclusive`` turns into a rollback (``fail``), a pause or going on
     (``pass``). Unlike Argo, a measurement that could not be taken counts toward ``count``: the analysis lasts
-    ``count`` intervals at most, and what it could not see makes it inconclusive, never a pass.
+    ``count`` intervals at most, and what it could not see makes it inconclusive, never a pass; an analysis
+    none of whose ``count`` measurements could be taken fails (``consecutive_error_limit`` above ``count``).
 
     It is done early when the action can no longer change: failed, or inconclusive beyond the limit when the
     profile turns inconclusive into a failure. A dry run computes the same phase and action but measures all
@@ -736,6 +742,12 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
         phase, action, early = Phase.FAILED, Action.ROLLBACK, True
         reason = (f"{streak} measurements in a row could not be taken "
                   f"(consecutive_error_limit {settings.consecutive_error_limit})")
+    elif finished and streak == taken:
+        # consecutive_error_limit above count: not one measurement could be taken. What the analysis never saw
+        # fails it, whatever ``inconclusive`` says (a canary whose metrics never read would otherwise pass).
+        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        reason = (f"none of the {taken} measurements could be taken (consecutive_error_limit "
+                  f"{settings.consecutive_error_limit} is above count {settings.count})")
     elif unclear > settings.inconclusive_limit and (finished or settings.inconclusive == "fail"):
         phase, action = Phase.INCONCLUSIVE, _INCONCLUSIVE_DOES[settings.inconclusive]
         early = settings.inconclusive == "fail"

@@ -262,6 +262,15 @@ class Rollout:
         from .canary import analyse, record
 
         switched = [t for t in canaries if t.result == Exit.OK]
+        unjudged = [t for t in canaries if t.result == Exit.NOTHING_TO_DO and t.name in self.outcomes
+                    and self.outcomes[t.name].unjudged]
+        for target in unjudged:
+            # It runs this release already, but no analysis passed it (an interrupted or paused rollout, a
+            # release of it alone): judged now, before any other node switches; recorded against its switch.
+            self.switch_ids[target.name] = self.outcomes[target.name].unjudged
+            self.out.line(f"{target.name} runs this release, but no canary analysis passed it (its switch "
+                          f"{self.outcomes[target.name].unjudged}): it is analysed before the next batch")
+        switched += unjudged
         if self.dry_run or not switched:
             return None
         firsts = [t for t in switched if self.outcomes.get(t.name) is not None and self.outcomes[t.name].first]

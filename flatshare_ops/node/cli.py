@@ -201,7 +201,7 @@ def switch(args) -> int:
     try:
         done = switch_node(ctx, request, out, admit)
         outcome = protocol.Outcome(request.switch, int(done.code), done.result, done.release, done.message,
-                                   done.detail, done.first)
+                                   done.detail, done.first, done.unjudged)
         if done.code == Exit.ROLLED_BACK:
             out.line(f"flatshare: {ctx.node}: rolled back automatically: {done.message}")
     except FlatshareError as err:
@@ -246,6 +246,29 @@ def _keep(ctx, outcome, out) -> None:
                  f"({why}); it was still sent, and the history records any switch")
 
 
+def _not_an_analysis(document) -> str | None:
+    """What makes ``document`` no analysis document the node records (control/analysis.py's ``document()``
+    shape, read as untrusted), or None: a JSON object whose ``summary`` is text, whose ``measurements`` is a
+    list of objects, each ``canary`` an object whose ``start_s`` is a time (seconds since the epoch)."""
+    import math
+
+    if not isinstance(document, dict):
+        return "not a JSON object"
+    if not isinstance(document.get("summary", ""), str):
+        return "its summary is not text"
+    measurements = document.get("measurements", [])
+    if not isinstance(measurements, list):
+        return "its measurements are not a list"
+    for number, measurement in enumerate(measurements, 1):
+        if not isinstance(measurement, dict) or not isinstance(measurement.get("canary", {}), dict):
+            return f"measurement {number} is not an object with a canary object"
+        start = measurement.get("canary", {}).get("start_s")
+        if start is not None and (isinstance(start, bool) or not isinstance(start, (int, float))
+                                  or not math.isfinite(start) or not 0 <= start < 1e11):
+            return f"measurement {number}'s canary start_s is not a time in seconds since the epoch"
+    return None
+
+
 def _record_analysis(args) -> int:
     """``flatshare-node record-analysis``: the analysis document (one JSON object) on stdin, into history."""
     from .records import append_analysis
@@ -257,8 +280,9 @@ def _record_analysis(args) -> int:
         document = loads(text or "")
     except ValueError as err:
         raise FlatshareError(f"node record-analysis: stdin is not JSON ({err})") from None
-    if not isinstance(document, dict):
-        raise FlatshareError("node record-analysis: stdin is not an analysis document (a JSON object)")
+    wrong = _not_an_analysis(document)
+    if wrong:
+        raise FlatshareError(f"node record-analysis: stdin is not an analysis document: {wrong}")
     record = append_analysis(ctx, args.switch, args.rollout, current_release(ctx.state_dir), document)
     print(dumps({"node": ctx.node, "recorded": bool(record)}, sort_keys=True))
     return 0

@@ -84,7 +84,8 @@ def engine_metrics(ctx: NodeContext) -> dict:
     """
     import time
 
-    from ..common.http import http_get
+    from ..common.http import http_fetch
+    from ..common.text import one_line
     from .calls import active_serving
     from .store import current_release
 
@@ -96,8 +97,8 @@ def engine_metrics(ctx: NodeContext) -> dict:
     if serving is None:
         return {"node": ctx.node, "at": at, "error": "no readable active release: its engine's address is not known"}
     url = serving["engine"]["url"] + "/metrics"
-    status, body = http_get(url, METRICS_TIMEOUT_S)
+    status, body, why = http_fetch(url, METRICS_TIMEOUT_S)
     if status != 200:
-        heard = f"answered {status}" if status else f"did not answer within {METRICS_TIMEOUT_S:g} s"
+        heard = f"answered {status}" if status else one_line(why)
         return {"node": ctx.node, "at": at, "error": f"{url} {heard}"}
     return {"node": ctx.node, "at": at, "status": status, "text": body.decode("utf-8", errors="replace")}

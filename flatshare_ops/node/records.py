@@ -93,7 +93,7 @@ def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOu
 
 def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:
     """Record a canary analysis of the node's release (the operator's side ran it: control/analysis.py), once
-    per switch id: ``result`` ``analysed``, the whole analysis under ``analysis``; never a switch (it serves no
+    per switch id and rollout: ``result`` ``analysed``, the whole analysis under ``analysis``; never a switch (it serves no
     rollback rule).
 
     Raises:
@@ -102,8 +102,9 @@ def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current:
     import getpass
     import socket
 
-    if read_history(ctx).has(switch, "analysed"):
-        return {}
+    if any(r.get("switch") == switch and r.get("result") == "analysed" and r.get("rollout") == rollout
+           for r in read_history(ctx).records):
+        return {}  # once per switch and rollout (a later rollout may analyse a switch an earlier one did not pass)
     now = time.time()
     started = next((m.get("canary", {}).get("start_s") for m in document.get("measurements", [])
                     if isinstance(m, dict)), None)

@@ -99,6 +99,7 @@ class Done:
     message: str | None = None
     detail: dict = field(default_factory=dict)
     first: bool = False  # the node's first release: it had none before this switch
+    unjudged: str | None = None  # nothing to do: the switch that installed the release, never judged (protocol)
 
 
 @dataclass
@@ -148,6 +149,25 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
         return _run(ctx, request, out, admit, began)
 
 
+def unjudged_switch(hist, current: str | None) -> str | None:
+    """The id of the release switch that installed ``current`` when no canary analysis of it passed or was
+    skipped (history's ``analysed`` records), else None; None too when the history does not say (its order in
+    doubt, or no such switch recorded)."""
+    newest = hist.last()
+    if current is None or newest is None:
+        return None
+    installed = next((r for r in reversed(hist.records) if r.get("kind") != "analysis" and r.get("after") == current
+                      and r.get("result") == "released" and isinstance(r.get("switch"), str)), None)
+    if installed is None:
+        return None
+    for r in hist.records:
+        analysis = r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
+        if r.get("switch") == installed["switch"] and r.get("result") == "analysed" and (
+                analysis.get("skipped") is True or analysis.get("phase") == "passed"):
+            return None
+    return installed["switch"]
+
+
 def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float) -> Done:
     state = None
     with _calls_given_back_on_refusal(ctx, request, out, lambda: state):
@@ -161,7 +181,8 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
                 from .steps import keep_enabled
 
                 keep_enabled(ctx, bundle_view(request.bundle).units, out, request.dry_run)
-            return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current)
+            return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current,
+                        unjudged=unjudged_switch(state.hist, state.current))
         _refuse(ctx, request, out, work, admit)
         if request.dry_run:
             out.line("dry run: nothing changed")

@@ -607,6 +607,7 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
                     f"{'bare ' if want[1] else ''}{want[0]}-scope node", exit_code=2)
         chosen = nodes(base, addresses, system_scope, bare, engine)
         _refuse_other_addresses(base, chosen)
+        _refuse_a_damaged_inventory(base)
         inventory = _up(base, production, chosen, vllm_release, echo)
     waiting = [n for n in chosen if not n.bare and current_release(n.state_dir) is None]
     if release and waiting:
@@ -647,6 +648,31 @@ def first_release(inventory: Path, root: Path, names: list[str], echo=print) -> 
         if done.returncode not in (0, 4):
             tail = " | ".join((done.stdout + done.stderr).strip().splitlines()[-6:])
             raise SandboxError(f"{name}: its first release exited {done.returncode}: {tail}")
+
+
+def _refuse_a_damaged_inventory(base: Path) -> None:
+    """Refuse, before anything starts, an inventory ``up`` wrote before that it can no longer keep: not a
+    regular file, not TOML, or against the inventory's schema (what an operator added to it is kept, so it
+    is never silently replaced, and ``up`` never leaves one every later command refuses).
+
+    Raises:
+        SandboxError (exit 2): one line naming the file and what is wrong with it, and the way out.
+    """
+    from ..common.text import one_line as line_of
+    from ..config.inventory import load_inventory
+    from ..errors import FlatshareError
+
+    path = base / "fleet.toml"
+    if not os.path.lexists(path):
+        return
+    if path.is_symlink() or not path.is_file():
+        raise SandboxError(f"{path}: not a regular file; move it aside (sandbox up writes the sandbox's inventory "
+                           "there)", exit_code=2)
+    try:
+        load_inventory(path)
+    except FlatshareError as err:
+        raise SandboxError(f"{line_of(str(err))}; fix it or move it aside (sandbox up keeps what was added to "
+                           "the inventory it wrote, and writes a new one when there is none)", exit_code=2) from None
 
 
 def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
