@@ -24,7 +24,7 @@ from flatshare_ops.control.analysis import (Action, AnalysisRun, FailedScrape, H
                                             Scrape, Verdict, assess, measure, quantile, read_scrape,
                                             threshold_warnings, window)
 
-# vLLM 0.32.0, vllm/v1/metrics/buckets.py (FACTS.md, "vLLM's metrics"): written out here, not imported.
+# vLLM 0.32.0, vllm/v1/metrics/buckets.py (docs/reference/vllm.md, "Metrics"): written out here, not imported.
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
                40.0, 80.0, 160.0, 640.0, 2560.0)
 E2E_BOUNDS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0, 120.0, 240.0,
