@@ -380,9 +380,6 @@ def test_each_nodes_first_release_is_the_real_one(sandbox):
         assert f"switching (no release) -> {records[0]['after']}" in (state / "release.log").read_text()
 
 
-# Its own group, apart from the session's sandbox: in four full runs its peacock manager never opened its
-# private socket when it ran in the session_sandbox group (never alone; cause not known: see the closing note).
-@pytest.mark.xdist_group("test_sandbox_first_release")
 def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path):
     # What `make demo` meets on a fresh clone: bootstrapped nodes with no release, so its release is a
     # real switch on each node.
