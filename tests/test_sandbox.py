@@ -3,6 +3,7 @@ and the rendered units installed and running."""
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
 import socket
@@ -23,6 +24,7 @@ from flatshare_ops.control.ssh import SSHConnection, SSHTarget
 from flatshare_ops.errors import TransportError
 from flatshare_ops.render import render_profile
 from flatshare_ops.sandbox.fleet import SandboxNode, down, status, up
+from flatshare_ops.sandbox.manager import start_manager, stop_manager
 from flatshare_ops.node.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
 
 
@@ -355,10 +357,10 @@ def test_a_running_node_is_not_remade_bare_in_place(sandbox):
     assert _get(f"http://{TEST_ADDRESSES['cyan']}:8000/health")[0] == 200
 
 
-def test_up_refuses_a_directory_made_for_other_addresses_before_starting_anything(tmp_path):
+def test_up_refuses_a_directory_made_for_other_addresses_before_starting_anything(tmp_path_factory):
     from flatshare_ops.sandbox.fleet import SandboxError
 
-    base = tmp_path / "sb"
+    base = _short_dir(tmp_path_factory)
     releases = SandboxNode("cyan", TEST_ADDRESSES["cyan"], base).state_dir / "releases"
     (releases / "r1").mkdir(parents=True)
     (releases / "r1/serving.json").write_text('{"engine": {"url": "http://127.99.0.2:8000"}}\n')
@@ -380,11 +382,11 @@ def test_each_nodes_first_release_is_the_real_one(sandbox):
         assert f"switching (no release) -> {records[0]['after']}" in (state / "release.log").read_text()
 
 
-def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path):
+def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path_factory):
     # What `make demo` meets on a fresh clone: bootstrapped nodes with no release, so its release is a
     # real switch on each node.
     addresses = loopback_pair(2)
-    base = tmp_path / "sb"
+    base = _short_dir(tmp_path_factory)
     env = {"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"}
     try:
         result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in", env=env)
@@ -410,11 +412,10 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
 
 
 @pytest.mark.parametrize("damage", ["torn", "not-utf8", "against-schema", "directory"])
-def test_sandbox_up_refuses_an_inventory_it_cannot_keep_before_anything_starts(tmp_path, damage):
+def test_sandbox_up_refuses_an_inventory_it_cannot_keep_before_anything_starts(tmp_path_factory, damage):
     # A breaker's cases: a torn or non-UTF-8 fleet.toml was replaced without a word (what an operator added to it
     # lost), one against the schema was kept (every later command then refused), a directory gave a traceback.
-    base = tmp_path / "sb"
-    base.mkdir()
+    base = _short_dir(tmp_path_factory)
     path = base / "fleet.toml"
     if damage == "directory":
         path.mkdir()
@@ -430,3 +431,47 @@ def test_sandbox_up_refuses_an_inventory_it_cannot_keep_before_anything_starts(t
     assert str(path) in said and "move it aside" in said, said
     assert (path.read_bytes() if path.is_file() else None) == before
     assert not (base / "cyan").exists() and not (base / "state.json").exists()  # nothing started
+
+
+def _base_for_socket_path(parent: Path, size: int) -> Path:
+    """A sandbox directory under parent whose peacock manager's private socket path is exactly size bytes."""
+    tail = len(os.fsencode("/peacock/run/user/systemd/private"))
+    room = size - tail - len(os.fsencode(parent)) - 1  # the '/' before the directory's own name
+    assert room > 0, f"{parent} is already too long for a {size}-byte socket path"
+    return parent / ("d" * room)
+
+
+def test_sandbox_up_refuses_a_directory_too_deep_for_its_managers_sockets_before_anything_is_made(
+        tmp_path_factory):
+    # Seen in every full suite run: under pytest-xdist a test's tmp_path made peacock's private socket path 108
+    # bytes; its manager ran without the socket, and `sandbox up` waited 90 s for nothing.
+    addresses = loopback_pair(2)
+    base = _base_for_socket_path(tmp_path_factory.mktemp("deep"), 108)
+    socket_path = base / "peacock/run/user/systemd/private"
+    assert len(os.fsencode(socket_path)) == 108  # unix(7): sun_path holds 108 bytes, one of them the NUL
+    env = {"FLATSHARE_SANDBOX_ADDRESSES": f"cyan={addresses['cyan']},peacock={addresses['peacock']}"}
+    result = run_cli("sandbox", "up", "--dir", str(base), "--root", str(REPO), "--engine", "stand-in", env=env)
+    said = (result.stdout + result.stderr).strip()
+    assert result.returncode == 2 and "Traceback" not in said, said
+    assert said.splitlines() == [f"flatshare: {socket_path}: 108 bytes, longer than a Unix socket's path can be "
+                                 f"(107 bytes, unix(7)): peacock-{_sha(base)}'s systemd could not open its sockets "
+                                 "there; give the sandbox a directory 1 or more bytes shorter (--dir)"], said
+    assert not base.exists()  # nothing made
+
+
+def _sha(base: Path) -> str:
+    return hashlib.sha256(str(base.resolve()).encode()).hexdigest()[:8]
+
+
+def test_a_manager_whose_private_socket_path_is_107_bytes_answers_systemctl(tmp_path_factory):
+    # The bound's other side, against systemd's own tool: at 107 bytes the manager opens its socket.
+    base = _base_for_socket_path(tmp_path_factory.mktemp("deep"), 107)
+    dirs = SandboxNode("peacock", "", base).manager
+    assert len(os.fsencode(dirs.private_socket)) == 107
+    pid = start_manager(dirs)
+    try:
+        shown = subprocess.run(["systemctl", "--user", "show", "--property=Version"], capture_output=True, text=True,
+                               env={**os.environ, "XDG_RUNTIME_DIR": str(dirs.runtime_dir)}, timeout=30)
+        assert shown.returncode == 0 and shown.stdout.startswith("Version="), shown.stderr
+    finally:
+        stop_manager(dirs.name, pid)

@@ -54,7 +54,7 @@ from ..node.store import current_release
 from ..render.units import engine_url
 from ..schema_errors import one_line
 from ..node.systemd import ManagerAddress
-from .manager import ManagerDirs, SandboxError, start_manager, stop_manager
+from .manager import ManagerDirs, SandboxError, refuse_long_socket_paths, start_manager, stop_manager
 from . import node_profile
 
 DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
@@ -587,6 +587,8 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
     base = base.resolve()
     if base.exists() and not base.is_dir():
         raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
+    for node in nodes(base, addresses):
+        refuse_long_socket_paths(node.manager)  # before anything is made
     base.mkdir(parents=True, exist_ok=True)
     with _sandbox_lock(base):
         recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with

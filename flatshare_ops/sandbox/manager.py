@@ -24,6 +24,11 @@ from ..errors import FlatshareError
 
 SYSTEMD = "/lib/systemd/systemd"
 CGROUP_ROOT = Path("/sys/fs/cgroup")
+# The longest path a Unix socket can be bound at: sun_path holds 108 bytes (unix(7)) and systemd keeps one for
+# the terminating NUL (sockaddr_un_set_path()). A longer one is not refused loudly: the manager runs without its
+# private socket, and the first `systemctl --user` (dbus.socket's ExecStartPost) falls back to the session bus,
+# which nobody serves yet, and hangs until the socket unit's start times out (90 s).
+SOCKET_PATH_MAX = 107
 
 # Runs inside the new mount namespace, then becomes the manager.
 _INNER = (
@@ -66,6 +71,26 @@ class ManagerDirs:
         """The manager's private D-Bus socket."""
         return self.runtime_dir / "systemd" / "private"
 
+    @property
+    def sockets(self) -> list[Path]:
+        """The Unix sockets the manager binds under its runtime directory: private, notify and the bus."""
+        return [self.private_socket, self.runtime_dir / "systemd" / "notify", self.runtime_dir / "bus"]
+
+
+def refuse_long_socket_paths(dirs: ManagerDirs) -> None:
+    """Refuse a runtime directory whose sockets could not be bound (longer than :data:`SOCKET_PATH_MAX` bytes).
+
+    Raises:
+        SandboxError (exit 2): one line naming the longest such path, its length and the way out.
+    """
+    longest = max(dirs.sockets, key=lambda path: len(os.fsencode(path)))
+    size = len(os.fsencode(longest))
+    if size > SOCKET_PATH_MAX:
+        raise SandboxError(
+            f"{longest}: {size} bytes, longer than a Unix socket's path can be ({SOCKET_PATH_MAX} bytes, unix(7)): "
+            f"{dirs.name}'s systemd could not open its sockets there; give the sandbox a directory "
+            f"{size - SOCKET_PATH_MAX} or more bytes shorter (--dir)", exit_code=2)
+
 
 def _cgroup_dirs(name: str) -> list[Path]:
     return [
@@ -94,8 +119,10 @@ def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, ti
         The manager's process id.
 
     Raises:
-        SandboxError: the manager exited or its socket did not appear in time.
+        SandboxError: the runtime directory is too deep for its sockets (exit 2), or the manager exited or
+            its socket did not appear in time.
     """
+    refuse_long_socket_paths(dirs)
     for directory in (dirs.runtime_dir, dirs.unit_dir):
         directory.mkdir(parents=True, exist_ok=True)
     os.chmod(dirs.runtime_dir, 0o700)
@@ -127,7 +154,9 @@ def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, ti
             return process.pid
         raise SandboxError(f"{dirs.name}: systemd --user exited with {process.returncode}; see {dirs.log}")
     process.kill()
-    raise SandboxError(f"{dirs.name}: systemd --user did not open {dirs.private_socket} in {timeout_s:g} s")
+    stop_manager(dirs.name, None, timeout_s=5.0)  # what the stuck start left in its cgroups
+    raise SandboxError(f"{dirs.name}: systemd --user did not open {dirs.private_socket} in {timeout_s:g} s; "
+                       f"see {dirs.log}")
 
 
 def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
