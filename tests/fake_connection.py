@@ -105,9 +105,9 @@ class FakeTarget:
         return FakeConnection(self.name, self.fake)
 
 
-def fleet(**nodes: FakeNode) -> list[FakeTarget]:
-    """Fake targets for the named nodes, with short transport bounds."""
+def fleet(rollout: dict | None = None, **nodes: FakeNode) -> list[FakeTarget]:
+    """Fake targets for the named nodes, with short transport bounds (and the inventory's ``rollout`` table)."""
     settings = Inventory.model_validate({
         "schema": 1, "transport": {"silence_s": 2, "reconnect_s": 2, "connect_timeout_s": 1, "command_timeout_s": 2},
-        "nodes": {name: Node(host=name, profile="p.toml") for name in nodes}})
+        "nodes": {name: Node(host=name, profile="p.toml") for name in nodes}, **({"rollout": rollout} if rollout else {})})
     return [FakeTarget(name, node, settings) for name, node in nodes.items()]

@@ -161,3 +161,14 @@ def test_a_lost_session_whose_node_refused_reports_the_refusal_the_node_kept():
     assert code == Exit.REFUSED, text
     assert "cyan: the node says: refused: release refused: cyan may not drain now: x" in text, text
     assert "unreachable" not in text
+
+
+def test_more_canaries_than_a_rollout_can_have_is_said_not_silently_capped():
+    # A breaker's case: rollout.canaries 3 on a two-node fleet ran one canary without a word.
+    targets = fleet(rollout={"canaries": 3}, cyan=FakeNode(switch_script=[outcome(Exit.NOTHING_TO_DO)],
+                                                        switch_status=Exit.NOTHING_TO_DO),
+                    peacock=FakeNode(switch_script=[outcome(Exit.NOTHING_TO_DO)], switch_status=Exit.NOTHING_TO_DO))
+    code, text = run(targets)
+    assert code == Exit.NOTHING_TO_DO, text
+    assert "batches cyan | peacock (the first: the canary)" in text, text
+    assert "rollout.canaries 3 is more than this rollout of 2 nodes can have: 1, so that a node follows" in text, text

@@ -242,6 +242,26 @@ def test_sandbox_up_again_changes_nothing(sandbox):
         assert unit_property(bus, "flatshare-engine.service", "Unit", "InvocationID") == invocation
 
 
+def test_sandbox_up_keeps_a_node_profile_changed_by_hand_and_says_so(sandbox):
+    # A breaker's case: an operator's edit of a node's profile was overwritten by the next `up` without a word.
+    profile = sandbox / "cyan/profile.toml"
+    written = profile.read_bytes()
+    edited = written + b"\n# tried by hand: a longer drain\n"
+    profile.write_bytes(edited)
+    said: list[str] = []
+    try:
+        up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
+        assert profile.read_bytes() == edited
+        assert f"cyan: {profile} was changed since sandbox up wrote it; kept as it is (move it aside to have " \
+               "sandbox up write it afresh)" in said, said
+        assert not [line for line in said if "peacock/profile.toml" in line], said
+    finally:
+        profile.write_bytes(written)
+    said.clear()
+    up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
+    assert profile.read_bytes() == written and not [line for line in said if "was changed" in line], said
+
+
 def test_status_reports_each_node(sandbox):
     result = run_cli("sandbox", "status", "--dir", str(sandbox), "--json")
     assert result.returncode == 0, result.stdout + result.stderr

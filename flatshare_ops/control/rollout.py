@@ -221,6 +221,9 @@ class Rollout:
                           + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
                              + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
                              if len(batches) > 1 else ""))
+        if len(self.chosen) > 1 and strategy.canaries > canaries:
+            self.out.line(f"rollout.canaries {strategy.canaries} is more than this rollout of {len(self.chosen)} "
+                          f"nodes can have: {canaries}, so that a node follows the canaries' analysis")
         worst = None
         failures: list[NodeTarget] = []
         try:

@@ -131,6 +131,13 @@ def node_status(ctx: NodeContext) -> dict:
     except SystemdError as err:
         status["units"] = {}
         status["systemd"] = str(err)
+    from .outcomes import OUTCOMES, find
+
+    try:  # what switch commands ended with, for the operator's follow-up after a lost session
+        find(ctx, "")
+    except Damaged as err:
+        status["damaged"].append(f"{err}; a follow-up cannot learn what a refused switch command ended with: "
+                                 f"move it aside (the next switch command then starts a new {OUTCOMES})")
     try:
         hist = read_history(ctx)
         status["last"] = hist.last()

@@ -184,16 +184,28 @@ def nodes(base: Path, addresses: dict[str, str] | None = None, system_scope: tup
 # --- files -----------------------------------------------------------------
 
 
+#: Beside each node's profiles: the sha256 of each profile as ``up`` last wrote it, so that one changed by hand
+#: since is kept, not overwritten (as dpkg keeps a changed conffile).
+WRITTEN_PROFILES = ".profiles-written.json"
+
+
 def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, venv_dir: Path | None = None,
-                       path: Path | None = None, engine: str | None = None) -> None:
+                       path: Path | None = None, engine: str | None = None) -> bool:
     """Write the node's profile: ``production``'s (or a variant's), with the sandbox layout and its engine
-    (:mod:`.node_profile`), in TOML written by tomlkit.
+    (:mod:`.node_profile`), in TOML written by tomlkit; a profile changed since ``up`` wrote it (its sha256 is
+    no longer the one recorded in :data:`WRITTEN_PROFILES`) is kept as it is.
 
     Args:
         production: the profile it extends.
         venv_dir: the engine venv (default: the real engine's shared venv, or the node's stand-in venv).
         path: where to write it (default the node's ``profile.toml``).
         engine: ``vllm`` or ``stand-in`` (default the node's).
+
+    Returns:
+        True when a profile changed by hand was kept (the caller says so), else False.
+
+    Raises:
+        ProfileError: the profile (written or kept) does not validate.
     """
     engine = engine or node.engine
     module_dir = node.state_dir / "module"
@@ -209,8 +221,23 @@ def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, v
         state_dir=node.state_dir, module_dir=module_dir,
         check_command=[str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"], layout=layout,
         output_dir=node.output_dir)
-    _write_if_changed(path or node.profile, text.encode())
-    load_profile(path or node.profile)  # refuse to go on with a profile that does not validate
+    target = path or node.profile
+    record = target.parent / WRITTEN_PROFILES
+    try:
+        written = json.loads(record.read_text()) if record.is_file() else {}
+        written = written if isinstance(written, dict) else {}
+    except (OSError, ValueError):
+        written = {}  # a damaged note: the profiles are written as before the note existed
+    current = target.read_bytes() if target.is_file() and not target.is_symlink() else None
+    edited = current is not None and current != text.encode() and written.get(target.name) not in (
+        None, _sha256(current))
+    if not edited:
+        _write_if_changed(target, text.encode())
+        if written.get(target.name) != _sha256(text.encode()):
+            _write_if_changed(record, (json.dumps({**written, target.name: _sha256(text.encode())}, indent=2,
+                                                  sort_keys=True) + "\n").encode())
+    load_profile(target)  # refuse to go on with a profile that does not validate
+    return edited
 
 
 def _sha256(data: bytes) -> str:
@@ -707,7 +734,9 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
     for node in sandbox_nodes:
         for directory in (node.state_dir, node.run_dir, node.ssh_dir, node.output_dir):
             directory.mkdir(parents=True, exist_ok=True)
-        write_node_profile(node, production.resolve(), release)
+        if write_node_profile(node, production.resolve(), release):
+            echo(f"{node.name}: {node.profile} was changed since sandbox up wrote it; kept as it is (move it aside "
+                 "to have sandbox up write it afresh)")
         make_engine_venv(node, release)
         for variant in variant_profiles(production):
             # A variant on another vLLM release gets its own engine venv, side by side (as on a real node);
@@ -716,7 +745,9 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             venv_dir = node.venv if other == release else node.venv.with_name(f"engine-venv-{other}")
             if other != release:
                 make_engine_venv(node, other, venv_dir)
-            write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant), "stand-in")
+            if write_node_profile(node, variant.resolve(), other, venv_dir, node.variant_profile(variant), "stand-in"):
+                echo(f"{node.name}: {node.variant_profile(variant)} was changed since sandbox up wrote it; kept as it "
+                     "is (move it aside to have sandbox up write it afresh)")
         # What production keeps beside the engine: the model's directory and the card's step-time model.
         _write_if_changed(node.state_dir / "models/flatshare-chat/config.json",
                           b'{"stand_in": true, "max_position_embeddings": 16384}\n')
