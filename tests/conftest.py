@@ -6,6 +6,7 @@ import os
 import subprocess
 import sys
 import uuid
+from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
@@ -253,6 +254,76 @@ def without_canaries(base: Path) -> None:
     doc = tomlkit.parse(path.read_text())
     doc.setdefault("rollout", tomlkit.table())["canaries"] = 0
     path.write_text(tomlkit.dumps(doc))
+
+
+@contextmanager
+def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int, timeout_s: float, join_s: float):
+    """Calls streaming through cyan's and peacock's gateways while the block runs: two callers, each dialling both
+    numbers (one cyan first, one peacock first), so that a canary and its baseline both serve calls; yields the
+    list the callers' reports (``sandbox/caller.py``) are added to.
+
+    Args:
+        addresses: node name -> loopback address (the gateways listen on port 8080).
+        concurrency: calls each caller keeps going at once.
+        tokens: tokens each call asks for.
+        timeout_s: a call's own bound, in seconds.
+        join_s: how long, in seconds, each caller may take to stop after the block.
+    """
+    import threading
+
+    from flatshare_ops.sandbox.caller import Gateway, run_calls
+
+    urls = {n: Gateway(n, f"http://{addresses[n]}:8080") for n in ("cyan", "peacock")}
+    stop, reports = threading.Event(), []
+    threads = [threading.Thread(target=lambda order=order: reports.extend(run_calls(
+        order, concurrency=concurrency, duration_s=900, tokens=tokens, timeout_s=timeout_s, stop=stop)), daemon=True)
+        for order in ([urls["cyan"], urls["peacock"]], [urls["peacock"], urls["cyan"]])]
+    for thread in threads:
+        thread.start()
+    try:
+        yield reports
+    finally:
+        stop.set()
+        for thread in threads:
+            thread.join(join_s)
+
+
+def quick_stand_in(profile: Path) -> None:
+    """Sandbox-only speed in a node's profile: the stand-in engine loads in 0.2 s (not 1 s), and a voice drain
+    that cannot be confirmed is given up on after 3 s (not 20 s; the stand-in drains at once with no calls)."""
+    text = profile.read_text()
+    assert 'FLATSHARE_STANDIN_LOAD_S = "1"' in text and "drain_timeout_s = 20" in text
+    profile.write_text(text.replace('FLATSHARE_STANDIN_LOAD_S = "1"', 'FLATSHARE_STANDIN_LOAD_S = "0.2"')
+                       .replace("drain_timeout_s = 20", "drain_timeout_s = 3"))
+
+
+@contextmanager
+def scratch_sandbox(tmp_path_factory, label: str, addresses: dict[str, str], canaries: bool = False,
+                    prepare=None, **up_options):
+    """A scratch copy of the checkout (``copy_checkout``) and a sandbox fleet brought up from it on ``addresses``,
+    for a module's tests to change freely; yields ``(scratch, checkout, base)``: the scratch directory
+    (``tmp_path_factory.mktemp(label)``: keep ``label`` short, a node's sockets live below it), the checkout and
+    the sandbox directory. The fleet is brought down afterwards, also when ``up`` failed half-way.
+
+    Args:
+        canaries: keep the inventory's canary analysis (the analysis's own tests); otherwise ``without_canaries``.
+        prepare: called with the checkout before ``up`` (to change what the fleet is brought up from).
+        up_options: passed to ``up`` (``engine="vllm"``, ``system_scope``...).
+    """
+    from flatshare_ops.sandbox.fleet import down, up
+
+    scratch = tmp_path_factory.mktemp(label)
+    checkout = copy_checkout(REPO, scratch / "checkout")
+    if prepare is not None:
+        prepare(checkout)
+    base = scratch / "sandbox"
+    try:
+        up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, **up_options)
+        if not canaries:
+            without_canaries(base)
+        yield scratch, checkout, base
+    finally:
+        down(base, echo=lambda _l: None)
 
 
 @pytest.fixture(scope="session")

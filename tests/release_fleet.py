@@ -12,11 +12,11 @@ import uuid
 from contextlib import contextmanager
 from pathlib import Path
 
-from conftest import REPO, copy_checkout, run_cli, without_canaries
+from conftest import run_cli, scratch_sandbox
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
 
 ENGINE = "flatshare-engine.service"
@@ -220,12 +220,5 @@ def _admission(target, everyone):
 @contextmanager
 def sandbox_fleet(tmp_path_factory, addresses: dict[str, str]):
     """Bring up a fleet from a scratch copy of the checkout on ``addresses``; yield a :class:`Fleet`; tear down."""
-    root = tmp_path_factory.mktemp("release")
-    checkout = copy_checkout(REPO, root / "checkout")
-    base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None)
-    without_canaries(base)
-    try:
+    with scratch_sandbox(tmp_path_factory, "release", addresses) as (_, checkout, base):
         yield Fleet(checkout, base, addresses)
-    finally:
-        down(base, echo=lambda _l: None)

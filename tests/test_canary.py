@@ -13,15 +13,13 @@ import json
 import os
 import re
 import subprocess
-import threading
 from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, loopback_pair
+from conftest import BIN, calls_through_both, loopback_pair, scratch_sandbox
 
-from flatshare_ops.sandbox.caller import Gateway, run_calls
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
 
 ADDRESSES = loopback_pair(82)
@@ -96,25 +94,9 @@ class Fleet:
         finally:
             path.write_text(original)
 
-    @contextmanager
     def calls(self):
         """Calls streaming through both gateways while the block runs (each caller dials both numbers)."""
-        urls = {n: f"http://{ADDRESSES[n]}:8080" for n in NODES}
-        stop = threading.Event()
-        reports: list = []
-        orders = ([Gateway("cyan", urls["cyan"]), Gateway("peacock", urls["peacock"])],
-                  [Gateway("peacock", urls["peacock"]), Gateway("cyan", urls["cyan"])])
-        threads = [threading.Thread(target=lambda o=o: reports.extend(
-            run_calls(o, concurrency=2, duration_s=600, tokens=4, timeout_s=30, stop=stop)), daemon=True)
-            for o in orders]
-        for thread in threads:
-            thread.start()
-        try:
-            yield reports
-        finally:
-            stop.set()
-            for thread in threads:
-                thread.join(60)
+        return calls_through_both(ADDRESSES, concurrency=2, tokens=4, timeout_s=30, join_s=60)
 
     def settled(self, name: str) -> None:
         releases = self.node(name).state_dir / "releases"
@@ -124,17 +106,11 @@ class Fleet:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    root = tmp_path_factory.mktemp("canary")
-    checkout = copy_checkout(REPO, root / "checkout")
-    base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    try:
+    with scratch_sandbox(tmp_path_factory, "canary", ADDRESSES, canaries=True) as (_, checkout, base):
         f = Fleet(checkout, base)
         synced = f.cli("release", "--all", "--analysis", "skip")
         assert synced.returncode in (0, 4), synced.stdout + synced.stderr
         yield f
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 def _since(fleet: Fleet, name: str, start: int) -> list[tuple]:

@@ -31,13 +31,13 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, faults, loopback_pair, without_canaries
+from conftest import BIN, REPO, faults, loopback_pair, scratch_sandbox
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
 
 ADDRESSES = loopback_pair(61)
@@ -350,19 +350,14 @@ def run_at_once(fleet: Fleet, commands: dict[str, tuple[list[str], str]], timeou
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    root = tmp_path_factory.mktemp("safety")
-    checkout = copy_checkout(REPO, root / "checkout")
-    # The checkout's own flatshare_ops is the switcher a release ships (control/bundle.py): a snapshot, so that
-    # every release of this module ships the same switcher.
-    shutil.copytree(REPO / "flatshare_ops", checkout / "flatshare_ops",
-                    ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
-    base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    without_canaries(base)
-    try:
+    def snapshot_switcher(checkout: Path) -> None:
+        # The checkout's own flatshare_ops is the switcher a release ships (control/bundle.py): a snapshot, so
+        # that every release of this module ships the same switcher.
+        shutil.copytree(REPO / "flatshare_ops", checkout / "flatshare_ops",
+                        ignore=shutil.ignore_patterns("__pycache__", "*.pyc"))
+
+    with scratch_sandbox(tmp_path_factory, "safety", ADDRESSES, prepare=snapshot_switcher) as (_, checkout, base):
         yield Fleet(checkout, base)
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 # --- the monitor: does a node take calls? ----------------------------------------------------------------

@@ -17,7 +17,7 @@ from markdown_it import MarkdownIt
 
 import monitoring_names
 import promtool_suite
-from conftest import REPO, loopback_pair, run_cli, without_canaries
+from conftest import REPO, loopback_pair, run_cli, scratch_sandbox
 from flatshare_ops.check.facts import parse_metrics
 
 
@@ -184,15 +184,8 @@ def test_every_runbook_url_lands_on_a_section_of_production_md():
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
     """A sandbox fleet of this module's own (its own addresses), up for the module's tests."""
-    from flatshare_ops.sandbox.fleet import down, up
-
-    base = tmp_path_factory.mktemp("monitoring-sandbox")
-    try:
-        up(base, REPO / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _line: None)
-        without_canaries(base)
+    with scratch_sandbox(tmp_path_factory, "monitoring", ADDRESSES) as (_, _checkout, base):
         yield base
-    finally:
-        down(base, echo=lambda _line: None)
 
 
 def _textfile(fleet: Path, tmp_path: Path, name: str = "cyan") -> str:

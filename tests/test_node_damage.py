@@ -46,7 +46,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, loopback_pair, run_cli, without_canaries
+from conftest import BIN, loopback_pair, quick_stand_in, run_cli, scratch_sandbox
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common import protocol
@@ -54,7 +54,7 @@ from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle as make_bundle
 from flatshare_ops.control.targets import targets
-from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode
 from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
 
 ADDRESSES = loopback_pair(81)
@@ -332,27 +332,15 @@ def assert_strict_files(releases: Path) -> None:
 
 @pytest.fixture(scope="module")
 def node(tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("node_damage")
-    checkout = copy_checkout(REPO, scratch / "checkout")
-    base = scratch / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    without_canaries(base)
-    try:
+    with scratch_sandbox(tmp_path_factory, "node_damage", ADDRESSES) as (scratch, checkout, base):
         n = Node(checkout, base, scratch)
-        # Sandbox-only speed: the stand-in engine loads in 0.2 s; a voice drain is given up on after 3 s.
-        profile = n.sandbox.profile
-        text = profile.read_text()
-        assert 'FLATSHARE_STANDIN_LOAD_S = "1"' in text and "drain_timeout_s = 20" in text
-        profile.write_text(text.replace('FLATSHARE_STANDIN_LOAD_S = "1"', 'FLATSHARE_STANDIN_LOAD_S = "0.2"')
-                           .replace("drain_timeout_s = 20", "drain_timeout_s = 3"))
+        quick_stand_in(n.sandbox.profile)
         # Three releases that served, through the node's own switch: A, then B (the rollback target), then C.
         for _ in range(3):
             result = n.switch(n.fresh())
             assert result.code == 0, result.text
         n.assert_settled()
         yield n
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 @pytest.fixture

@@ -40,7 +40,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, faults, loopback_pair, run_cli, without_canaries
+from conftest import BIN, REPO, faults, loopback_pair, quick_stand_in, run_cli, scratch_sandbox
 from release_fleet import node_switch
 
 from flatshare_ops.check.run import run_checks
@@ -49,7 +49,7 @@ from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.targets import targets
 from flatshare_ops.node.store import release_id
 from flatshare_ops.render import render_profile
-from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode
 from flatshare_ops.node.systemd import (
     ManagerAddress,
     connect,
@@ -306,20 +306,9 @@ def wait_for_step(journal: Path, step: str, timeout_s: float = 60.0) -> None:
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    scratch = tmp_path_factory.mktemp("node_state")
-    checkout = copy_checkout(REPO, scratch / "checkout")
-    base = scratch / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    without_canaries(base)
-    try:
+    with scratch_sandbox(tmp_path_factory, "node_state", ADDRESSES) as (scratch, checkout, base):
         f = Fleet(checkout, base, scratch)
-        # Sandbox-only speed: the stand-in engine loads in 0.2 s, and a voice worker that cannot
-        # confirm a drain is given up on after 3 s (the stand-in drains at once when it has no calls).
-        profile = f.node(CYAN).profile
-        text = profile.read_text()
-        assert 'FLATSHARE_STANDIN_LOAD_S = "1"' in text and "drain_timeout_s = 20" in text
-        profile.write_text(text.replace('FLATSHARE_STANDIN_LOAD_S = "1"', 'FLATSHARE_STANDIN_LOAD_S = "0.2"')
-                           .replace("drain_timeout_s = 20", "drain_timeout_s = 3"))
+        quick_stand_in(f.node(CYAN).profile)
         # Both ends of a hold change stored on cyan, and both have served.
         for _ in range(2):
             f.change()
@@ -327,8 +316,6 @@ def fleet(tmp_path_factory):
             assert result.returncode == 0, result.stdout + result.stderr
         f.settled()
         yield f
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 # --- 1. every node file read defensively ---------------------------------------------------------------

@@ -15,17 +15,14 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import threading
 import urllib.request
-from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
 
-from conftest import BIN, REPO, copy_checkout, loopback_pair
+from conftest import BIN, calls_through_both, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.config.profile import load_profile
-from flatshare_ops.sandbox.fleet import down, up
 from flatshare_ops.sandbox.node_profile import engine_venv
 from release_fleet import ENGINE, Fleet
 
@@ -42,25 +39,10 @@ LENIENT = {"release.analysis.ttft_p95_max_s": 10, "release.analysis.baseline_fac
            "release.analysis.baseline_margin_s": 2.5}
 
 
-@contextmanager
 def _calls(concurrency: int = 2, tokens: int = 16):
-    """Calls streaming through both gateways while the block runs: two callers, each dialling both numbers
-    (one cyan first, one peacock first), so that the canary and the baseline both serve calls."""
-    from flatshare_ops.sandbox.caller import Gateway, run_calls
-
-    urls = {n: Gateway(n, f"http://{a}:8080") for n, a in ADDRESSES.items()}
-    stop, reports = threading.Event(), []
-    threads = [threading.Thread(target=lambda order=order: reports.extend(run_calls(
-        order, concurrency=concurrency, duration_s=900, tokens=tokens, timeout_s=120, stop=stop)), daemon=True)
-        for order in ([urls["cyan"], urls["peacock"]], [urls["peacock"], urls["cyan"]])]
-    for thread in threads:
-        thread.start()
-    try:
-        yield reports
-    finally:
-        stop.set()
-        for thread in threads:
-            thread.join(180)
+    """Calls through both gateways while the block runs (conftest.calls_through_both), with a real engine's
+    bounds: a call may take two minutes while an engine starts beside it."""
+    return calls_through_both(ADDRESSES, concurrency, tokens, timeout_s=120, join_s=180)
 
 
 def _results(fleet: Fleet, name: str, since: int) -> list[str]:
@@ -72,16 +54,11 @@ def fleet(tmp_path_factory):
     """Both nodes on the real engine, each through its first (real) release."""
     if not (engine_venv() / ".complete").is_file():
         pytest.fail(f"{engine_venv()} is not built: run scripts/vllm-venvs.sh (make test does)")
-    root = tmp_path_factory.mktemp("real-engine")
-    checkout = copy_checkout(REPO, root / "checkout")
-    base = root / "sandbox"
-    try:
-        up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None, engine="vllm")
+    with scratch_sandbox(tmp_path_factory, "real-engine", ADDRESSES, canaries=True, engine="vllm") as (
+            _, checkout, base):
         fleet = Fleet(checkout, base, ADDRESSES)
         fleet.cli_timeout_s = 900.0  # a real engine starts in 20-60 s here, more under load
         yield fleet
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 def _main_pid(fleet: Fleet, name: str) -> int:

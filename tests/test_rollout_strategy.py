@@ -17,9 +17,9 @@ from contextlib import contextmanager
 from pathlib import Path
 
 import pytest
-from conftest import BIN, REPO, copy_checkout, loopback_nodes
+from conftest import BIN, loopback_nodes, scratch_sandbox
 
-from flatshare_ops.sandbox.fleet import SandboxNode, down, up
+from flatshare_ops.sandbox.fleet import SandboxNode
 
 ADDRESSES = loopback_nodes(83, ("n1", "n2", "n3", "n4"))
 NODES = tuple(ADDRESSES)
@@ -101,14 +101,8 @@ class Monitor(threading.Thread):
 
 @pytest.fixture(scope="module")
 def fleet(tmp_path_factory):
-    root = tmp_path_factory.mktemp("strategy")
-    checkout = copy_checkout(REPO, root / "checkout")
-    base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
-    try:
+    with scratch_sandbox(tmp_path_factory, "strategy", ADDRESSES, canaries=True) as (_, checkout, base):
         yield Fleet(checkout, base)
-    finally:
-        down(base, echo=lambda _l: None)
 
 
 def _switch_interval(record: dict) -> tuple[float, float]:

@@ -102,21 +102,14 @@ def last_marked(layout: dict, unit: str, marker: str, count: int = 20) -> Tail:
     path = output_file(str(output), unit)
     if path is None:
         return _journal(unit, str(layout.get("scope", "system")), count, grep=marker)
-    try:
-        fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
-    except FileNotFoundError:
-        return Tail([], path, f"{path} does not exist: the unit has written nothing since its output went there")
-    except OSError as err:
-        return Tail([], path, f"{path}: {err.strerror or err}")
+    opened = _open_output(path)
+    if isinstance(opened, Tail):
+        return opened
+    fd, size = opened
     found: list[str] = []
     try:
-        import stat
-
-        info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return Tail([], path, f"{path} is not a regular file")
-        end, carry, needle = info.st_size, b"", marker.encode()
-        while end > 0 and info.st_size - end < MARKED_BYTES and len(found) < count:
+        end, carry, needle = size, b"", marker.encode()
+        while end > 0 and size - end < MARKED_BYTES and len(found) < count:
             start = max(0, end - CHUNK_BYTES)
             os.lseek(fd, start, os.SEEK_SET)
             data = os.read(fd, end - start) + carry
@@ -135,7 +128,11 @@ def last_marked(layout: dict, unit: str, marker: str, count: int = 20) -> Tail:
     return Tail(list(reversed(found)), path)
 
 
-def _file(path: str, count: int) -> Tail:
+def _open_output(path: str) -> tuple[int, int] | Tail:
+    """Open a unit's output file to read, never following a link or blocking on what is there: ``(fd, size in
+    bytes)``, or a :class:`Tail` saying why it cannot be read (nothing is left open then)."""
+    import stat
+
     try:
         fd = os.open(path, os.O_RDONLY | os.O_NONBLOCK | os.O_NOFOLLOW | os.O_CLOEXEC)
     except FileNotFoundError:
@@ -143,12 +140,23 @@ def _file(path: str, count: int) -> Tail:
     except OSError as err:
         return Tail([], path, f"{path}: {err.strerror or err}")
     try:
-        import stat
-
         info = os.fstat(fd)
-        if not stat.S_ISREG(info.st_mode):
-            return Tail([], path, f"{path} is not a regular file")
-        start = max(0, info.st_size - TAIL_BYTES)
+    except OSError as err:
+        os.close(fd)
+        return Tail([], path, f"{path}: {err.strerror or err}")
+    if not stat.S_ISREG(info.st_mode):
+        os.close(fd)
+        return Tail([], path, f"{path} is not a regular file")
+    return fd, info.st_size
+
+
+def _file(path: str, count: int) -> Tail:
+    opened = _open_output(path)
+    if isinstance(opened, Tail):
+        return opened
+    fd, size = opened
+    try:
+        start = max(0, size - TAIL_BYTES)
         os.lseek(fd, start, os.SEEK_SET)
         data = os.read(fd, TAIL_BYTES)
     except OSError as err:
