@@ -1453,6 +1453,30 @@ def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_it
 
 
 @ROLLBACKS
+@pytest.mark.parametrize("fault", [{"auto_rollback_journal_fails": "ENOSPC"}, {"auto_rollback_journal_fails": "EROFS"},
+                                   {"signal_at_auto_rollback": "SIGTERM"}, {"signal_at_auto_rollback": "SIGINT"}],
+                         ids=["full-disk", "read-only", "sigterm", "sigint"])
+def test_an_automatic_rollback_that_cannot_begin_ends_the_failed_switch_early_and_says_so(fleet, fault):
+    # Breakers' cases: a full or read-only disk at the rollback's journal was reported "refused: nothing was
+    # changed" (exit 3), and a SIGTERM as the rollback began "interrupted before the switch began; nothing was
+    # changed" (exit 143), while the node sat drained with the failed switch's journal on disk.
+    start = len(fleet.history())
+    with fleet.profile_edit(CYAN, SLOW_START):
+        broken = fleet.fresh()
+        result = fleet.release(CYAN, env=faults(**fault))
+    text = text_of(result)
+    assert result.returncode == 1, text  # a failed switch, its journal kept: not a refusal, not an interruption
+    assert "nothing was changed" not in text and "Traceback" not in text, text
+    assert re.search(r"the automatic rollback to \w+ could not begin \(.+\); calls: ", text), text
+    assert json.loads(fleet.journal().read_text())["to"] == broken
+    assert not fleet.drain_file().exists()  # the early-end rule: the voice worker takes calls again
+    assert [r[1:3] for r in _records_of(fleet, start)] == [("failed", broken)]  # recorded once
+    fixed = fleet.release()  # the next run finishes: to the checkout's release, which serves
+    assert fixed.returncode == 0, text_of(fixed)
+    fleet.settled()
+
+
+@ROLLBACKS
 def test_with_automatic_rollback_off_a_fixed_release_replaces_the_broken_interrupted_switch_at_once(fleet):
     left = fleet.current()
     start = len(fleet.history())

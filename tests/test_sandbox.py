@@ -262,6 +262,34 @@ def test_sandbox_up_keeps_a_node_profile_changed_by_hand_and_says_so(sandbox):
     assert profile.read_bytes() == written and not [line for line in said if "was changed" in line], said
 
 
+@pytest.mark.parametrize("damage", ["fifo", "directory", "not-json", "dangling-link", "wrong-shape"])
+def test_sandbox_up_refuses_a_damaged_note_of_what_it_wrote_and_overwrites_no_profile(sandbox, damage):
+    # A breaker's cases: a FIFO there hung `up`, a directory gave a traceback, and a note that was not JSON or
+    # a dangling link let `up` overwrite a profile changed by hand without a word.
+    from flatshare_ops.sandbox.fleet import SandboxError
+
+    note, profile = sandbox / "cyan/.profiles-written.json", sandbox / "cyan/profile.toml"
+    kept_note, written = note.read_bytes(), profile.read_bytes()
+    profile.write_bytes(written + b"\n# tried by hand\n")
+    note.unlink()
+    {"fifo": lambda: os.mkfifo(note), "directory": note.mkdir, "not-json": lambda: note.write_bytes(b"{torn"),
+     "dangling-link": lambda: note.symlink_to(sandbox / "nowhere"),
+     "wrong-shape": lambda: note.write_text('{"profile.toml": 5}')}[damage]()
+    try:
+        with pytest.raises(SandboxError) as refused:
+            up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None)
+        assert refused.value.exit_code == 2 and str(refused.value).startswith(f"{note}: "), refused.value
+        assert "move it aside" in str(refused.value) and "\n" not in str(refused.value)
+        assert profile.read_bytes() == written + b"\n# tried by hand\n"
+    finally:
+        if note.is_dir() and not note.is_symlink():
+            note.rmdir()
+        else:
+            note.unlink()
+        note.write_bytes(kept_note)
+        profile.write_bytes(written)
+
+
 def test_status_reports_each_node(sandbox):
     result = run_cli("sandbox", "status", "--dir", str(sandbox), "--json")
     assert result.returncode == 0, result.stdout + result.stderr

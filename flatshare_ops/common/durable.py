@@ -12,6 +12,7 @@ is what lets the launcher wrap them. Standard library only.
 
 from __future__ import annotations
 
+import errno
 import os
 import stat
 import tempfile
@@ -84,9 +85,14 @@ def append_line(path: Path, line: str) -> None:
     The file is opened without following a link or blocking (:func:`.files.open_regular`): only a
     regular file is ever appended to.
 
+    A record is written whole or not at all: write(2) may write less than asked (a disk that fills
+    mid-record writes part of it and returns the count, with no error); the rest is written until
+    it is all there, and a write that fails part-way has what it wrote cut off again (ftruncate(2) to
+    the size before), so that no torn record is left for a reader to skip.
+
     Raises:
         NotAFile: a symlink, directory, FIFO, socket or device is at ``path`` (nothing is written).
-        OSError: the file cannot be opened or written (ENOSPC, EIO...).
+        OSError: the file cannot be opened or written (ENOSPC, EIO...); nothing of the record stays.
     """
     if "\n" in line:
         raise ValueError("a record must be one line")
@@ -96,8 +102,21 @@ def append_line(path: Path, line: str) -> None:
         prefix = b""
         if size and os.pread(fd, 1, size - 1) != b"\n":
             prefix = b"\n"
-        os.write(fd, prefix + line.encode() + b"\n")
-        os.fsync(fd)
+        data = memoryview(prefix + line.encode() + b"\n")
+        try:
+            while data:
+                written = os.write(fd, data)
+                if written == 0:
+                    raise OSError(errno.ENOSPC, os.strerror(errno.ENOSPC), str(path))
+                data = data[written:]
+            os.fsync(fd)
+        except BaseException:
+            try:
+                os.ftruncate(fd, size)  # the record is not kept: not even its first part
+                os.fsync(fd)
+            except OSError:
+                pass  # the write's own error says what went wrong
+            raise
     finally:
         os.close(fd)
 

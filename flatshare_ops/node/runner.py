@@ -53,9 +53,24 @@ class Interrupted(BaseException):
         self.signal_name = signal_name
 
 
+class JournalNotWritten(Refused):
+    """A switch's first journal write failed: the switch changed nothing. ``cause`` says why, without the
+    advice the message gives the operator."""
+
+    def __init__(self, cause: str, message: str) -> None:
+        super().__init__(message)
+        self.cause = cause
+
+
+#: The signals a failed switch keeps blocked while it hands over to its automatic rollback (:class:`RollbackNeeded`).
+HANDED_OVER = {signal.SIGINT, signal.SIGTERM}
+
+
 class RollbackNeeded(Exception):
     """The new engine did not serve (``step`` failed with ``reason``); the failure is recorded and the node is
-    still drained (``switch``: the failed switch, its drain and stopped gateway), for the caller to switch back."""
+    still drained (``switch``: the failed switch, its drain and stopped gateway), for the caller to switch back.
+    SIGINT and SIGTERM are blocked (:data:`HANDED_OVER`) when it is raised: the caller unblocks them once what a
+    signal would end (the rollback, or this switch's early end) is in place."""
 
     def __init__(self, switch: Switch, step: str, reason: str, engine_output: list[str]) -> None:
         super().__init__(reason)
@@ -86,7 +101,7 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         drain_kept: the voice drain a switch this one continues left in place (an automatic rollback).
 
     Raises:
-        Refused: the journal could not be written at all (nothing was changed).
+        JournalNotWritten: the journal could not be written at all (nothing was changed).
         RollbackNeeded: see ``roll_back_on_failure``.
         SwitchFailed: a step failed, a write failed, or a signal ended the switch.
     """
@@ -96,8 +111,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
     try:
         journals.write_journal(ctx.state_dir, journal)
     except OSError as err:
-        raise Refused(f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was changed; "
-                      "free the space or fix the filesystem, then run the command again") from None
+        raise JournalNotWritten(f"could not write the journal ({describe_failure(err)})",
+                                f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was "
+                                "changed; free the space or fix the filesystem, then run the command again") from None
     step = "journal"
     try:
         if abandon is not None:
@@ -109,6 +125,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
             journals.mark(ctx.state_dir, journal, step, "done")
     except StepError as err:
         if roll_back_on_failure and step in ENGINE_VERDICTS:
+            # SIGINT and SIGTERM wait (blocked, pending) from here until the automatic rollback is under way:
+            # a signal between the failure's record and the rollback's start would end neither of them.
+            signal.pthread_sigmask(signal.SIG_BLOCK, HANDED_OVER)
             _record_failure(sw, step, str(err))
             raise RollbackNeeded(sw, step, str(err), list(err.engine_output)) from None
         _end_early(sw, step, str(err))
@@ -166,12 +185,22 @@ def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None
                  f"switch {journal.switch} to {journal.to} failed at {step}: {reason}")
 
 
-def early_end(sw: Switch, step: str, reason: str) -> None:
-    """The one early-end rule. Never raises: each part is tried, and a part that fails is printed."""
+def early_end(sw: Switch, step: str, reason: str, recorded: bool = False) -> str:
+    """The one early-end rule. Never raises: each part is tried, and a part that fails is printed.
+
+    Args:
+        recorded: the failure is in the history already (a failed switch whose automatic rollback could not
+            begin): calls are given back, nothing is recorded again.
+
+    Returns:
+        What became of calls, one line (:func:`give_back`).
+    """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
         calls = give_back(sw)
-        _record_failure(sw, step, reason, calls)
+        if not recorded:
+            _record_failure(sw, step, reason, calls)
+        return calls
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)

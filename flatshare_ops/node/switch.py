@@ -382,29 +382,49 @@ def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: St
 def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work,
                              failure: RollbackNeeded, back_to: str) -> Done:
     """The new engine did not serve: switch back to ``back_to`` (still drained, still holding the lock), with the
-    same steps, journaled like any switch, recorded as an automatic rollback saying why."""
-    why = f"{failure.step} failed: {failure.reason}"
-    out.line(f"{ctx.node}: the new release does not serve ({why}); rolling back to {back_to} by itself, "
-             "calls still drained")
-    detail = {"failed_release": work.plan.to_id, "failed_step": failure.step, "reason": failure.reason,
-              "engine_output": failure.engine_output, "rolled_back_to": back_to}
-    try:
-        new = load_view(ctx, back_to)
-    except NodeStateError as err:
-        failure.switch.out.line(f"  cannot roll back: {err}")
-        from .runner import early_end
+    same steps, journaled like any switch, recorded as an automatic rollback saying why.
 
-        early_end(failure.switch, failure.step, f"{failure.reason}; automatic rollback impossible: {err}")
-        raise SwitchFailed(f"{ctx.node}: {why}; the automatic rollback to {back_to} is impossible ({err}); the "
-                           "journal is kept: fix the cause and release again, or 'flatshare rollback'") from None
-    p = plan(ctx.node, work.new, new, "rollback", _flag_changes, automatic=True)
-    for line in describe(p):
-        out.line(line)
-    journal = new_journal(ctx, p, request.switch, request.rollout, None, time.time(), auto=why)
+    Whatever keeps the rollback from beginning (its stored release damaged, its journal not written on a full or
+    read-only disk, a signal before its first step) ends the failed switch by the early-end rule, its journal
+    kept; once the rollback has begun, its own early-end rule holds.
+
+    Raises:
+        SwitchFailed: the rollback could not begin, or began and ended early (the message says which, and why).
+    """
+    import signal
+
+    from .runner import HANDED_OVER, Interrupted, JournalNotWritten, early_end
+
+    why = f"{failure.step} failed: {failure.reason}"
     try:
+        out.line(f"{ctx.node}: the new release does not serve ({why}); rolling back to {back_to} by itself, "
+                 "calls still drained")
+        detail = {"failed_release": work.plan.to_id, "failed_step": failure.step, "reason": failure.reason,
+                  "engine_output": failure.engine_output, "rolled_back_to": back_to}
+        new = load_view(ctx, back_to)
+        p = plan(ctx.node, work.new, new, "rollback", _flag_changes, automatic=True)
+        for line in describe(p):
+            out.line(line)
+        journal = new_journal(ctx, p, request.switch, request.rollout, None, time.time(), auto=why)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)  # the rollback's own early-end rule holds now
         run(ctx, p, new, out, journal, drain_kept=failure.switch.drain)
     except SwitchFailed as err:
         raise SwitchFailed(f"{ctx.node}: {why}; the automatic rollback to {back_to} failed too: {err}") from None
+    except (Exception, KeyboardInterrupt, Interrupted) as err:
+        signal.pthread_sigmask(signal.SIG_BLOCK, HANDED_OVER)
+        try:
+            cause = (err.cause if isinstance(err, JournalNotWritten) else str(err)
+                     if isinstance(err, (Refused, NodeStateError)) else describe_failure(err))
+            failure.switch.out.line(f"  cannot roll back: {cause}")
+            calls = early_end(failure.switch, failure.step, failure.reason, recorded=True)
+        finally:
+            signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)
+        raise SwitchFailed(
+            f"{ctx.node}: {why}; the automatic rollback to {back_to} could not begin ({cause}); calls: {calls}; "
+            "the journal of the failed "
+            "switch is kept: fix the cause and release again, or 'flatshare rollback'") from None
+    finally:
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)
     _prune(ctx, out)
     return Done(Exit.ROLLED_BACK, protocol.AUTO_ROLLED_BACK, back_to, why, detail)
 

@@ -223,11 +223,7 @@ def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, v
         output_dir=node.output_dir)
     target = path or node.profile
     record = target.parent / WRITTEN_PROFILES
-    try:
-        written = json.loads(record.read_text()) if record.is_file() else {}
-        written = written if isinstance(written, dict) else {}
-    except (OSError, ValueError):
-        written = {}  # a damaged note: the profiles are written as before the note existed
+    written = _written_profiles(record)
     current = target.read_bytes() if target.is_file() and not target.is_symlink() else None
     edited = current is not None and current != text.encode() and written.get(target.name) not in (
         None, _sha256(current))
@@ -238,6 +234,26 @@ def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, v
                                                   sort_keys=True) + "\n").encode())
     load_profile(target)  # refuse to go on with a profile that does not validate
     return edited
+
+
+def _written_profiles(record: Path) -> dict[str, str]:
+    """The note of what ``up`` last wrote (:data:`WRITTEN_PROFILES`): profile file name -> sha256.
+
+    Raises:
+        SandboxError (exit 2): the note is damaged (not a regular file, too large, not a JSON object of
+            names and digests): one line, and the way out; nothing is written over a profile then.
+    """
+    from ..common.files import Damaged, read_json_object
+
+    try:
+        note = read_json_object(record, limit=1 << 16) or {}
+    except Damaged as err:
+        note = err
+    if isinstance(note, Damaged) or not all(isinstance(k, str) and isinstance(v, str) for k, v in note.items()):
+        why = note.form if isinstance(note, Damaged) else "not a JSON object of profile names and sha256 digests"
+        raise SandboxError(f"{record}: {why}; move it aside (sandbox up then writes every profile beside it "
+                           "afresh, changed by hand or not)", exit_code=2)
+    return note
 
 
 def _sha256(data: bytes) -> str:
@@ -616,6 +632,7 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         raise SandboxError(f"{base}: not a directory; give the sandbox directory with --dir", exit_code=2)
     for node in nodes(base, addresses):
         refuse_long_socket_paths(node.manager)  # before anything is made
+        _written_profiles(node.root / WRITTEN_PROFILES)
     base.mkdir(parents=True, exist_ok=True)
     with _sandbox_lock(base):
         recorded = _read_state(base).nodes  # a node keeps the options it was first brought up with

@@ -16,6 +16,10 @@ this file wraps the package's functions in the node-side process only
 - ``{"bug_in_plan": true}``: planning raises RuntimeError, as a bug before any step would.
 - ``{"wait_in_prune": S}``: the prune at the end of a switch (of old releases and switchers) waits S
   seconds before it removes anything, as a prune of much takes a while (to send signals during it).
+- ``{"auto_rollback_journal_fails": ERRNO}``: an automatic rollback's journal cannot be written (a disk that
+  filled, or became read-only, after the failed switch was recorded).
+- ``{"signal_at_auto_rollback": SIGNAL}``: the node's switch is sent SIGNAL as it hands over to its automatic
+  rollback (after the failed switch is recorded, before the rollback's first write).
 """
 
 import json
@@ -78,6 +82,27 @@ def _install(spec: dict) -> None:
             return prune(*args, **kwargs)
 
         switch.prune = slow_prune
+
+    if "auto_rollback_journal_fails" in spec:
+        write_journal = journal.write_journal
+        code = getattr(errno, spec["auto_rollback_journal_fails"])
+
+        def failing_for_the_rollback(state_dir, j):
+            if j.auto:
+                raise OSError(code, os.strerror(code), str(state_dir))
+            return write_journal(state_dir, j)
+
+        journal.write_journal = failing_for_the_rollback
+
+    if "signal_at_auto_rollback" in spec:
+        roll_back = switch._roll_back_automatically
+        sig = getattr(signal, spec["signal_at_auto_rollback"])
+
+        def signalled(*args, **kwargs):
+            os.kill(os.getpid(), sig)
+            return roll_back(*args, **kwargs)
+
+        switch._roll_back_automatically = signalled
 
     if "sleep_in_step" in spec:
         step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
