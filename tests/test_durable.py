@@ -1,4 +1,5 @@
-"""The node's write primitives (common/durable.py) on a real filesystem that fills: a tmpfs of its own."""
+"""The node's writes on real filesystems that fill or turn read-only (a tmpfs of its own): the durable
+primitives (common/durable.py) and the records written through them."""
 
 from __future__ import annotations
 
@@ -43,3 +44,69 @@ def test_a_record_the_disk_fills_in_the_middle_of_is_not_kept_at_all(small_disk)
     (small_disk / "filler").unlink()
     durable.append_line(history, '{"schema": 2, "result": "analysed"}')  # room again: whole, after the others
     assert history.read_bytes() == before + b'{"schema": 2, "result": "analysed"}\n'
+
+
+def _record_analysis(state_dir: Path, document: str) -> subprocess.CompletedProcess:
+    import sys
+
+    return subprocess.run([sys.executable, "-m", "flatshare_ops.node", "record-analysis", "--node", "cyan",
+                           "--state-dir", str(state_dir), "--switch", "abcd1234abcd1234", "--rollout", "r1"],
+                          input=document, capture_output=True, text=True, timeout=60)
+
+
+def _analysis(start_s: float, detail: object = None) -> str:
+    import json
+
+    return json.dumps({"summary": "analysis of canary cyan: passed", "measurements": [
+        {"canary": {"start_s": start_s}, **({"detail": detail} if detail is not None else {})}]})
+
+
+@pytest.mark.parametrize("disk", ["full", "read-only"])
+def test_an_analysis_the_node_cannot_write_is_one_line_naming_the_file_and_why(small_disk, disk):
+    # A breaker's cases: a full, read-only or immutable releases/ gave record-analysis a traceback (OSError).
+    import time
+
+    history = small_disk / "releases/history.jsonl"
+    history.parent.mkdir()
+    history.write_bytes(b"")
+    if disk == "full":
+        _leave_free(small_disk, 0)
+    else:
+        subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
+    done = _record_analysis(small_disk, _analysis(time.time(), "x" * 9000))
+    said = (done.stdout + done.stderr).strip().splitlines()
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert len(said) == 1 and str(history) in said[0], said
+    assert ("ENOSPC" if disk == "full" else "EROFS") in said[0], said
+    assert history.read_bytes() == b""
+
+
+def test_an_analysis_from_an_operator_whose_clock_runs_ahead_is_recorded_in_the_nodes_order(tmp_path):
+    # A breaker's case: a start_s 600 s ahead of the node's clock gave a traceback (a record its reader skips).
+    import json
+    import time
+
+    (tmp_path / "releases").mkdir()
+    done = _record_analysis(tmp_path, _analysis(time.time() + 600))
+    assert done.returncode == 0 and json.loads(done.stdout)["recorded"] is True, done.stdout + done.stderr
+    (record,) = [json.loads(line) for line in (tmp_path / "releases/history.jsonl").read_text().splitlines()]
+    assert record["started_at"] <= record["finished_at"] and record["duration_s"] == 0
+
+
+def test_an_analysis_nested_too_deeply_for_the_nodes_answers_is_refused_and_history_still_answers(tmp_path):
+    # A breaker's case: a document nested 31 levels was written; `history` and `status` then could not answer
+    # (they carry each record two levels down, past the 32 every document is read within).
+    import json
+    import sys
+    import time
+
+    (tmp_path / "releases").mkdir()
+    deep: object = 1
+    for _ in range(27):
+        deep = [deep]
+    done = _record_analysis(tmp_path, _analysis(time.time(), deep))
+    assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
+    assert "nested more than 28 levels" in done.stderr and len(done.stderr.strip().splitlines()) == 1, done.stderr
+    listed = subprocess.run([sys.executable, "-m", "flatshare_ops.node", "history", "--node", "cyan", "--state-dir",
+                             str(tmp_path)], capture_output=True, text=True, timeout=60)
+    assert listed.returncode == 0 and json.loads(listed.stdout)["records"] == [], listed.stdout + listed.stderr

@@ -113,9 +113,16 @@ BAD_PROFILES = {
                                         r"child\.toml:3: release\.analysis\.inconclusive_limit: failure_limit \+ "
                                         rf"inconclusive_limit must be below count \({_A.count}\), got "
                                         rf"{_A.failure_limit} \+ {_A.count - _A.failure_limit}"),
-    "analysis longer than a day": ("[release.analysis]\ncount = 1000\ninterval_s = 100\n",
+    "analysis longer than a day": ("[release.analysis]\ncount = 100\ninterval_s = 1000\n",
                                    r"child\.toml:\d+: release\.analysis\.count: the analysis would take count x "
                                    r"interval_s = 100000 s, more than a day \(86400 s\)"),
+    # A breaker's case: 86,400,000 measurements 0.001 s apart passed the day's bound, and each took 3 s.
+    "analysis of too many measurements": ("[release.analysis]\ncount = 86400000\ninterval_s = 0.001\n",
+                                          r"child\.toml:\d+: release\.analysis\.(count|interval_s): Input should be "
+                                          r"(less than or equal to 100|greater than or equal to 1)"),
+    "analysis measured more often than a scrape takes": ("[release.analysis]\ninterval_s = 0.5\n",
+                                                         r"child\.toml:\d+: release\.analysis\.interval_s: Input "
+                                                         r"should be greater than or equal to 1"),
     "analysis count not above the limits": (f"[release.analysis]\ncount = {_A.failure_limit + _A.inconclusive_limit}\n",
                                             r"child\.toml:3: release\.analysis\.count: failure_limit \+ "
                                             rf"inconclusive_limit must be below count \({_A.failure_limit + _A.inconclusive_limit}\), "

@@ -172,3 +172,14 @@ def test_more_canaries_than_a_rollout_can_have_is_said_not_silently_capped():
     assert code == Exit.NOTHING_TO_DO, text
     assert "batches cyan | peacock (the first: the canary)" in text, text
     assert "rollout.canaries 3 is more than this rollout of 2 nodes can have: 1, so that a node follows" in text, text
+
+
+def test_a_canary_that_rolled_itself_back_stops_the_rollout_whatever_max_failed_tolerates():
+    # A breaker's case: four nodes, max_failed 1: the canary rolled itself back (its new engine never started)
+    # and the next batch was switched to the same release.
+    canary = FakeNode(switch_script=[outcome(Exit.ROLLED_BACK)], switch_status=Exit.ROLLED_BACK)
+    targets = fleet(rollout={"canaries": 1, "batch": 2, "max_failed": 1}, n1=canary, n2=FakeNode(), n3=FakeNode())
+    code, text = run(targets)
+    assert code == Exit.ROLLED_BACK, text
+    assert "rollout" in text and "stops: the canary n1 did not switch to the release" in text, text
+    assert targets[1].fake.commands == [] and targets[2].fake.commands == [], text  # never started

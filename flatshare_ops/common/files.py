@@ -196,6 +196,12 @@ def _depth(document) -> int:
     return deepest
 
 
+def nesting(document) -> int:
+    """How deeply a parsed document nests: 1 for a flat object or array, 0 for a scalar (at most one past
+    :data:`MAX_DEPTH` is counted)."""
+    return _depth(document)
+
+
 def loads(text: str | bytes):
     """``json.loads`` as RFC 8259 reads JSON, bounded: ``NaN``, ``Infinity`` and ``-Infinity`` (which
     Python's json accepts and writes) and numbers too large for a float (``1e400``, which Python reads

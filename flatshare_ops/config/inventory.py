@@ -104,7 +104,8 @@ class Strategy(StrictModel):
             ``[release.analysis]``) before any other node switches; 0: no canary, no analysis.
         batch: then batches of this many nodes switch at once (a count, or a share of the fleet: "50%");
             each node of a batch is admitted to drain on its own (adr/0007).
-        max_failed: nodes whose switch may fail (or roll back by itself) before the rollout stops; 0: the
+        max_failed: nodes after the canaries whose switch may fail (or roll back by itself) before the rollout
+            stops (a canary that fails stops it at once); 0: the
             first failure stops it.
     """
 

@@ -298,6 +298,11 @@ def _read(node: str, at: float, text: str) -> Scrape:
     return Scrape(node, at, ttft, e2e, finished, waiting, counters, created)
 
 
+#: The most buckets a histogram is read with: vLLM's have a few dozen at most (common/vllm_metrics.py); each window
+#: of an analysis keeps its time-to-first-token buckets in the record, which must stay small (node/records.py).
+MAX_BUCKETS = 100
+
+
 def _histogram(by_name: Mapping[str, list[tuple[dict[str, str], float]]], name: str,
                counters: dict[SeriesKey, int]) -> Histogram:
     """A histogram's ``_bucket`` series summed over their labels (every series with the same bounds)."""
@@ -321,6 +326,9 @@ def _histogram(by_name: Mapping[str, list[tuple[dict[str, str], float]]], name: 
     if len(bounds) > 1:
         raise _Unreadable(f"{name}'s series have different buckets")
     (only,) = bounds
+    if len(only) > MAX_BUCKETS:
+        raise _Unreadable(f"{name} has {len(only)} buckets, more than the {MAX_BUCKETS} a histogram is read with "
+                          f"(vLLM 0.32.0's has {len(vm.TIME_TO_FIRST_TOKEN_BUCKETS) + 1} for time to first token)")
     if only[-1] != math.inf or len(only) < 2:
         raise _Unreadable(f"{name} has no +Inf bucket" if only[-1] != math.inf else f"{name} has no finite bucket")
     summed = tuple((bound, sum(series[bound] for series in per_series.values())) for bound in only)

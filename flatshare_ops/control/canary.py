@@ -16,7 +16,9 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..common.text import one_line
 from ..errors import TransportError
+from .connection import Lost
 from . import commands
 from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape
 from .fanout import answer_of
@@ -102,16 +104,27 @@ def scrape(rollout, target: NodeTarget):
 
 def record(rollout, target: NodeTarget, switch_id: str, document: dict) -> None:
     """Put the analysis into the canary's history (the node writes it); a failure is said, never fatal."""
+    bound = rollout.settings.transport.command_timeout_s
+    said = b""
     try:
         session = rollout.start(target, commands.record_analysis(target.spec, switch_id, rollout.id))
         try:
             session.send((json.dumps(document) + "\n").encode())
             session.close_stdin()
-            status = session.exit_status(rollout.settings.transport.command_timeout_s)
+            deadline = time.monotonic() + bound
+            while time.monotonic() < deadline:  # what the node says, bounded (its one line on a failure)
+                chunk = session.read(min(1.0, max(0.0, deadline - time.monotonic())))
+                if chunk == b"":
+                    break
+                said = (said + (chunk or b""))[-4096:]
+            status = session.exit_status(max(0.0, deadline - time.monotonic()))
         finally:
             session.close()
-    except TransportError as err:
+    except (TransportError, Lost) as err:
         rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history ({err})")
         return
     if status != 0:
-        rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history (exit {status})")
+        lines = [line for line in said.decode(errors="replace").splitlines() if line.strip()]
+        why = one_line(lines[-1].removeprefix("flatshare-node: ")) if lines else "it said nothing"
+        rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history "
+                         f"({'no exit status' if status is None else f'exit {status}'}: {why})")

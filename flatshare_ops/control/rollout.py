@@ -232,6 +232,14 @@ class Rollout:
             for number, batch in enumerate(batches):
                 self._run_batch(batch)
                 failures += [t for t in batch if t.result not in (Exit.OK, Exit.NOTHING_TO_DO)]
+                if number == 0 and canaries and failures and number + 1 < len(batches):
+                    # A canary that failed (or rolled itself back) stops the rollout whatever max_failed
+                    # tolerates: the canaries are there to keep a bad release from the rest (adr/0012).
+                    worst = failures[0].result
+                    self.out.line(f"rollout {self.id} stops: the canar{'y' if canaries == 1 else 'ies'} "
+                                  f"{', '.join(t.name for t in failures)} did not switch to the release "
+                                  "(max_failed counts nodes after the canaries)")
+                    break
                 if len(failures) > strategy.max_failed:
                     worst = failures[0].result
                     if len(failures) > 1 or strategy.max_failed:

@@ -283,7 +283,13 @@ def _record_analysis(args) -> int:
     wrong = _not_an_analysis(document)
     if wrong:
         raise FlatshareError(f"node record-analysis: stdin is not an analysis document: {wrong}")
-    record = append_analysis(ctx, args.switch, args.rollout, current_release(ctx.state_dir), document)
+    try:
+        record = append_analysis(ctx, args.switch, args.rollout, current_release(ctx.state_dir), document)
+    except (OSError, ValueError) as err:  # a full or read-only disk, an immutable file; a record past its bounds
+        from .runner import describe_failure
+
+        raise FlatshareError(f"node record-analysis: the analysis was not recorded in {ctx.history_path} "
+                             f"({describe_failure(err) if isinstance(err, OSError) else err})") from None
     print(dumps({"node": ctx.node, "recorded": bool(record)}, sort_keys=True))
     return 0
 

@@ -18,7 +18,7 @@ from pathlib import Path
 
 from ..common import durable
 from ..common.clock import is_duration, is_time, utc_stamp
-from ..common.files import dumps, json_damage, loads, read_bytes
+from ..common.files import MAX_DEPTH, dumps, json_damage, loads, nesting, read_bytes
 from ..errors import NodeStateError
 
 HISTORY_SCHEMA = 2
@@ -92,6 +92,14 @@ def upgrade(record: dict) -> dict:
     return out
 
 
+#: How deeply a record may nest: the node's answers (``history``, ``status``) carry a record two levels down,
+#: and every document is read within common/files.py's MAX_DEPTH.
+RECORD_DEPTH = MAX_DEPTH - 4
+#: The most one record may hold (bytes): a switch's record is about 1 KB, an analysis of 100 measurements
+#: about 300 KB; the file itself holds at most MAX_BYTES.
+RECORD_MAX_BYTES = 1 << 20
+
+
 def read_history(path: Path, node: str) -> History:
     """Every record of this node that can be read, oldest first.
 
@@ -145,6 +153,9 @@ def problem(record: object, node: str) -> str | None:
     """
     if not isinstance(record, dict):
         return f"not a record (a {type(record).__name__})"
+    if nesting(record) > RECORD_DEPTH:
+        return (f"a record nested more than {RECORD_DEPTH} levels (the node's answers carry records "
+                f"{MAX_DEPTH - RECORD_DEPTH} levels down, within {MAX_DEPTH})")
     schema = record.get("schema", 1)
     if isinstance(schema, bool) or not isinstance(schema, int):
         return f"a record of the wrong types (schema is {type(schema).__name__})"
@@ -208,7 +219,11 @@ def append(path: Path, record: dict, node: str) -> None:
     wrong = problem(document, node)
     if wrong:
         raise ValueError(f"a history record its own reader would skip ({wrong}) was not written")
-    durable.append_line(path, dumps(document, sort_keys=True))
+    line = dumps(document, sort_keys=True)
+    if len(line) > RECORD_MAX_BYTES:
+        raise ValueError(f"a history record of {len(line)} bytes, more than the {RECORD_MAX_BYTES} one may hold "
+                         f"(the whole file holds at most {MAX_BYTES}), was not written")
+    durable.append_line(path, line)
 
 
 def served_releases(history: History) -> list[str]:

@@ -108,6 +108,8 @@ def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current:
     now = time.time()
     started = next((m.get("canary", {}).get("start_s") for m in document.get("measurements", [])
                     if isinstance(m, dict)), None)
+    if isinstance(started, (int, float)) and started > now:
+        started = now  # the operator's clock runs ahead of the node's: the record keeps the node's order
     record = {"switch": switch, "rollout": rollout, "node": ctx.node, "kind": "analysis", "result": "analysed",
               "step": None, "reason": document.get("summary"), "before": current, "after": current,
               "target": current, "served": False, "commit": None, "user": getpass.getuser(),
