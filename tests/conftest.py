@@ -257,14 +257,15 @@ def without_canaries(base: Path) -> None:
 
 
 @contextmanager
-def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int, timeout_s: float, join_s: float):
-    """Calls streaming through cyan's and peacock's gateways while the block runs: two callers, each dialling both
-    numbers (one cyan first, one peacock first), so that a canary and its baseline both serve calls; yields the
-    list the callers' reports (``sandbox/caller.py``) are added to.
+def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int]], tokens: int, timeout_s: float,
+             join_s: float):
+    """Calls streaming through the nodes' gateways while the block runs; yields the list the callers' reports
+    (``sandbox/caller.py``) are added to.
 
     Args:
         addresses: node name -> loopback address (the gateways listen on port 8080).
-        concurrency: calls each caller keeps going at once.
+        callers: each caller's gateways in the order it dials them (node names), and how many calls it keeps
+            going at once.
         tokens: tokens each call asks for.
         timeout_s: a call's own bound, in seconds.
         join_s: how long, in seconds, each caller may take to stop after the block.
@@ -273,11 +274,10 @@ def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int,
 
     from flatshare_ops.sandbox.caller import Gateway, run_calls
 
-    urls = {n: Gateway(n, f"http://{addresses[n]}:8080") for n in ("cyan", "peacock")}
     stop, reports = threading.Event(), []
-    threads = [threading.Thread(target=lambda order=order: reports.extend(run_calls(
-        order, concurrency=concurrency, duration_s=900, tokens=tokens, timeout_s=timeout_s, stop=stop)), daemon=True)
-        for order in ([urls["cyan"], urls["peacock"]], [urls["peacock"], urls["cyan"]])]
+    threads = [threading.Thread(target=lambda order=order, concurrency=concurrency: reports.extend(run_calls(
+        [Gateway(n, f"http://{addresses[n]}:8080") for n in order], concurrency=concurrency, duration_s=900,
+        tokens=tokens, timeout_s=timeout_s, stop=stop)), daemon=True) for order, concurrency in callers]
     for thread in threads:
         thread.start()
     try:
@@ -286,6 +286,14 @@ def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int,
         stop.set()
         for thread in threads:
             thread.join(join_s)
+
+
+def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int, timeout_s: float, join_s: float):
+    """:func:`calls_to` with two callers, each dialling both cyan and peacock (one cyan first, one peacock
+    first), ``concurrency`` calls each: a canary and its baseline both serve calls, and either takes them all
+    while the other is drained."""
+    return calls_to(addresses, [(("cyan", "peacock"), concurrency), (("peacock", "cyan"), concurrency)], tokens,
+                    timeout_s, join_s)
 
 
 def quick_stand_in(profile: Path) -> None:

@@ -1477,6 +1477,34 @@ def test_an_automatic_rollback_that_cannot_begin_ends_the_failed_switch_early_an
 
 
 @ROLLBACKS
+@pytest.mark.parametrize("step", ["install-units", "restart-engine"])
+def test_an_interrupted_automatic_rollback_never_disqualifies_the_release_it_was_going_back_to(fleet, step):
+    # A breaker's case: SIGTERM in the automatic rollback to A recorded A as failed; `rollback` then had "no
+    # earlier release that served" (it excluded A, the interrupted switch's target), and the next release's
+    # abandoned record of that rollback distrusted A for good: a later broken release left the node down.
+    left = fleet.current()
+    start = len(fleet.history())
+    with fleet.profile_edit(CYAN, SLOW_START):
+        broken = fleet.fresh()
+        cut = fleet.release(CYAN, env=faults(signal_in_auto_rollback_step=step, signal="SIGTERM"))
+    assert cut.returncode == 1, text_of(cut)  # the rollback ended early: a failed switch, journal kept
+    journal = json.loads(fleet.journal().read_text())
+    assert (journal["kind"], journal["to"], journal["from"]) == ("rollback", left, broken), journal
+    assert left in _served(fleet)
+    back = fleet.rollback(CYAN)  # goes on to where the interrupted rollback was going
+    assert back.returncode == 0, text_of(back)
+    assert fleet.current() == left and broken not in _served(fleet) and left in _served(fleet)
+    fleet.settled()
+    # And a later broken release still has A to go back to, by itself.
+    with fleet.profile_edit(CYAN, SLOW_START):
+        again = fleet.release(CYAN)
+    assert again.returncode == 9, text_of(again)
+    assert fleet.current() == left
+    fleet.settled()
+    assert [r[1] for r in _records_of(fleet, start)][-2:] == ["failed", "rolled back"]
+
+
+@ROLLBACKS
 def test_with_automatic_rollback_off_a_fixed_release_replaces_the_broken_interrupted_switch_at_once(fleet):
     left = fleet.current()
     start = len(fleet.history())

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, calls_through_both, loopback_pair, scratch_sandbox
+from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.sandbox.node_profile import engine_venv
@@ -225,24 +225,23 @@ def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_a
 
 
 def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_back_alone(fleet):
-    # max_num_seqs 1 on cyan's new release while calls stream: each first token waits for the call ahead of
-    # it (16 tokens), over the profile's threshold and over peacock's (the baseline, 4 seats: a prefill's
-    # wait), buckets apart whatever the machine's load. Four calls at once in all, no more than peacock's
-    # seats: while cyan is drained and restarted they all go to peacock, and none queues there (with eight,
-    # peacock queued the calls cyan sent it, and its first tokens in the window after took as long as the
-    # canary's: CI, on a loaded machine). Windows of 10 s hold a few first tokens on each node even there
-    # (with 48-token answers and 6 s windows, one held none on peacock).
+    # max_num_seqs 1 on cyan's new release while three calls at once dial cyan alone: each first token waits for
+    # one or two whole answers ahead of it, over the profile's threshold and over peacock's (the baseline: two
+    # calls at once of its own, on 4 seats, a prefill's wait), buckets apart whatever the machine's load.
+    # Each caller dials one node only, so that the baseline never takes (and queues) the calls of the drained
+    # canary: with callers dialling both, a loaded CI run saw peacock's first tokens after cyan's restart as
+    # slow as the canary's. Windows of 10 s hold a few first tokens on each node even on a loaded machine.
     since = {name: len(fleet.history(name)) for name in ADDRESSES}
     served = {name: fleet.current(name) for name in ADDRESSES}
     # One request a window is enough here (the profile's min_requests is the operator's to choose): with one
     # seat, few calls finish in a window, and the one that does waited seconds for its first token.
     # The baseline rule at factor 1 and no margin: the canary's p95 over the baseline's, decided only when
-    # their buckets do not overlap (on a loaded machine the baseline's p95 is seconds too, and 1.5 x its
-    # bucket's bound + 0.1 s can cover the canary's bucket: undecided, honestly, as the rule says).
+    # their buckets do not overlap.
     with fleet.node_profile("cyan", {**FAST_ANALYSIS, "release.analysis.min_requests": 1,
                                      "release.analysis.interval_s": 10,
                                      "release.analysis.baseline_factor": 1, "release.analysis.baseline_margin_s": 0,
-                                     "engine.max_num_seqs": 1}), _calls(2, 16):
+                                     "engine.max_num_seqs": 1}), \
+            calls_to(ADDRESSES, [(("cyan",), 3), (("peacock",), 2)], tokens=16, timeout_s=120, join_s=180):
         result = fleet.release("--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
     (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]

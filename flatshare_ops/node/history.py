@@ -143,7 +143,7 @@ def read_history(path: Path, node: str) -> History:
 _FIELDS = {"switch": (str, type(None)), "rollout": (str, type(None)), "result": (str,), "before": (str, type(None)),
            "after": (str, type(None)), "target": (str, type(None)), "served": (bool,), "step": (str, type(None)),
            "node": (str,), "kind": (str,), "started_at": (int, float), "finished_at": (int, float),
-           "duration_s": (int, float), "resumed": (int,)}
+           "duration_s": (int, float), "resumed": (int,), "verdict": (bool,)}
 
 
 def problem(record: object, node: str) -> str | None:
@@ -229,8 +229,11 @@ def append(path: Path, record: dict, node: str) -> None:
 def served_releases(history: History) -> list[str]:
     """Releases that were active and passed serving-check, newest first, each once.
 
-    A release whose latest switch failed or was abandoned is left out until it serves again: it is
-    no longer known to start on this node.
+    A release whose latest switch failed because it does not serve (its engine did not start or
+    serving-check was CRITICAL: the record's ``verdict``) is left out until it serves again: it is no
+    longer known to start on this node. A switch that failed for anything else (a signal, a write on a
+    full disk, a drain) or was abandoned (``verdict`` false) says nothing about the release and is passed
+    over; a record written before ``verdict`` existed counts as a verdict.
 
     Raises:
         HistoryOrderError: the records' times go backwards, so which is newest is not known.
@@ -240,8 +243,9 @@ def served_releases(history: History) -> list[str]:
     distrusted: set[str] = set()
     for record in reversed(history.records):
         after, target = record.get("after"), record.get("target")
-        if record.get("result") in ("failed", "abandoned") and isinstance(target, str) and target not in seen:
-            distrusted.add(target)
+        if record.get("result") in ("failed", "abandoned"):
+            if record.get("verdict", True) is not False and isinstance(target, str) and target not in seen:
+                distrusted.add(target)
         elif record.get("result") in SERVED_RESULTS and record.get("served") and isinstance(after, str) \
                 and after not in seen and after not in distrusted:
             seen.append(after)

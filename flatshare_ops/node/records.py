@@ -70,8 +70,10 @@ def append_success(ctx: NodeContext, journal: journals.Journal, release: str) ->
                          ctx.node)
 
 
-def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, **extra) -> None:
-    """Record ``journal``'s switch as failed at ``step`` (once per switch id).
+def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, verdict: bool = False,
+                   **extra) -> None:
+    """Record ``journal``'s switch as failed at ``step`` (once per switch id); ``verdict``: the failure says the
+    release does not serve (node/runner.py), so it is no rollback target until it serves again.
 
     Raises:
         OSError, NodeStateError, ValueError: the record could not be written (the caller prints what it would
@@ -80,15 +82,18 @@ def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reaso
     hist = read_history(ctx)
     if not hist.has(journal.switch, "failed"):
         histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, hist=hist,
-                                                  **extra), ctx.node)
+                                                  verdict=verdict, **extra), ctx.node)
 
 
 def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput, why: str) -> None:
-    """Record an interrupted switch as abandoned (another switch replaced its journal with its own)."""
+    """Record an interrupted switch as abandoned (another switch replaced its journal with its own). An
+    interruption is no verdict on the release it was switching to (``verdict`` false: node/history.py
+    ``served_releases``); a failure of its engine, if any, has its own record."""
     out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
     hist = read_history(ctx)
     if pending.switch is None or not hist.has(pending.switch, "abandoned"):
-        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist), ctx.node)
+        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist, verdict=False),
+                         ctx.node)
 
 
 def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:

@@ -128,9 +128,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
             # SIGINT and SIGTERM wait (blocked, pending) from here until the automatic rollback is under way:
             # a signal between the failure's record and the rollback's start would end neither of them.
             signal.pthread_sigmask(signal.SIG_BLOCK, HANDED_OVER)
-            _record_failure(sw, step, str(err))
+            _record_failure(sw, step, str(err), verdict=True)
             raise RollbackNeeded(sw, step, str(err), list(err.engine_output)) from None
-        _end_early(sw, step, str(err))
+        _end_early(sw, step, str(err), verdict=step in ENGINE_VERDICTS)
     except (Exception, KeyboardInterrupt, Interrupted) as err:
         _end_early(sw, step, describe_failure(err))
     try:
@@ -141,9 +141,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
     sw.out.line(f"{ctx.node}: {SUCCESS[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
 
 
-def _end_early(sw: Switch, step: str, reason: str) -> None:
+def _end_early(sw: Switch, step: str, reason: str, verdict: bool = False) -> None:
     ctx, p = sw.ctx, sw.plan
-    early_end(sw, step, reason)
+    early_end(sw, step, reason, verdict=verdict)
     number = p.steps.index(step) + 1 if step in p.steps else 0
     where = f"step {number}/{len(p.steps)} {step}" if number else "writing the journal"
     raise SwitchFailed(
@@ -171,7 +171,10 @@ def describe_failure(err: BaseException) -> str:
     return f"{type(err).__name__}: {err}"
 
 
-def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None) -> None:
+def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None, verdict: bool = False) -> None:
+    """Mark ``step`` failed in the journal and record the switch as failed (once per switch id). ``verdict``: the
+    failure says the release does not serve (an engine verdict step's own failure, never a signal or a write),
+    so that the release is no longer a rollback target (node/history.py ``served_releases``)."""
     ctx, journal, out = sw.ctx, sw.journal, sw.out
     try:
         if step in [s.name for s in journal.steps]:
@@ -179,18 +182,19 @@ def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None
     except OSError as err:
         out.line(f"  could not write the journal ({describe_failure(err)}); it stays as last written")
     try:
-        append_failure(ctx, journal, step, reason, **({"calls": calls} if calls else {}))
+        append_failure(ctx, journal, step, reason, verdict=verdict, **({"calls": calls} if calls else {}))
     except (OSError, NodeStateError, ValueError) as err:
         out.line(f"  could not record the failure in {ctx.history_path} ({describe_failure(err)}): "
                  f"switch {journal.switch} to {journal.to} failed at {step}: {reason}")
 
 
-def early_end(sw: Switch, step: str, reason: str, recorded: bool = False) -> str:
+def early_end(sw: Switch, step: str, reason: str, recorded: bool = False, verdict: bool = False) -> str:
     """The one early-end rule. Never raises: each part is tried, and a part that fails is printed.
 
     Args:
         recorded: the failure is in the history already (a failed switch whose automatic rollback could not
             begin): calls are given back, nothing is recorded again.
+        verdict: the failure says the release does not serve (:func:`_record_failure`).
 
     Returns:
         What became of calls, one line (:func:`give_back`).
@@ -199,7 +203,7 @@ def early_end(sw: Switch, step: str, reason: str, recorded: bool = False) -> str
     try:
         calls = give_back(sw)
         if not recorded:
-            _record_failure(sw, step, reason, calls)
+            _record_failure(sw, step, reason, calls, verdict=verdict)
         return calls
     finally:
         for sig, handler in previous.items():

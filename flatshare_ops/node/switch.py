@@ -245,7 +245,12 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
 
 def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work | None:
     stored = lambda rid: is_stored(ctx.state_dir, rid)  # noqa: E731
-    leaving = pending.to if pending is not None else current
+    # What the rollback leaves: the current release, or an interrupted switch's target; but an interrupted
+    # rollback (an automatic one cut short by a signal or a full disk included) was leaving its own "from": a
+    # rollback now goes on to where it was going (a breaker's case: its target, the release that served, was
+    # excluded, and the node had "no earlier release that served" to return to).
+    leaving = (pending.from_ if pending is not None and pending.kind == "rollback" else
+               pending.to if pending is not None else current)
     hist.in_order()  # which switch came last decides both rollbacks: never guessed from a history out of order
     if request.mode == "undo-rollout":
         target = _before_rollout(hist, pending, request.undo)

@@ -18,6 +18,8 @@ this file wraps the package's functions in the node-side process only
   seconds before it removes anything, as a prune of much takes a while (to send signals during it).
 - ``{"auto_rollback_journal_fails": ERRNO}``: an automatic rollback's journal cannot be written (a disk that
   filled, or became read-only, after the failed switch was recorded).
+- ``{"signal_in_auto_rollback_step": STEP, "signal": SIGNAL}``: the node's switch is sent SIGNAL as an automatic
+  rollback's STEP begins.
 - ``{"signal_at_auto_rollback": SIGNAL}``: the node's switch is sent SIGNAL as it hands over to its automatic
   rollback (after the failed switch is recorded, before the rollback's first write).
 """
@@ -103,6 +105,18 @@ def _install(spec: dict) -> None:
             return roll_back(*args, **kwargs)
 
         switch._roll_back_automatically = signalled
+
+    if "signal_in_auto_rollback_step" in spec:
+        target = steps.STEP_BY_NAME[spec["signal_in_auto_rollback_step"]]
+        begin = target.run
+        sig = getattr(signal, spec.get("signal", "SIGTERM"))
+
+        def signalled_step(sw):
+            if sw.journal is not None and sw.journal.auto:
+                os.kill(os.getpid(), sig)
+            begin(sw)
+
+        object.__setattr__(target, "run", signalled_step)
 
     if "sleep_in_step" in spec:
         step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
