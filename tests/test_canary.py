@@ -270,3 +270,47 @@ def test_a_rollout_stopped_during_its_analysis_analyses_the_canary_again_before_
     assert resumed.returncode == 0, resumed.stdout + resumed.stderr
     for name in NODES:
         fleet.settled(name)
+
+
+def _hold(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
+    env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+    return subprocess.run([str(BIN / "flatshare"), "hold", *args, "--inventory", str(fleet.inventory)],
+                          capture_output=True, text=True, env=env, timeout=120)
+
+
+def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_rollout_carries_it_out(fleet):
+    # A breaker's case: a hold placed during the analysis refused the rollback it decided; the rollout still
+    # said exit 10 ("the canary rolled back"), and the next release --all analysed the canary again instead.
+    left = {n: fleet.current(n) for n in NODES}
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.6"}, analysis=FAST_ANALYSIS), fleet.calls():
+        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        running = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
+                                    "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=env)
+        lines = []
+        for line in running.stdout:
+            lines.append(line)
+            if line.startswith("canary analysis of cyan"):
+                held = _hold(fleet, "place", "--node", "cyan", "-m", "looking at it")
+                assert held.returncode == 0, held.stdout + held.stderr
+        running.wait(240)
+        text = "".join(lines)
+        try:
+            assert running.returncode == 3, text  # the rollback's own code (refused by the hold), not 10
+            assert "cyan: refused (analysis failed, its rollback ended with exit 3)" in text, text
+            assert fleet.current("cyan") != left["cyan"] and fleet.current("peacock") == left["peacock"]
+        finally:
+            lifted = _hold(fleet, "lift", "--node", "cyan")
+            assert lifted.returncode == 0, lifted.stdout + lifted.stderr
+        owed = fleet.cli("release", "--all")
+    assert owed.returncode == 10, owed.stdout + owed.stderr  # rolled back now: the rollback the analysis decided
+    assert re.search(r"^cyan: its canary analysis failed in rollout \S+ and it was not rolled back: rolling it back "
+                     r"now; the rollout stops$", owed.stdout, re.MULTILINE), owed.stdout
+    assert "canary analysis of" not in owed.stdout, owed.stdout  # not analysed again
+    assert fleet.current("cyan") == left["cyan"] and fleet.current("peacock") == left["peacock"]
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed", "rolled back"]
+    assert _since(fleet, "peacock", start["peacock"]) == []
+    for name in NODES:
+        fleet.settled(name)

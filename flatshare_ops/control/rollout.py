@@ -275,6 +275,16 @@ class Rollout:
         switched = [t for t in canaries if t.result == Exit.OK]
         unjudged = [t for t in canaries if t.result == Exit.NOTHING_TO_DO and t.name in self.outcomes
                     and self.outcomes[t.name].unjudged]
+        owed = [t for t in unjudged if (self.outcomes[t.name].detail or {}).get("analysis_failed_in")]
+        if owed and not self.dry_run and self.analysis != "skip":
+            # Its analysis failed, and the rollback that decided never happened (the operator's side stopped,
+            # the rollback was refused): carried out now, before anything else; never analysed again instead.
+            for target in owed:
+                self.switch_ids[target.name] = self.outcomes[target.name].unjudged
+                self.out.line(f"{target.name}: its canary analysis failed in rollout "
+                              f"{self.outcomes[target.name].detail['analysis_failed_in']} and it was not rolled back: "
+                              "rolling it back now; the rollout stops")
+            return self._roll_back_canaries(owed, "analysis failed earlier")
         for target in unjudged:
             # It runs this release already, but no analysis passed it (an interrupted or paused rollout, a
             # release of it alone): judged now, before any other node switches; recorded against its switch.
@@ -316,11 +326,7 @@ class Rollout:
         if verdict.action == Action.ROLLBACK:
             self.out.line(f"the canary analysis failed: rolling back {', '.join(t.name for t in switched)}; the "
                           "rollout stops")
-            for target in switched:
-                target.result = self.switch(target, mode="rollback")
-                self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
-                                               else f", its rollback ended with exit {target.result}")
-            return Exit.ANALYSIS_FAILED
+            return self._roll_back_canaries(switched)
         if verdict.action == Action.PAUSE:
             self.out.line(f"the canary analysis was inconclusive and the profile says pause: the rollout stops with "
                           f"{', '.join(t.name for t in switched)} on the new release. To go on: 'flatshare release "
@@ -328,6 +334,19 @@ class Rollout:
                           "rollback --all'")
             return Exit.PAUSED
         return None
+
+    def _roll_back_canaries(self, canaries: list[NodeTarget], why: str | None = None) -> int:
+        """Roll back canaries whose analysis failed; ``ANALYSIS_FAILED`` when every one was rolled back, else the
+        first rollback's own exit code (the canary still runs the release the analysis failed: the next
+        rollout finds its rollback owed and carries it out)."""
+        for target in canaries:
+            if why is not None:
+                self.analysed[target.name] = why
+            target.result = self.switch(target, mode="rollback")
+            self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
+                                           else f", its rollback ended with exit {target.result}")
+        failed = [t for t in canaries if t.result != Exit.OK]
+        return failed[0].result if failed else Exit.ANALYSIS_FAILED
 
     def _run_batch(self, batch: list[NodeTarget]) -> None:
         if len(batch) == 1:

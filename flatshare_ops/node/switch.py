@@ -158,14 +158,25 @@ def unjudged_switch(hist, current: str | None) -> str | None:
         return None
     installed = next((r for r in reversed(hist.records) if r.get("kind") != "analysis" and r.get("after") == current
                       and r.get("result") == "released" and isinstance(r.get("switch"), str)), None)
-    if installed is None:
-        return None
+    if installed is None or installed.get("before") is None:
+        return None  # a node's first release is never analysed, whichever run finishes its rollout
     for r in hist.records:
         analysis = r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
         if r.get("switch") == installed["switch"] and r.get("result") == "analysed" and (
                 analysis.get("skipped") is True or analysis.get("phase") == "passed"):
             return None
     return installed["switch"]
+
+
+def failed_analysis(hist, switch: str | None) -> str | None:
+    """The rollout whose canary analysis of ``switch`` failed (not a dry run), or None: a failed analysis decides
+    a rollback, which is owed until the node leaves that release (the rollout that finds it carries it out)."""
+    for r in reversed(hist.records):
+        analysis = r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
+        if switch is not None and r.get("switch") == switch and r.get("result") == "analysed" \
+                and analysis.get("phase") == "failed" and analysis.get("dry_run") is not True:
+            return r.get("rollout") if isinstance(r.get("rollout"), str) else "an earlier rollout"
+    return None
 
 
 def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float) -> Done:
@@ -181,8 +192,10 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
                 from .steps import keep_enabled
 
                 keep_enabled(ctx, bundle_view(request.bundle).units, out, request.dry_run)
-            return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current,
-                        unjudged=unjudged_switch(state.hist, state.current))
+            unjudged = unjudged_switch(state.hist, state.current)
+            owed = failed_analysis(state.hist, unjudged)
+            return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current, unjudged=unjudged,
+                        detail={"analysis_failed_in": owed} if owed else {})
         _refuse(ctx, request, out, work, admit)
         if request.dry_run:
             out.line("dry run: nothing changed")
