@@ -132,3 +132,34 @@ def test_the_why_of_a_text_only_unit_matches_its_action(release):
     alone = plan("cyan", release, changed(release, "flatshare-gateway.service", "Description=", "Description=New "))
     assert alone.units["flatshare-gateway.service"] == "update"
     assert [r for r in alone.reasons if "gateway" in r][0].endswith("nothing restarts")
+
+
+def _hist(*records: dict):
+    from flatshare_ops.node.history import History
+
+    return History([{"kind": "release", "node": "cyan", **r} for r in records], [])
+
+
+def test_a_first_release_whose_rollout_was_killed_before_its_skip_was_recorded_is_never_analysed():
+    # A breaker's case: `release --all` killed after the canary's first release, before the skip record; every
+    # later rollout analysed that first release (minutes of "baseline not measured", then a pause or a refused
+    # rollback to nothing).
+    from flatshare_ops.node.switch import unjudged_switch
+
+    first = _hist({"switch": "s1", "result": "released", "before": None, "after": "A"})
+    assert unjudged_switch(first, "A") is None
+    later = _hist({"switch": "s1", "result": "released", "before": None, "after": "A"},
+                  {"switch": "s2", "result": "released", "before": "A", "after": "B"})
+    assert unjudged_switch(later, "B") == "s2"
+
+
+def test_a_failed_analysis_owes_its_rollback_and_a_dry_run_owes_none():
+    from flatshare_ops.node.switch import failed_analysis
+
+    released = {"switch": "s2", "result": "released", "before": "A", "after": "B"}
+    failed = {"switch": "s2", "kind": "analysis", "result": "analysed", "rollout": "r1",
+              "analysis": {"phase": "failed", "dry_run": False}}
+    dry = {**failed, "rollout": "r2", "analysis": {"phase": "failed", "dry_run": True}}
+    assert failed_analysis(_hist(released, failed), "s2") == "r1"
+    assert failed_analysis(_hist(released, dry), "s2") is None
+    assert failed_analysis(_hist(released, failed), "s3") is None
