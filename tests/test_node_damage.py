@@ -1169,3 +1169,35 @@ def test_a_record_from_the_future_is_never_copied_into_new_records_and_its_order
     assert release.code == 0, release.text
     assert written["switch"] == release.outcome["switch"] and written["finished_at"] < time.time() + 60, written
     assert dry.code == 5 and one_line_naming(dry.text, r"history\.jsonl:\d+", r"times disagree"), dry.text
+
+
+@pytest.mark.parametrize("form", ["fifo", "dangling-link", "big", "not-json", "empty-directory", "directory"])
+def test_a_damaged_hold_record_is_named_with_the_nodes_code_and_hold_lift_clears_it(cyan, form):
+    # A breaker's cases: the advice ("run 'flatshare hold lift'") failed with the same message, and both
+    # `hold status` and `hold lift` exited 6 ("could not be reached") though the node answered, with exit 5.
+    path = cyan.releases / "hold.json"
+    with damaged(path):
+        clear(path)
+        if form == "dangling-link":
+            path.symlink_to(cyan.releases / "nowhere.json")
+        elif form == "big":
+            make_big(path, b'{"schema": 1, ')
+        elif form == "not-json":
+            path.write_bytes(b"{torn")
+        elif form == "empty-directory":
+            path.mkdir()
+        else:
+            put(path, form)
+        status = cyan.cli("hold", "status", "--node", "cyan")
+        assert status.returncode == 5, status.stdout + status.stderr  # damaged node state, as the node said
+        assert one_line_naming(status.stdout + status.stderr, r"hold\.json", r"."), status.stdout + status.stderr
+        lifted = cyan.cli("hold", "lift", "--node", "cyan")
+        said = lifted.stdout + lifted.stderr
+        assert "Traceback" not in said, said
+        if form == "directory":  # what is in it is someone's: never removed, said, the node's refusal code
+            assert lifted.returncode == 3 and one_line_naming(said, r"hold\.json", r"could not remove"), said
+            assert (path / "left-here").exists()
+        else:
+            assert lifted.returncode == 0 and "hold lifted: its damaged record was removed" in said, said
+            assert not os.path.lexists(path)
+            assert cyan.cli("hold", "status", "--node", "cyan").returncode == 0

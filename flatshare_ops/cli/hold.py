@@ -34,6 +34,13 @@ def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str
     return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
 
 
+def _node_code(answer: dict, unreachable: int) -> int:
+    """The node-side command's own exit code when it ran and said why (a refusal 3, damage 5), else
+    ``unreachable`` (the node could not be asked)."""
+    code = answer.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 126 else unreachable
+
+
 @hold_app.command("place")
 def hold_place(
     node: Annotated[str, typer.Option("--node", help="The node to hold.")],
@@ -58,7 +65,7 @@ def hold_place(
     answer = _hold([node], inventory, acquire=message, who=who)[node]
     if "error" in answer or answer.get("held") is not True:
         typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
-        raise typer.Exit(3)
+        raise typer.Exit(_node_code(answer, 3))
     typer.echo(hold_line(node, answer))
     hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
     running = hold.get("during_release")
@@ -72,12 +79,13 @@ def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
     """Who holds each node, and why (default: every node)."""
     from ..control.answers import hold_line
 
-    unknown = False
+    codes = []
     for name, answer in _hold(node, inventory).items():
         typer.echo(hold_line(name, answer))
-        unknown = unknown or "error" in answer or not isinstance(answer.get("held"), bool)
-    if unknown:
-        raise typer.Exit(6)  # a node could not be asked: "not held" is not known of it
+        if "error" in answer or not isinstance(answer.get("held"), bool):
+            codes.append(_node_code(answer, 6))
+    if codes:  # a node could not be asked (6), or said why not (its code: 5 for a damaged hold record)
+        raise typer.Exit(min(codes))
 
 
 @hold_app.command("lift")
@@ -87,13 +95,18 @@ def hold_lift(node: Annotated[str, typer.Option("--node", help="The node whose h
     answer = _hold([node], inventory, release=True)[node]
     if "error" in answer:
         typer.echo(f"{node}: {answer['error']}", err=True)
-        raise typer.Exit(6)
+        raise typer.Exit(_node_code(answer, 6))
     if not answer.get("lifted"):
         typer.echo(f"{node}: not held; nothing to do")
         raise typer.Exit(4)
     from ..common.wording import hold_phrase
 
     lifted = answer["lifted"] if isinstance(answer["lifted"], dict) else {}
+    if isinstance(lifted.get("damaged"), str):
+        from ..common.text import one_line
+
+        typer.echo(one_line(f"{node}: hold lifted: its damaged record was removed ({lifted['damaged']})"))
+        return
     typer.echo(f"{node}: hold lifted; it was held by {hold_phrase(lifted)}")
 
 

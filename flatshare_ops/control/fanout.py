@@ -17,7 +17,9 @@ from .targets import NodeTarget
 
 
 def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) -> dict[str, dict]:
-    """Run a JSON-printing node-side command on each node; node name -> its JSON answer or ``{"error": ...}``.
+    """Run a JSON-printing node-side command on each node; node name -> its JSON answer or ``{"error": ...}``
+    (with ``"code"``, the node-side command's exit status, when it ran and ended without an answer: its
+    refusal or damage, which the caller passes on; without one, the node could not be asked).
 
     Each node gets its own connection and the inventory's ``command_timeout_s``
     (plus its connect bound); the answers come back in inventory order.
@@ -38,7 +40,8 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
                 document = answer_of(result)
                 answers[target.name] = document if isinstance(document, dict) else {"answer": document}
             except ValueError as err:
-                answers[target.name] = {"error": not_an_answer(result.status, result.output + result.errors, err)}
+                answers[target.name] = {"error": not_an_answer(result.status, result.output + result.errors, err),
+                                        **({"code": result.status} if isinstance(result.status, int) else {})}
         except TransportError as err:
             answers[target.name] = {"error": str(err)}
         finally:

@@ -9,6 +9,7 @@ other nodes' releases do not count it as being released (adr/0007).
 from __future__ import annotations
 
 import getpass
+import os
 import socket
 import time
 
@@ -30,8 +31,8 @@ def read_hold(ctx: NodeContext) -> dict | None:
         NodeStateError: ``hold.json`` is damaged (the message says how to clear it).
     """
     path = ctx.releases / HOLD
-    advice = (f"the operator's hold record is damaged; see who held the node, then remove it (rm {path}) or run "
-              f"'flatshare hold lift --node {ctx.node}'")
+    advice = (f"the operator's hold record is damaged; see who held the node, then run 'flatshare hold lift "
+              f"--node {ctx.node}' (or remove it: rm -r {path})")
     try:
         hold = read_json_object(path)
     except Damaged as err:
@@ -67,7 +68,7 @@ def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
         raise FlatshareError(f"flatshare-node hold: {wrong}")
     current = read_hold(ctx)
     if current is not None:
-        raise Refused(f"lock refused: {ctx.node} is already held by {describe(current)}")
+        raise Refused(f"hold refused: {ctx.node} is already held by {describe(current)}")
     from .lock import lock_reading
 
     hold = {"schema": 1, "who": who or f"{getpass.getuser()}@{socket.gethostname()}", "since": time.time(),
@@ -81,19 +82,32 @@ def acquire(ctx: NodeContext, message: str, who: str | None = None) -> dict:
     try:
         durable.write_atomic(ctx.releases / HOLD, (dumps(hold, sort_keys=True) + "\n").encode())
     except OSError as err:
-        raise Refused(f"lock refused: {ctx.node} could not record the hold in {ctx.releases / HOLD} "
+        raise Refused(f"hold refused: {ctx.node} could not record the hold in {ctx.releases / HOLD} "
                       f"({err.strerror or err}); nothing was changed") from None
     return hold
 
 
 def release(ctx: NodeContext) -> dict | None:
-    """Lift the hold; returns the hold that was lifted, or None when there was none."""
-    current = read_hold(ctx)
+    """Lift the hold; returns the hold that was lifted, or None when there was none. A damaged hold record
+    (a FIFO, a link, a directory, a file that is no hold) is what the operator lifts too: it is removed, and
+    the answer says what it was (``{"damaged": "..."}``).
+
+    Raises:
+        Refused: it could not be removed (a read-only disk, a directory with files in it): the hold stays.
+    """
+    path = ctx.releases / HOLD
+    try:
+        current = read_hold(ctx)
+    except NodeStateError as err:
+        current = {"damaged": str(err).split(": the operator's hold record is damaged")[0]}
     if current is not None:
         try:
-            durable.remove(ctx.releases / HOLD)
+            if os.path.isdir(path) and not os.path.islink(path):
+                os.rmdir(path)  # only an empty one: what is in it is someone's, never removed here
+            else:
+                durable.remove(path)
         except OSError as err:
-            raise Refused(f"hold lift refused: {ctx.node} could not remove {ctx.releases / HOLD} "
+            raise Refused(f"hold lift refused: {ctx.node} could not remove {path} "
                           f"({err.strerror or err}); the hold stays") from None
     return current
 
