@@ -546,6 +546,22 @@ def test_an_edited_active_release_is_never_acted_on_and_is_named_by_status_servi
         assert cyan.invocation() != engine and cyan.current() != r.active
 
 
+def test_a_release_from_a_damaged_active_release_leaves_it_by_its_id_never_as_the_nodes_first(cyan):
+    # A breaker's case: one edited unit in the active release made the next release "the node's first release"
+    # (no `before`, no canary analysis, and `rollback --all` had nothing to undo).
+    r = roles(cyan)
+    unit = cyan.releases / r.active / "units" / ENGINE
+    with damaged(unit):
+        unit.write_bytes(unit.read_bytes() + b"# edited\n")
+        run = cyan.switch(cyan.fresh())
+    assert run.code == 0, run.text
+    assert "the node's first release" not in run.text and f"plan for cyan: {r.active} -> " in run.text, run.text
+    assert re.search(rf"the stored copy of {r.active}, the release it leaves, is damaged", run.text), run.text
+    record = cyan.records()[-1]
+    assert (record["result"], record["before"]) == ("released", r.active), record
+    assert run.outcome.get("first") is False, run.outcome
+
+
 def test_an_edited_release_that_served_is_never_used_and_releasing_it_again_stores_it_afresh(cyan):
     from flatshare_ops.common.release_files import read_release
 

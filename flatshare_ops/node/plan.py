@@ -148,7 +148,8 @@ def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
 
 
 def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "release", flag_changes=None,
-         resume: bool = False, replaces: str | None = None, automatic: bool = False) -> Plan:
+         resume: bool = False, replaces: str | None = None, automatic: bool = False,
+         from_id: str | None = None) -> Plan:
     """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
 
     Args:
@@ -160,6 +161,8 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
         replaces: the target of an interrupted switch that this one replaces instead of finishing
             it (the checkout renders another release): a whole switch, straight to ``new``.
         automatic: an automatic rollback from a switch whose engine did not serve: a whole switch.
+        from_id: the id of the release being left when ``old`` is None because its stored copy could not be
+            read (damaged): a whole switch from it, never the node's first release.
     """
     flags = flag_changes(old, new) if flag_changes else []
     if old is None or resume or replaces or automatic or kind == "repair":
@@ -170,8 +173,10 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
                   else "finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
                   else "abandoning an interrupted switch: every managed service restarts" if resume
                   else "the node does not serve: every managed service restarts" if kind == "repair"
+                  else f"the stored copy of {from_id}, the release it leaves, is damaged: every managed service "
+                  "restarts" if from_id
                   else "the node's first release: every unit starts")
-        return Plan(node, old.id if old else None, new.id, kind, [s.name for s in STEPS],
+        return Plan(node, old.id if old else from_id, new.id, kind, [s.name for s in STEPS],
                     _whole_switch_actions(new.units), [reason], flags, resume, replaces, automatic)
 
     changes = unit_changes(old.units, new.units)

@@ -236,13 +236,14 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
     if pending is not None and pending.to == target:
         out.line(f"an interrupted {journals.journal_summary(pending)} is finished first (the checkout renders it)")
         old = _old_view(ctx, pending.from_, out)
-        return Work(plan(ctx.node, old, new, pending.kind, _flag_changes, resume=True), new, pending.resumed + 1,
+        return Work(plan(ctx.node, old, new, pending.kind, _flag_changes, resume=True, from_id=pending.from_), new,
+                    pending.resumed + 1,
                     forced=pending.forced)
     if pending is not None:
         out.line(f"an interrupted {journals.journal_summary(pending)} is replaced: the checkout renders {target}, "
                  "so the node switches straight to it (the interrupted release is not started again)")
         old = _old_view(ctx, pending.to, out)
-        return Work(plan(ctx.node, old, new, "release", _flag_changes, replaces=pending.to), new,
+        return Work(plan(ctx.node, old, new, "release", _flag_changes, replaces=pending.to, from_id=pending.to), new,
                     abandon=(pending, f"replaced by the switch to {target}"))
     if state.current == target:
         problems = _unhealthy(ctx)
@@ -253,11 +254,25 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
                  "switching again to repair it")
         return Work(plan(ctx.node, new, new, "repair", _flag_changes), new)
     old = _old_view(ctx, state.current, out)
-    return Work(plan(ctx.node, old, new, "release", _flag_changes), new)
+    return Work(plan(ctx.node, old, new, "release", _flag_changes, from_id=state.current), new)
+
+
+def _intact(ctx: NodeContext, rid: str, out: ReleaseOutput) -> bool:
+    """Whether release ``rid`` is stored and its files make its id: an automatic rollback (the node drained, its
+    new engine not serving) goes to the newest release that served of which this holds, never to a damaged
+    copy; one passed over is named. (An operator's rollback to a damaged one is refused, naming the damage.)"""
+    if not is_stored(ctx.state_dir, rid):
+        return False
+    try:
+        load_view(ctx, rid)
+    except NodeStateError as err:
+        out.line(f"note: release {rid} served, but is passed over as a rollback target: {err}")
+        return False
+    return True
 
 
 def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work | None:
-    stored = lambda rid: is_stored(ctx.state_dir, rid)  # noqa: E731
+    stored = lambda rid: is_stored(ctx.state_dir, rid)  # noqa: E731  (a damaged target is refused, named)
     # What the rollback leaves: the current release, or an interrupted switch's target; but an interrupted
     # rollback (an automatic one cut short by a signal or a full disk included) was leaving its own "from": a
     # rollback now goes on to where it was going (a breaker's case: its target, the release that served, was
@@ -285,7 +300,8 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
         out.line(f"the interrupted {journals.journal_summary(pending)} will be abandoned")
     new = load_view(ctx, target)
     old = _old_view(ctx, pending.to if pending is not None else current, out)
-    return Work(plan(ctx.node, old, new, "rollback", _flag_changes, resume=pending is not None), new,
+    return Work(plan(ctx.node, old, new, "rollback", _flag_changes, resume=pending is not None,
+                     from_id=pending.to if pending is not None else current), new,
                 abandon=(pending, "abandoned by rollback") if pending is not None else None)
 
 
@@ -386,7 +402,7 @@ def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: St
     if not request.auto_rollback or p.kind not in ("release", "repair") or "restart-engine" not in p.steps:
         return None
     try:
-        target = histories.rollback_target(state.hist, p.to_id, lambda rid: is_stored(ctx.state_dir, rid))
+        target = histories.rollback_target(state.hist, p.to_id, lambda rid: _intact(ctx, rid, out))
     except histories.HistoryOrderError as err:
         out.line(f"{ctx.node}: automatic rollback: none possible ({err}): if the new engine does not serve, the "
                  "switch ends early and the node stays failed")
