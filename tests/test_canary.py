@@ -314,3 +314,34 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
     assert _since(fleet, "peacock", start["peacock"]) == []
     for name in NODES:
         fleet.settled(name)
+
+
+def test_an_analysis_whose_canary_another_rollback_switches_stops_and_decides_nothing(fleet):
+    # A breaker's case: `rollback --node cyan` during the analysis; the analysis went on measuring cyan's old
+    # release, "passed" the new one, and switched peacock to it.
+    left = {n: fleet.current(n) for n in NODES}
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    slow = {**FAST_ANALYSIS, "interval_s": 2, "count": 8}
+    with fleet.node_profile("cyan", analysis=slow), fleet.calls():
+        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+        running = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
+                                    "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                   text=True, env=env)
+        lines, new = [], None
+        for line in running.stdout:
+            lines.append(line)
+            if line.startswith("measurement 1 of 8"):
+                new = fleet.current("cyan")
+                back = fleet.cli("rollback", "--node", "cyan")
+                assert back.returncode == 0, back.stdout + back.stderr
+        running.wait(240)
+    text = "".join(lines)
+    assert new is not None and new != left["cyan"], text
+    assert running.returncode == 11, text  # stopped, nothing decided
+    assert re.search(rf"^the canary analysis stops: canary cyan now runs release {left['cyan']}, not {new}, the "
+                     r"release judged", text, re.MULTILINE), text
+    assert fleet.current("peacock") == left["peacock"] and _since(fleet, "peacock", start["peacock"]) == []
+    assert "analysed" not in [r for r, _ in _since(fleet, "cyan", start["cyan"])]
+    for name in NODES:
+        fleet.settled(name)

@@ -33,10 +33,16 @@ class Verdict:
     """The analyses of one rollout's canaries: each canary's result, and what the rollout does."""
 
     results: dict[str, AnalysisResult]
+    #: Why the analysis stopped before deciding (a canary or the baseline switched to another release while it
+    #: was measured), else None: nothing is decided from it, the rollout stops.
+    aborted: str | None = None
 
     @property
     def action(self) -> Action:
-        """Roll back if any canary's analysis says so, else pause if any does, else go on."""
+        """Stop if the analysis was aborted; else roll back if any canary's analysis says so, else pause if any
+        does, else go on."""
+        if self.aborted is not None:
+            return Action.PAUSE
         actions = [r.rollout_action for r in self.results.values()] or [Action.CONTINUE]
         return max(actions, key=lambda a: _CAUTION[a])
 
@@ -64,15 +70,31 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
         "with no baseline (no node is left on the old release)"
     out.line(f"canary analysis of {', '.join(runs)} {against}: {settings.count} measurement(s), one every "
              f"{settings.interval_s:g} s" + (" (dry run: nothing is acted on)" if dry_run else ""))
+    # What is judged: each canary on the release its switch installed, against the baseline on the release it
+    # ran at the first scrape. Another release or rollback may switch either while they are measured (a
+    # breaker's case: a rollback of the canary mid-analysis, then measurements of the old release that
+    # "passed" the new one): the analysis then stops, deciding nothing.
+    judged = {c.name: getattr(rollout.outcomes.get(c.name), "release", None) for c in canaries}
+    base_release: str | None = None
     deadline = time.monotonic()
     while not all(run.result.done for run in runs.values()):
-        base = scrape(rollout, baseline) if baseline is not None else None
+        base, running = scrape_with_release(rollout, baseline) if baseline is not None else (None, None)
+        base_release = base_release or running
+        moved = [] if running is None or running == base_release else [
+            f"baseline {baseline.name} now runs release {running}, not {base_release}"]
         for name, run in list(runs.items()):
             if run.result.done:
                 continue
             target = next(c for c in canaries if c.name == name)
             before = len(run.measurements)
-            run = runs[name] = run.record(scrape(rollout, target), base)
+            measured, release = scrape_with_release(rollout, target)
+            if release is not None and judged[name] is not None and release != judged[name]:
+                moved.append(f"canary {name} now runs release {release}, not {judged[name]}, the release judged")
+            if moved:
+                why = "; ".join(moved) + " (another release or rollback switched it)"
+                out.line(f"the canary analysis stops: {why}; nothing is decided from it")
+                return Verdict({n: r.result for n, r in runs.items()}, aborted=why)
+            run = runs[name] = run.record(measured, base)
             if len(run.measurements) > before:
                 out.line(run.measurements[-1].line())
         if all(run.result.done for run in runs.values()):
@@ -88,14 +110,24 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
 def scrape(rollout, target: NodeTarget):
     """One scrape of ``target``'s engine through its node: a :class:`.analysis.Scrape`, or a
     :class:`.analysis.FailedScrape` saying why none could be read (unreachable, no engine answer, not JSON)."""
+    return scrape_with_release(rollout, target)[0]
+
+
+def scrape_with_release(rollout, target: NodeTarget):
+    """:func:`scrape`, and the id of the release the node ran when it answered (None when it did not say)."""
     at = time.time()
     try:
         result = rollout.run_command(target, commands.metrics(target.spec))
         answer = answer_of(result)
     except TransportError as err:
-        return FailedScrape(target.name, at, f"the node could not be asked: {err}")
+        return FailedScrape(target.name, at, f"the node could not be asked: {err}"), None
     except ValueError as err:
-        return FailedScrape(target.name, at, f"the node's metrics answer is not JSON ({err})")
+        return FailedScrape(target.name, at, f"the node's metrics answer is not JSON ({err})"), None
+    release = answer.get("release") if isinstance(answer, dict) and isinstance(answer.get("release"), str) else None
+    return _scraped(target, at, answer), release
+
+
+def _scraped(target: NodeTarget, at: float, answer):
     if not isinstance(answer, dict) or not isinstance(answer.get("text"), str):
         reason = answer.get("error") if isinstance(answer, dict) else None
         return FailedScrape(target.name, at, reason or "the node's metrics answer holds no /metrics text")

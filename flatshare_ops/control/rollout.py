@@ -319,6 +319,13 @@ class Rollout:
         waiting = [t for batch in later for t in batch] + [t for t in self.everyone if t not in self.chosen]
         baseline = next((t for t in waiting if t not in switched), None)
         verdict = analyse(self, switched, baseline, dry_run=self.analysis == "dry-run")
+        if verdict.aborted is not None:  # nothing judged: nothing recorded, decided or acted on
+            for target in switched:
+                self.analysed[target.name] = "analysis stopped: another switch moved a node it measured"
+            self.out.line(f"the rollout stops: its canary analysis could not judge the release ({verdict.aborted}); "
+                          "'flatshare status' shows where each node is, and 'flatshare release --all' analyses "
+                          "the canary again")
+            return Exit.PAUSED
         self.analyses += verdict.documents()
         for name, result in verdict.results.items():
             self.analysed[name] = f"analysis {result.phase}" + (" (dry run)" if result.dry_run else "")

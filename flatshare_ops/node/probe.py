@@ -80,7 +80,8 @@ def engine_metrics(ctx: NodeContext) -> dict:
     where only the node reaches it (docs/reference/vllm.md#metrics).
 
     Returns:
-        ``{"node", "at" (Unix seconds), "status", "text"}``, or ``{"node", "at", "error"}`` naming what is missing.
+        ``{"node", "at" (Unix seconds), "release" (the active release's id), "status", "text"}``, or
+        ``{"node", "at", "release", "error"}`` naming what is missing.
     """
     import time
 
@@ -91,14 +92,17 @@ def engine_metrics(ctx: NodeContext) -> dict:
 
     at = time.time()
     try:
-        serving = active_serving(ctx, current_release(ctx.state_dir))
+        release = current_release(ctx.state_dir)
+        serving = active_serving(ctx, release)
     except NodeStateError as err:
         return {"node": ctx.node, "at": at, "error": str(err)}
     if serving is None:
-        return {"node": ctx.node, "at": at, "error": "no readable active release: its engine's address is not known"}
+        return {"node": ctx.node, "at": at, "release": release,
+                "error": "no readable active release: its engine's address is not known"}
     url = serving["engine"]["url"] + "/metrics"
     status, body, why = http_fetch(url, METRICS_TIMEOUT_S)
     if status != 200:
         heard = f"answered {status}" if status else one_line(why)
-        return {"node": ctx.node, "at": at, "error": f"{url} {heard}"}
-    return {"node": ctx.node, "at": at, "status": status, "text": body.decode("utf-8", errors="replace")}
+        return {"node": ctx.node, "at": at, "release": release, "error": f"{url} {heard}"}
+    return {"node": ctx.node, "at": at, "release": release, "status": status,
+            "text": body.decode("utf-8", errors="replace")}
