@@ -345,3 +345,22 @@ def test_an_analysis_whose_canary_another_rollback_switches_stops_and_decides_no
     assert "analysed" not in [r for r, _ in _since(fleet, "cyan", start["cyan"])]
     for name in NODES:
         fleet.settled(name)
+
+
+def test_rollback_all_after_a_paused_canary_analysed_again_undoes_the_release_not_the_analysis(fleet):
+    # A breaker's case: a second `release --all` re-analysed the paused canary; its analysis record (the later
+    # rollout's id, before = after = the new release) was taken for the rollout to undo, and `rollback --all`
+    # said "already on it, nothing to do", paused again, and again.
+    left = {n: fleet.current(n) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", analysis={**FAST_ANALYSIS, "interval_s": 1, "count": 2,
+                                              "inconclusive": "pause"}):  # no calls: inconclusive
+        for _ in range(2):
+            paused = fleet.cli("release", "--all")
+            assert paused.returncode == 11, paused.stdout + paused.stderr
+        assert fleet.history("cyan")[-1]["result"] == "analysed" and fleet.current("cyan") != left["cyan"]
+        undone = fleet.cli("rollback", "--all", "--analysis", "skip")
+    assert undone.returncode == 0, undone.stdout + undone.stderr
+    assert fleet.current("cyan") == left["cyan"] and fleet.current("peacock") == left["peacock"]
+    for name in NODES:
+        fleet.settled(name)

@@ -1088,6 +1088,12 @@ def test_rollback_all_returns_each_node_of_a_failed_rollout_to_what_it_ran_befor
     assert fleet.history("peacock")[-1]["finished_at"] <= fleet.history("cyan")[-1]["started_at"]
     for name in NODES:
         fleet.settled(name)
+    # The undo is part of the rollout it undid: run again, it has nothing left to undo (a breaker's case: the
+    # second `rollback --all` undid the undo, back to the failed rollout's releases).
+    again = fleet.rollback("--all")
+    _no_traceback(again.stdout, again.stderr)
+    assert again.returncode == 4, again.stdout + again.stderr
+    assert all(fleet.current(name) == before[name] for name in NODES), again.stdout
     fleet.set_hold(hold_before)  # the checkout back to what both nodes run
 
 

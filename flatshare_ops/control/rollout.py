@@ -273,8 +273,9 @@ class Rollout:
         from .canary import analyse, record
 
         switched = [t for t in canaries if t.result == Exit.OK]
+        # A canary with nothing to do is judged again only in a release: an undo goes back to releases that served.
         unjudged = [t for t in canaries if t.result == Exit.NOTHING_TO_DO and t.name in self.outcomes
-                    and self.outcomes[t.name].unjudged]
+                    and self.outcomes[t.name].unjudged and self.mode == "release"]
         owed = [t for t in unjudged if (self.outcomes[t.name].detail or {}).get("analysis_failed_in")]
         if owed and not self.dry_run and self.analysis != "skip":
             # Its analysis failed, and the rollback that decided never happened (the operator's side stopped,
@@ -335,10 +336,16 @@ class Rollout:
                           "rollout stops")
             return self._roll_back_canaries(switched)
         if verdict.action == Action.PAUSE:
-            self.out.line(f"the canary analysis was inconclusive and the profile says pause: the rollout stops with "
-                          f"{', '.join(t.name for t in switched)} on the new release. To go on: 'flatshare release "
-                          "--all --analysis skip' (recorded), or again with calls to measure; to undo it: 'flatshare "
-                          "rollback --all'")
+            names = ", ".join(t.name for t in switched)
+            if self.mode == "undo-rollout":
+                self.out.line(f"the canary analysis was inconclusive and the profile says pause: the undo of rollout "
+                              f"{self.undo} stops with {names} back on what it ran before. To go on: 'flatshare "
+                              "rollback --all --analysis skip' (recorded), or again with calls to measure")
+            else:
+                self.out.line(f"the canary analysis was inconclusive and the profile says pause: the rollout stops "
+                              f"with {names} on the new release. To go on: 'flatshare release --all --analysis "
+                              "skip' (recorded), or again with calls to measure; to undo it: 'flatshare rollback "
+                              "--all'")
             return Exit.PAUSED
         return None
 
@@ -402,7 +409,10 @@ class Rollout:
             payload = bundle(self.root, target, ship=not target.local) if mode == "release" else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
             session = self.start(target, commands.switch(
-                target.spec, switch_id, rollout=self.id, force=self.force, dry_run=self.dry_run,
+                # An undo is part of the rollout it undoes: its switches carry that rollout's id, so that a
+                # `rollback --all` run again goes on undoing it, never undoes the undo (a breaker's case).
+                target.spec, switch_id, rollout=self.undo if mode == "undo-rollout" and self.undo else self.id,
+                force=self.force, dry_run=self.dry_run,
                 rollback=mode == "rollback", undo_rollout=self.undo if mode == "undo-rollout" else None,
                 auto_rollback=self.auto_rollback and (mode != "release"
                                                       or target.loaded.profile.release.auto_rollback)))
@@ -554,6 +564,8 @@ def last_rollout(histories: dict[str, list[dict]], pending: dict[str, str | None
         if pending.get(node):
             return pending[node]
         for record in records:
+            if record.get("kind") == "analysis":
+                continue  # an analysis is no switch: a later rollout that only re-analysed undoes nothing
             started = record.get("started_at") or 0
             if record.get("rollout") and isinstance(started, (int, float)) and started >= when:
                 newest, when = record["rollout"], started

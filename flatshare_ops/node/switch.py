@@ -308,10 +308,11 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
 def _before_rollout(hist: histories.History, pending, rollout: str | None) -> str | None:
     """What the node ran before rollout ``rollout``: the ``before`` of its first switch in that rollout,
     provided the node's last switch (or its interrupted one) belongs to it."""
-    last_rollout = pending.rollout if pending is not None else (hist.last() or {}).get("rollout")
+    switches = [r for r in hist.records if r.get("kind") != "analysis"]  # an analysis is no switch
+    last_rollout = pending.rollout if pending is not None else (switches[-1] if switches else {}).get("rollout")
     if not rollout or last_rollout != rollout:
         return None
-    firsts = [r for r in hist.records if r.get("rollout") == rollout]
+    firsts = [r for r in switches if r.get("rollout") == rollout]
     if firsts:
         return firsts[0].get("before")
     return pending.from_ if pending is not None else None
