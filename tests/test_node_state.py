@@ -1491,6 +1491,9 @@ def test_an_interrupted_automatic_rollback_never_disqualifies_the_release_it_was
     journal = json.loads(fleet.journal().read_text())
     assert (journal["kind"], journal["to"], journal["from"]) == ("rollback", left, broken), journal
     assert left in _served(fleet)
+    shown = fleet.cli("status", "--node", CYAN)  # says what the unfinished switch was: an automatic rollback
+    assert re.search(rf"UNFINISHED automatic rollback \(restart-engine failed: .*\): switch {broken} -> {left}",
+                     shown.stdout), shown.stdout
     back = fleet.rollback(CYAN)  # goes on to where the interrupted rollback was going
     assert back.returncode == 0, text_of(back)
     assert fleet.current() == left and broken not in _served(fleet) and left in _served(fleet)
