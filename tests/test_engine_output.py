@@ -13,7 +13,8 @@ import pytest
 from conftest import REPO
 from flatshare_ops.check.facts import turns_announced
 from flatshare_ops.check.vllm_release import same_release, shown
-from flatshare_ops.common.unit_output import CHUNK_BYTES, TAIL_BYTES, last_lines, last_marked, output_file
+from flatshare_ops.common.unit_output import (CHUNK_BYTES, TAIL_BYTES, last_lines, last_marked, output_file,
+                                              output_mark)
 from flatshare_ops.config.profile import load_profile
 
 
@@ -32,6 +33,21 @@ def test_the_last_lines_are_the_files_end_each_one_line_of_text(tmp_path):
     tail = last_lines(_layout(tmp_path), "flatshare-engine.service", 3)
     assert tail.problem is None
     assert tail.lines == ["line 999", "INFO colour", "a\\rcarriage"]
+
+
+def test_a_failed_start_quotes_its_own_lines_never_an_earlier_starts(tmp_path):
+    # A breaker's case: the quote of a start configured to load for an hour held "ready in 1 s" from the
+    # start before it (the unit appends every start's output to one file).
+    path = tmp_path / "flatshare-engine.service.log"
+    path.write_text("stand-in engine: serving, ready in 1 s\n" * 5)
+    mark = output_mark(_layout(tmp_path), "flatshare-engine.service")
+    assert mark == ("bytes", float(path.stat().st_size))
+    with open(path, "a") as f:
+        f.write("stand-in engine: loading for 3600 s\n")
+    tail = last_lines(_layout(tmp_path), "flatshare-engine.service", 10, since=mark)
+    assert tail.lines == ["stand-in engine: loading for 3600 s"]
+    path.write_text("rotated\n")  # a file that shrank since the mark is read whole
+    assert last_lines(_layout(tmp_path), "flatshare-engine.service", 10, since=mark).lines == ["rotated"]
 
 
 def test_a_long_file_is_read_from_its_end_only_and_its_first_cut_line_dropped(tmp_path):

@@ -68,7 +68,22 @@ class Tail:
         return f"{whose} last lines ({self.source}): " + " | ".join([*causes, *(["..."] if causes else []), *shown])
 
 
-def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:
+def output_mark(layout: dict, unit: str) -> tuple[str, float]:
+    """Where ``unit``'s output stands now, for :func:`last_lines`' ``since``: ``("bytes", size of its output
+    file)``, or ``("time", now in Unix seconds)`` when it goes to the journal (never raises: a file that cannot
+    be read marks 0 bytes)."""
+    import time
+
+    path = output_file(str(layout.get("output") or JOURNAL), unit)
+    if path is None:
+        return ("time", time.time())
+    try:
+        return ("bytes", float(os.stat(path).st_size))
+    except OSError:
+        return ("bytes", 0.0)
+
+
+def last_lines(layout: dict, unit: str, count: int = 200, since: tuple[str, float] | None = None) -> Tail:
     """The last ``count`` lines ``unit`` wrote, wherever the node keeps them (bounded; never raises).
 
     Args:
@@ -76,12 +91,15 @@ def last_lines(layout: dict, unit: str, count: int = 200) -> Tail:
             means the journal).
         unit: the unit name.
         count: how many lines at most.
+        since: only what it wrote after this mark (:func:`output_mark`): a failed start's own lines, not an
+            earlier start's (a file that shrank since, rotated, is read whole).
     """
     output = layout.get("output") or JOURNAL
     path = output_file(str(output), unit)
     if path is None:
-        return _journal(unit, str(layout.get("scope", "system")), count)
-    return _file(path, count)
+        after = f"@{since[1]:.0f}" if since is not None and since[0] == "time" else None
+        return _journal(unit, str(layout.get("scope", "system")), count, since=after)
+    return _file(path, count, int(since[1]) if since is not None and since[0] == "bytes" else 0)
 
 
 #: How far back :func:`last_marked` reads a unit's output file for a marked line (bytes).
@@ -150,13 +168,15 @@ def _open_output(path: str) -> tuple[int, int] | Tail:
     return fd, info.st_size
 
 
-def _file(path: str, count: int) -> Tail:
+def _file(path: str, count: int, after: int = 0) -> Tail:
     opened = _open_output(path)
     if isinstance(opened, Tail):
         return opened
     fd, size = opened
+    if after > size:
+        after = 0  # the file shrank since the mark (rotated, truncated): all of it is new
     try:
-        start = max(0, size - TAIL_BYTES)
+        start = max(after, size - TAIL_BYTES)
         os.lseek(fd, start, os.SEEK_SET)
         data = os.read(fd, TAIL_BYTES)
     except OSError as err:
@@ -164,12 +184,12 @@ def _file(path: str, count: int) -> Tail:
     finally:
         os.close(fd)
     lines = _split(data)
-    if start > 0 and lines:
-        lines = lines[1:]  # the first line read may be cut
+    if start > after and lines:
+        lines = lines[1:]  # the first line read may be cut (at the mark, a line begins)
     return Tail([one_line(_strip_ansi(line)) for line in lines[-count:]], path)
 
 
-def _journal(unit: str, scope: str, count: int, grep: str | None = None) -> Tail:
+def _journal(unit: str, scope: str, count: int, grep: str | None = None, since: str | None = None) -> Tail:
     import subprocess  # here: serving-check imports this module every minute, and a sandbox reads files
 
     which = "--user-unit" if scope == "user" else "--unit"
@@ -178,6 +198,8 @@ def _journal(unit: str, scope: str, count: int, grep: str | None = None) -> Tail
         import re as _re
 
         argv += ["--grep", _re.escape(grep)]
+    if since is not None:
+        argv += ["--since", since]  # journalctl(1): "@" and Unix seconds
     source = f"journalctl {which} {unit}"
     try:
         done = subprocess.run(argv, capture_output=True, timeout=JOURNALCTL_TIMEOUT_S, stdin=subprocess.DEVNULL)

@@ -60,6 +60,8 @@ class Switch:
         gateway_stopped: this switch stopped the gateway (the early end starts it again).
         engine_deadline: ``time.monotonic()`` at which the engine's start budget ends, once its
             start job began (the early end waits for an engine still loading until then).
+        engine_output_mark: where the engine's output stood when this switch started it
+            (:func:`common.unit_output.output_mark`): a failed start quotes only what came after.
     """
 
     ctx: NodeContext
@@ -70,6 +72,7 @@ class Switch:
     drain: drain.VoiceDrain | None = None
     gateway_stopped: bool = False
     engine_deadline: float | None = None
+    engine_output_mark: object = None
     notes: list[str] = field(default_factory=list)
 
     @property
@@ -140,6 +143,9 @@ def restart_engine(sw: Switch) -> None:
     stop_s = float(engine.get("stop_timeout_s", DEFAULT_STOP_TIMEOUT_S))
     before = _invocation(sw)
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
+    from ..common.unit_output import output_mark
+
+    sw.engine_output_mark = output_mark(sw.serving["layout"], ENGINE_UNIT)
     started = time.monotonic()
     sw.engine_deadline = started + start_s
     try:
@@ -209,7 +215,7 @@ def _failed_start(sw: Switch, what: str) -> StepError:
     keeps its output (common/unit_output.py), quoted in the message and kept for the history record."""
     from ..common.unit_output import QUOTED_LINES, last_lines
 
-    tail = last_lines(sw.serving["layout"], ENGINE_UNIT)
+    tail = last_lines(sw.serving["layout"], ENGINE_UNIT, since=sw.engine_output_mark)  # this start's lines only
     quoted = tail.quote("the engine's")
     return StepError(f"{what}; {quoted}", [line for line in tail.lines if line.strip()][-QUOTED_LINES:])
 
