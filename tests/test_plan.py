@@ -163,3 +163,22 @@ def test_a_failed_analysis_owes_its_rollback_and_a_dry_run_owes_none():
     assert failed_analysis(_hist(released, failed), "s2") == "r1"
     assert failed_analysis(_hist(released, dry), "s2") is None
     assert failed_analysis(_hist(released, failed), "s3") is None
+
+
+def test_only_a_failure_that_is_a_verdict_disqualifies_a_release_that_served():
+    # releases/README.md: a rollback never goes to a release whose latest failure since it served is a verdict
+    # (its engine did not start, serving-check CRITICAL); a signal, a write or an abandoned switch is none, and a
+    # record written before `verdict` existed counts as one.
+    from flatshare_ops.node.history import served_releases
+
+    def history(last: dict):
+        return _hist({"switch": "s1", "result": "released", "after": "A", "served": True, "target": "A",
+                      "started_at": 1.0, "finished_at": 2.0},
+                     {"switch": "s2", "result": "released", "after": "B", "served": True, "target": "B",
+                      "started_at": 3.0, "finished_at": 4.0},
+                     {"switch": "s3", "result": "failed", "target": "A", "started_at": 5.0, "finished_at": 6.0,
+                      **last})
+    assert served_releases(history({"verdict": True})) == ["B"]
+    assert served_releases(history({})) == ["B"]  # an older record: a verdict
+    assert served_releases(history({"verdict": False})) == ["B", "A"]
+    assert served_releases(history({"verdict": False, "result": "abandoned"})) == ["B", "A"]

@@ -186,15 +186,23 @@ class Rollout:
                 pass
 
     def close(self) -> None:
-        """Close every connection (one still being opened is closed when it opens)."""
+        """Close every connection; one still being opened is closed when it opens, and waited for (within the
+        connect bound): a connection's transport thread still negotiating when the process exits can abort the
+        interpreter's exit ("FATAL: exception not rethrown", seen once in CI after a refused rollback)."""
+        from concurrent.futures import TimeoutError as FutureTimeout
+
         with self._lock:
             self._closed = True
             opening, self._opening = list(self._opening.values()), {}
         for target in list(self.everyone):
             self.drop(target)
+        bound = self.settings.transport.connect_timeout_s + 5
         for future in opening:
-            if future.done() and future.exception() is None:
-                future.result().close()
+            try:
+                if future.exception(timeout=bound) is None:
+                    future.result().close()
+            except FutureTimeout:
+                pass  # still connecting past its own bound: nothing more to wait for
 
     # --- the run ------------------------------------------------------------------------------------
 
