@@ -38,10 +38,26 @@ class Fleet:
     def node(self, name: str) -> SandboxNode:
         return SandboxNode(name, ADDRESSES[name], self.base)
 
+    @staticmethod
+    def operator_env() -> dict[str, str]:
+        """The test's environment without what would pick another node or fleet."""
+        return {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
+
     def cli(self, *args: str, timeout: float = 240) -> subprocess.CompletedProcess:
-        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
         return subprocess.run([str(BIN / "flatshare"), *args, "--inventory", str(self.inventory), "--root",
-                               str(self.checkout)], capture_output=True, text=True, env=env, timeout=timeout)
+                               str(self.checkout)], capture_output=True, text=True, env=self.operator_env(),
+                              timeout=timeout)
+
+    def hold_command(self, *args: str) -> subprocess.CompletedProcess:
+        """``flatshare hold ...`` (an operator's hold, not make-room's) on this fleet."""
+        return subprocess.run([str(BIN / "flatshare"), "hold", *args, "--inventory", str(self.inventory)],
+                              capture_output=True, text=True, env=self.operator_env(), timeout=120)
+
+    def popen_release(self) -> subprocess.Popen:
+        """``flatshare release --all`` started, for the test to read its lines (stdout and stderr) as they come."""
+        return subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(self.inventory),
+                                 "--root", str(self.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
+                                text=True, env=self.operator_env())
 
     def history(self, name: str) -> list[dict]:
         path = self.node(name).state_dir / "releases/history.jsonl"
@@ -245,10 +261,7 @@ def test_a_rollout_stopped_during_its_analysis_analyses_the_canary_again_before_
     start = {n: len(fleet.history(n)) for n in NODES}
     fleet.new_hold()
     with fleet.node_profile("cyan", analysis={**FAST_ANALYSIS, "interval_s": 5, "inconclusive": "pause"}):
-        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
-        first = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
-                                  "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                 text=True, env=env)
+        first = fleet.popen_release()
         seen = []
         for line in first.stdout:
             seen.append(line)
@@ -272,12 +285,6 @@ def test_a_rollout_stopped_during_its_analysis_analyses_the_canary_again_before_
         fleet.settled(name)
 
 
-def _hold(fleet: Fleet, *args: str) -> subprocess.CompletedProcess:
-    env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
-    return subprocess.run([str(BIN / "flatshare"), "hold", *args, "--inventory", str(fleet.inventory)],
-                          capture_output=True, text=True, env=env, timeout=120)
-
-
 def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_rollout_carries_it_out(fleet):
     # A breaker's case: a hold placed during the analysis refused the rollback it decided; the rollout still
     # said exit 10 ("the canary rolled back"), and the next release --all analysed the canary again instead.
@@ -285,15 +292,12 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
     start = {n: len(fleet.history(n)) for n in NODES}
     fleet.new_hold()
     with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.6"}, analysis=FAST_ANALYSIS), fleet.calls():
-        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
-        running = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
-                                    "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, env=env)
+        running = fleet.popen_release()
         lines = []
         for line in running.stdout:
             lines.append(line)
             if line.startswith("canary analysis of cyan"):
-                held = _hold(fleet, "place", "--node", "cyan", "-m", "looking at it")
+                held = fleet.hold_command("place", "--node", "cyan", "-m", "looking at it")
                 assert held.returncode == 0, held.stdout + held.stderr
         running.wait(240)
         text = "".join(lines)
@@ -302,7 +306,7 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
             assert "cyan: refused (analysis failed, its rollback ended with exit 3)" in text, text
             assert fleet.current("cyan") != left["cyan"] and fleet.current("peacock") == left["peacock"]
         finally:
-            lifted = _hold(fleet, "lift", "--node", "cyan")
+            lifted = fleet.hold_command("lift", "--node", "cyan")
             assert lifted.returncode == 0, lifted.stdout + lifted.stderr
         owed = fleet.cli("release", "--all")
     assert owed.returncode == 10, owed.stdout + owed.stderr  # rolled back now: the rollback the analysis decided
@@ -324,10 +328,7 @@ def test_an_analysis_whose_canary_another_rollback_switches_stops_and_decides_no
     fleet.new_hold()
     slow = {**FAST_ANALYSIS, "interval_s": 2, "count": 8}
     with fleet.node_profile("cyan", analysis=slow), fleet.calls():
-        env = {k: v for k, v in os.environ.items() if k not in ("FLATSHARE_NODE", "FLATSHARE_INVENTORY")}
-        running = subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(fleet.inventory),
-                                    "--root", str(fleet.checkout)], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
-                                   text=True, env=env)
+        running = fleet.popen_release()
         lines, new = [], None
         for line in running.stdout:
             lines.append(line)
