@@ -53,6 +53,16 @@ class Fleet:
         return subprocess.run([str(BIN / "flatshare"), "hold", *args, "--inventory", str(self.inventory)],
                               capture_output=True, text=True, env=self.operator_env(), timeout=120)
 
+    def release_reading(self, on_line) -> tuple[int, str]:
+        """``flatshare release --all``, ``on_line(line)`` called on each line of its output as it comes (to act
+        while it runs); returns its exit code and its whole output."""
+        running, lines = self.popen_release(), []
+        for line in running.stdout:
+            lines.append(line)
+            on_line(line)
+        running.wait(240)
+        return running.returncode, "".join(lines)
+
     def popen_release(self) -> subprocess.Popen:
         """``flatshare release --all`` started, for the test to read its lines (stdout and stderr) as they come."""
         return subprocess.Popen([str(BIN / "flatshare"), "release", "--all", "--inventory", str(self.inventory),
@@ -292,17 +302,14 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
     start = {n: len(fleet.history(n)) for n in NODES}
     fleet.new_hold()
     with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.6"}, analysis=FAST_ANALYSIS), fleet.calls():
-        running = fleet.popen_release()
-        lines = []
-        for line in running.stdout:
-            lines.append(line)
+        def hold_at_the_analysis(line: str) -> None:
             if line.startswith("canary analysis of cyan"):
                 held = fleet.hold_command("place", "--node", "cyan", "-m", "looking at it")
                 assert held.returncode == 0, held.stdout + held.stderr
-        running.wait(240)
-        text = "".join(lines)
+
+        code, text = fleet.release_reading(hold_at_the_analysis)
         try:
-            assert running.returncode == 3, text  # the rollback's own code (refused by the hold), not 10
+            assert code == 3, text  # the rollback's own code (refused by the hold), not 10
             assert "cyan: refused (analysis failed, its rollback ended with exit 3)" in text, text
             assert fleet.current("cyan") != left["cyan"] and fleet.current("peacock") == left["peacock"]
         finally:
@@ -328,18 +335,18 @@ def test_an_analysis_whose_canary_another_rollback_switches_stops_and_decides_no
     fleet.new_hold()
     slow = {**FAST_ANALYSIS, "interval_s": 2, "count": 8}
     with fleet.node_profile("cyan", analysis=slow), fleet.calls():
-        running = fleet.popen_release()
-        lines, new = [], None
-        for line in running.stdout:
-            lines.append(line)
+        seen: dict[str, str] = {}
+
+        def roll_back_at_the_first_measurement(line: str) -> None:
             if line.startswith("measurement 1 of 8"):
-                new = fleet.current("cyan")
+                seen["new"] = fleet.current("cyan")
                 back = fleet.cli("rollback", "--node", "cyan")
                 assert back.returncode == 0, back.stdout + back.stderr
-        running.wait(240)
-    text = "".join(lines)
+
+        code, text = fleet.release_reading(roll_back_at_the_first_measurement)
+    new = seen.get("new")
     assert new is not None and new != left["cyan"], text
-    assert running.returncode == 11, text  # stopped, nothing decided
+    assert code == 11, text  # stopped, nothing decided
     assert re.search(rf"^the canary analysis stops: canary cyan now runs release {left['cyan']}, not {new}, the "
                      r"release judged", text, re.MULTILINE), text
     assert fleet.current("peacock") == left["peacock"] and _since(fleet, "peacock", start["peacock"]) == []

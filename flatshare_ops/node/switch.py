@@ -149,34 +149,36 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
         return _run(ctx, request, out, admit, began)
 
 
+def _analyses(hist, switch: str | None):
+    """The ``analysed`` records of ``switch`` in the history, oldest first, each with its analysis document
+    (``{}`` when the record holds none that is an object)."""
+    for r in hist.records:
+        if switch is not None and r.get("switch") == switch and r.get("result") == "analysed":
+            yield r, r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
+
+
 def unjudged_switch(hist, current: str | None) -> str | None:
     """The id of the release switch that installed ``current`` when no canary analysis of it passed or was
-    skipped (history's ``analysed`` records), else None; None too when the history does not say (its order in
-    doubt, or no such switch recorded)."""
-    newest = hist.last()
-    if current is None or newest is None:
+    skipped (history's ``analysed`` records), else None; None too when the history does not say (no such
+    switch recorded) or it was the node's first release."""
+    if current is None:
         return None
     installed = next((r for r in reversed(hist.records) if r.get("kind") != "analysis" and r.get("after") == current
                       and r.get("result") == "released" and isinstance(r.get("switch"), str)), None)
     if installed is None or installed.get("before") is None:
         return None  # a node's first release is never analysed, whichever run finishes its rollout
-    for r in hist.records:
-        analysis = r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
-        if r.get("switch") == installed["switch"] and r.get("result") == "analysed" and (
-                analysis.get("skipped") is True or analysis.get("phase") == "passed"):
-            return None
+    if any(a.get("skipped") is True or a.get("phase") == "passed" for _, a in _analyses(hist, installed["switch"])):
+        return None
     return installed["switch"]
 
 
 def failed_analysis(hist, switch: str | None) -> str | None:
     """The rollout whose canary analysis of ``switch`` failed (not a dry run), or None: a failed analysis decides
     a rollback, which is owed until the node leaves that release (the rollout that finds it carries it out)."""
-    for r in reversed(hist.records):
-        analysis = r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
-        if switch is not None and r.get("switch") == switch and r.get("result") == "analysed" \
-                and analysis.get("phase") == "failed" and analysis.get("dry_run") is not True:
-            return r.get("rollout") if isinstance(r.get("rollout"), str) else "an earlier rollout"
-    return None
+    failed = [r for r, a in _analyses(hist, switch) if a.get("phase") == "failed" and a.get("dry_run") is not True]
+    if not failed:
+        return None
+    return failed[-1].get("rollout") if isinstance(failed[-1].get("rollout"), str) else "an earlier rollout"
 
 
 def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float) -> Done:
@@ -299,9 +301,9 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
     if pending is not None:
         out.line(f"the interrupted {journals.journal_summary(pending)} will be abandoned")
     new = load_view(ctx, target)
-    old = _old_view(ctx, pending.to if pending is not None else current, out)
-    return Work(plan(ctx.node, old, new, "rollback", _flag_changes, resume=pending is not None,
-                     from_id=pending.to if pending is not None else current), new,
+    old_id = pending.to if pending is not None else current
+    return Work(plan(ctx.node, _old_view(ctx, old_id, out), new, "rollback", _flag_changes, resume=pending is not None,
+                     from_id=old_id), new,
                 abandon=(pending, "abandoned by rollback") if pending is not None else None)
 
 
