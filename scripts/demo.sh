@@ -14,7 +14,7 @@ step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstra
 step "release: both nodes, one at a time, over SSH (the first time: each node's first release, a real switch), while calls stream through both gateways"
 calls=$(mktemp)
 # A call waits (bounded) while no gateway answers yet: on the first run no node has a release until cyan's first switch ends.
-$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --for 600 --tokens 32 --timeout 240 --brief >"$calls" 2>&1 &
+$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --pause 0.5 --for 600 --tokens 32 --timeout 240 --brief >"$calls" 2>&1 &
 caller=$!
 $bin/flatshare release --all --inventory "$inv"
 code=$?

@@ -258,7 +258,7 @@ def without_canaries(base: Path) -> None:
 
 @contextmanager
 def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int]], tokens: int, timeout_s: float,
-             join_s: float):
+             join_s: float, pause_s: float = 0.0):
     """Calls streaming through the nodes' gateways while the block runs; yields the list the callers' reports
     (``sandbox/caller.py``) are added to.
 
@@ -269,6 +269,7 @@ def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int
         tokens: tokens each call asks for.
         timeout_s: a call's own bound, in seconds.
         join_s: how long, in seconds, each caller may take to stop after the block.
+        pause_s: each seat's pause between its calls (seconds; ``run_calls``): 0 keeps both CPUs busy.
     """
     import threading
 
@@ -277,7 +278,8 @@ def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int
     stop, reports = threading.Event(), []
     threads = [threading.Thread(target=lambda order=order, concurrency=concurrency: reports.extend(run_calls(
         [Gateway(n, f"http://{addresses[n]}:8080") for n in order], concurrency=concurrency, duration_s=900,
-        tokens=tokens, timeout_s=timeout_s, stop=stop)), daemon=True) for order, concurrency in callers]
+        tokens=tokens, timeout_s=timeout_s, stop=stop, pause_s=pause_s)), daemon=True)
+        for order, concurrency in callers]
     for thread in threads:
         thread.start()
     try:
@@ -288,12 +290,13 @@ def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int
             thread.join(join_s)
 
 
-def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int, timeout_s: float, join_s: float):
+def calls_through_both(addresses: dict[str, str], concurrency: int, tokens: int, timeout_s: float, join_s: float,
+                       pause_s: float = 0.0):
     """:func:`calls_to` with two callers, each dialling both cyan and peacock (one cyan first, one peacock
     first), ``concurrency`` calls each: a canary and its baseline both serve calls, and either takes them all
     while the other is drained."""
     return calls_to(addresses, [(("cyan", "peacock"), concurrency), (("peacock", "cyan"), concurrency)], tokens,
-                    timeout_s, join_s)
+                    timeout_s, join_s, pause_s)
 
 
 def quick_stand_in(profile: Path) -> None:

@@ -41,8 +41,10 @@ LENIENT = {"release.analysis.ttft_p95_max_s": 10, "release.analysis.baseline_fac
 
 def _calls(concurrency: int = 2, tokens: int = 16):
     """Calls through both gateways while the block runs (conftest.calls_through_both), with a real engine's
-    bounds: a call may take two minutes while an engine starts beside it."""
-    return calls_through_both(ADDRESSES, concurrency, tokens, timeout_s=120, join_s=180)
+    bounds: a call may take two minutes while an engine starts beside it. Each seat pauses 0.5 s between its
+    calls: back to back, the calls alone take both CPUs (the engines' start and the analysis then wait for
+    them); paced, they are still several a second on each node, more than a window's min_requests."""
+    return calls_through_both(ADDRESSES, concurrency, tokens, timeout_s=120, join_s=180, pause_s=0.5)
 
 
 def _results(fleet: Fleet, name: str, since: int) -> list[str]:
@@ -210,6 +212,7 @@ def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_a
     with fleet.node_profile("cyan", {"engine.make_room.decode_hold_tokens": 100000}):
         failed = fleet.release("--node", "cyan", "--no-auto-rollback")
     assert failed.returncode == 1 and REFUSAL in failed.stdout, failed.stdout + failed.stderr
+    assert "the engine is still starting" not in failed.stdout, failed.stdout  # it exited: nothing to wait for
     broken = json.loads(fleet.journal("cyan").read_text())["to"]
     log = fleet.node("cyan").state_dir / "releases/release.log"
     mark = log.stat().st_size

@@ -340,6 +340,12 @@ def test_a_failed_start_quotes_the_engines_last_lines_on_the_stand_in(fleet):
         record = fleet.history(name)[-1]
         assert (record["result"], record["step"]) == ("failed", "restart-engine")
         assert said in record["reason"]
+        # The engine exited: the early end does not wait out its start budget for systemd's restarts of the
+        # same command line; the gateway stays stopped and the record says so.
+        assert "the engine is still starting" not in result.stdout, result.stdout
+        assert "flatshare-gateway.service left stopped" in record["calls"], record
+        with connect(fleet.address(name)) as bus:
+            assert unit_property(bus, GATEWAY, "Unit", "ActiveState") != "active"
     finally:
         back = fleet.rollback("--node", name)
     assert back.returncode == 0, back.stdout + back.stderr

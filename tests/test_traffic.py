@@ -507,7 +507,7 @@ def test_a_call_that_every_gateway_refuses_fails_within_its_bound(fleet):
 
 def test_the_callers_command_line_reports_each_call_and_exits_by_what_happened(fleet):
     result = subprocess.run([sys.executable, "-m", "flatshare_ops.sandbox.caller", "--inventory", str(fleet.inventory),
-                             "--concurrency", "2", "--calls", "3", "--tokens", "5", "--json"],
+                             "--concurrency", "2", "--calls", "3", "--tokens", "5", "--pause", "0.2", "--json"],
                             capture_output=True, text=True, timeout=60)
     assert result.returncode == 0, result.stdout + result.stderr
     calls = json.loads(result.stdout[result.stdout.index("{"):])["calls"]
@@ -518,4 +518,20 @@ def test_the_callers_command_line_reports_each_call_and_exits_by_what_happened(f
     bad = subprocess.run([sys.executable, "-m", "flatshare_ops.sandbox.caller", "--gateway", f"http://{SPARE}:8081",
                           "--concurrency", "0"], capture_output=True, text=True, timeout=60)
     assert bad.returncode == 2 and bad.stderr.strip().endswith("--concurrency: must be at least 1, got 0")
-    assert "Traceback" not in bad.stderr + refused.stderr
+    negative = subprocess.run([sys.executable, "-m", "flatshare_ops.sandbox.caller", "--gateway",
+                               f"http://{SPARE}:8081", "--pause", "-1"], capture_output=True, text=True, timeout=60)
+    assert negative.returncode == 2 and negative.stderr.strip().endswith("--pause: must be at least 0, got -1")
+    assert "Traceback" not in bad.stderr + refused.stderr + negative.stderr
+
+
+def test_a_seats_pause_between_calls_ends_when_the_caller_stops(fleet):
+    # One seat, a pause far longer than the test: the stop given as its first call ends ends the pause too,
+    # and no second call is placed.
+    stop, reports = threading.Event(), []
+    seat = threading.Thread(target=lambda: reports.extend(run_calls(
+        [Gateway("cyan", f"http://{ADDRESSES['cyan']}:8080")], concurrency=1, duration_s=900, tokens=3,
+        timeout_s=30, stop=stop, on_call=lambda _r: stop.set(), pause_s=900)))
+    seat.start()
+    seat.join(120)
+    assert not seat.is_alive(), "the pause did not end when the caller stopped"
+    assert [(r.call, r.gateway, r.done) for r in reports] == [(1, "cyan", True)]

@@ -212,8 +212,9 @@ def early_end(sw: Switch, step: str, reason: str, recorded: bool = False, verdic
 
 def give_back(sw: Switch) -> str:
     """End the voice drain, and start the gateway again if this switch stopped it and the engine answers
-    (waiting for an engine still loading, bounded by what is left of its start budget); returns what became
-    of calls, one line, for the record."""
+    (waiting for an engine still loading, bounded by what is left of its start budget; never for one seen
+    exiting during its start, which systemd's Restart= only runs again); returns what became of calls, one
+    line, for the record."""
     ctx, out = sw.ctx, sw.out
     voice = sw.serving.get("voice", {})
     drain_file = Path(voice.get("drain_file", "/nonexistent"))

@@ -59,7 +59,9 @@ class Switch:
         drain: the voice drain this switch opened, if any.
         gateway_stopped: this switch stopped the gateway (the early end starts it again).
         engine_deadline: ``time.monotonic()`` at which the engine's start budget ends, once its
-            start job began (the early end waits for an engine still loading until then).
+            start job began (the early end waits for an engine still loading until then); None again
+            once the engine was seen exiting during that start (systemd would only run the same
+            command line again: the early end does not wait for it).
         engine_output_mark: where the engine's output stood when this switch started it
             (:func:`common.unit_output.output_mark`): a failed start quotes only what came after.
     """
@@ -159,7 +161,9 @@ def restart_engine(sw: Switch) -> None:
     sw.out.line(f"  waiting for {url} to answer 200 (up to {remaining:.0f} s of the {start_s:g} s start budget)")
     status, exited = _wait_ready(sw, url, remaining, start_s)
     if exited:
-        # Restart=on-failure would start the same command line again and again for the whole budget.
+        # Restart=on-failure would start the same command line again and again for the whole budget: nothing
+        # is loading that the early end should wait for (runner.give_back).
+        sw.engine_deadline = None
         raise _failed_start(sw, f"the engine exited during its start ({exited}) after "
                                 f"{time.monotonic() - started:.0f} s")
     if status != 200:

@@ -9,8 +9,9 @@ dropped call, not retried. The core is standard library only (the tests and ``ma
 ``--inventory`` reads each node's gateway URL from its profile.
 
 ``python -m flatshare_ops.sandbox.caller (--gateway [NAME=]URL ... | --inventory FILE)
-[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--json | --brief]`` runs N calls at
-once, K calls in all (N by default) or new calls for S seconds, and reports per call which
+[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--pause S] [--json | --brief]`` runs N
+calls at once (each seat pausing S seconds between its calls), K calls in all (N by default) or new calls
+for S seconds, and reports per call which
 gateway answered, the tokens received, whether the stream ended with ``[DONE]`` and the time to
 first token. SIGTERM or Ctrl-C stops starting calls; the calls in progress finish and are
 reported. Exit 0 when every call ended with ``[DONE]`` and no error, 1 otherwise, 2 bad input.
@@ -130,12 +131,15 @@ def place_call(gateways: list[Gateway], call: int, tokens: int, timeout_s: float
 
 def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None = None, duration_s: float | None = None,
               tokens: int = 16, timeout_s: float = 60.0, stop: threading.Event | None = None,
-              on_call=None) -> list[CallReport]:
+              on_call=None, pause_s: float = 0.0) -> list[CallReport]:
     """Run ``concurrency`` calls at once: ``calls`` in all (``concurrency`` by default), or, with
     ``duration_s``, new calls until that many seconds have passed; each at most ``timeout_s``.
 
-    ``stop`` (set by another thread) ends the starting of calls; those in progress finish.
-    ``on_call(report)`` is called as each call ends. Returns the reports in call order.
+    ``pause_s`` is each seat's pause after a call ends before it dials the next (seconds; a voice caller's
+    turn is followed by a silence): 0 keeps the engines as busy as the seats can make them, which on the
+    sandbox's 2 CPUs takes both of them whatever the engine. ``stop`` (set by another thread) ends the
+    starting of calls (and a pause); those in progress finish. ``on_call(report)`` is called as each call
+    ends. Returns the reports in call order.
     """
     stop = stop or threading.Event()
     numbers = itertools.count(1)
@@ -155,6 +159,8 @@ def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None =
                 reports.append(report)
             if on_call is not None:
                 on_call(report)
+            if pause_s > 0 and stop.wait(pause_s):
+                return
 
     threads = [threading.Thread(target=dial, daemon=True) for _ in range(concurrency)]
     for thread in threads:
@@ -209,13 +215,16 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--concurrency", type=int, default=1, help="calls at once (default 1)")
     parser.add_argument("--tokens", type=int, default=16, help="tokens per call (default 16)")
     parser.add_argument("--timeout", type=float, default=60.0, help="bound on each call, seconds (default 60)")
+    parser.add_argument("--pause", dest="pause_s", type=float, default=0.0,
+                        help="each seat's pause between its calls, seconds (default 0)")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the reports as one JSON document")
     output.add_argument("--brief", action="store_true",
                         help="a line only for calls that moved to another gateway or did not end well, then the summary")
     args = parser.parse_args(argv)
     for name, value, least in (("--concurrency", args.concurrency, 1), ("--tokens", args.tokens, 1),
-                               ("--calls", args.calls, 1), ("--for", args.duration_s, 0), ("--timeout", args.timeout, 1)):
+                               ("--calls", args.calls, 1), ("--for", args.duration_s, 0), ("--timeout", args.timeout, 1),
+                               ("--pause", args.pause_s, 0)):
         if value is not None and value < least:
             parser.error(f"{name}: must be at least {least}, got {value:g}")
     if args.inventory:
@@ -237,7 +246,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"  {report.line()}", flush=True)
 
     reports = run_calls(gateways, args.concurrency, args.calls, args.duration_s, args.tokens, args.timeout, stop,
-                        on_call=None if args.json else said)
+                        on_call=None if args.json else said, pause_s=args.pause_s)
     if args.json:
         print(json.dumps({"calls": [asdict(r) for r in reports]}, indent=2))
     else:

@@ -60,6 +60,9 @@ VLLM_OVERRIDES = (
     Override("engine.environment.VLLM_CPU_OMP_THREADS_BIND", "nobind",
              "vLLM binds its OpenMP threads to cores by default; two engines share 2 CPUs with other work"),
     Override("engine.environment.HF_HUB_OFFLINE", "1", "the model is made at 'sandbox up': nothing is downloaded"),
+    Override("engine.environment.VLLM_ENABLE_V1_MULTIPROCESSING", "0",
+             "production's one-GPU engine runs its worker inside EngineCore (vLLM's 'uni' executor); vLLM's CPU "
+             "platform spawns a third process for it unless this is 0, which costs each start ~7 s of CPU"),
 )
 
 
