@@ -17,10 +17,11 @@ demo: setup
 
 # The tests in TEST_PROCESSES parallel processes (pytest-xdist), each group of tests whole in one of them,
 # the longest first (tests/conftest.py, "parallel test processes"). TEST_PROCESSES=0 runs them in this one.
+# The 25 slowest are listed at the end: where the suite's time goes, in every run.
 TEST_PROCESSES ?= 4
 test: setup
 	@./scripts/vllm-venvs.sh
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder
+	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=25
 
 sandbox-down: setup
 	$(BIN)/flatshare sandbox down
