@@ -57,6 +57,7 @@ class FakeNode:
         commands: every argv it was given.
         stdin: everything sent to its switch.
         other_output: what any other command prints (its exit status 0).
+        identity: its connection's identity (an SSH host key; None: the transport has none).
     """
 
     probe: dict = field(default_factory=lambda: {"takes_calls": True, "locked": False, "problems": [],
@@ -68,12 +69,14 @@ class FakeNode:
     commands: list = field(default_factory=list)
     stdin: list = field(default_factory=list)
     other_output: bytes = b"{}"
+    identity: str | None = None
 
 
 class FakeConnection(Connection):
     def __init__(self, name: str, node: FakeNode) -> None:
         self.node_name, self.fake = name, node
         self.node = name
+        self.identity = node.identity
 
     def start(self, argv: list[str], stderr_apart: bool = False) -> Session:
         self.fake.commands.append(argv)
@@ -95,9 +98,15 @@ class FakeTarget:
 
     def __init__(self, name: str, node: FakeNode, settings: Inventory) -> None:
         self.name, self.fake, self.settings = name, node, settings
+        self.node = settings.nodes[name]
         self.result = None
         self.local = False
         self.spec = NodeSpec(name, ("flatshare-node",), "/var/lib/flatshare", "system", None, "serving-check")
+
+    def names_itself(self, url: str) -> bool:
+        from flatshare_ops.control.targets import names_node
+
+        return names_node(url, self.node.host)
 
     def connect(self) -> Connection:
         if not self.fake.reachable:
@@ -105,9 +114,11 @@ class FakeTarget:
         return FakeConnection(self.name, self.fake)
 
 
-def fleet(rollout: dict | None = None, **nodes: FakeNode) -> list[FakeTarget]:
-    """Fake targets for the named nodes, with short transport bounds (and the inventory's ``rollout`` table)."""
+def fleet(rollout: dict | None = None, min_serving: int = 1, **nodes: FakeNode) -> list[FakeTarget]:
+    """Fake targets for the named nodes (each reached at its name as host), with short transport bounds (and the
+    inventory's ``rollout`` table and ``min_serving``)."""
     settings = Inventory.model_validate({
         "schema": 1, "transport": {"silence_s": 2, "reconnect_s": 2, "connect_timeout_s": 1, "command_timeout_s": 2},
-        "nodes": {name: Node(host=name, profile="p.toml") for name in nodes}, **({"rollout": rollout} if rollout else {})})
+        "nodes": {name: Node(host=name, profile="p.toml") for name in nodes}, "min_serving": min_serving,
+        **({"rollout": rollout} if rollout else {})})
     return [FakeTarget(name, node, settings) for name, node in nodes.items()]

@@ -27,6 +27,7 @@ import threading
 import time
 import tomllib
 import urllib.request
+import contextlib
 from contextlib import contextmanager
 from pathlib import Path
 
@@ -38,13 +39,14 @@ from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
+from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
 
 ADDRESSES = loopback_pair(61)
 OTHER_HOST = ADDRESSES["cyan"].rsplit(".", 1)[0] + ".9"  # in known_hosts lines for a host that is not in the fleet
 NODES = ("cyan", "peacock")
 ENGINE = "flatshare-engine.service"
 GATEWAY = "flatshare-gateway.service"
+VOICE = "flatshare-voice.service"
 HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
 STEP = r"step \d+/\d+ "
 #: Groups of this module's tests that run apart (tests/conftest.py, "parallel test processes"), each on a
@@ -1400,6 +1402,120 @@ def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission
         assert re.search(r"cyan: whether it takes calls could not be established \(.*:8089/health did not answer",
                          log), log
     for name in NODES:
+        fleet.settled(name)
+
+
+@contextmanager
+def _hand_started_gateway(name: str):
+    """The node's gateway unit stopped and a gateway of the same kind started by hand on its address: callers
+    are served there while systemd says the unit is inactive."""
+    fleet_address = ADDRESSES[name]
+    env = {**os.environ, "FLATSHARE_ENGINE_URL": f"http://{fleet_address}:8000",
+           "FLATSHARE_GATEWAY_URL": f"http://{fleet_address}:8080"}
+    process = subprocess.Popen([str(BIN / "python"), "-m", "flatshare_ops.sandbox.gateway"], env=env,
+                               stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, start_new_session=True)
+    try:
+        yield process
+    finally:
+        process.terminate()
+        process.wait(30)
+
+
+#: States in which a part of cyan looks "not serving" while its gateway answers 200: callers are served there.
+OWN_STATES = ["voice unit stopped", "stale voice drain file", "gateway unit stopped, a gateway answering by hand",
+              "its gateway stalled"]
+
+
+@pytest.mark.parametrize("state", OWN_STATES)
+def test_a_node_whose_gateway_serves_asks_for_admission_whatever_its_units_and_files_say(fleet, state):
+    # peacock's gateway is hung: cyan is the last node callers are served at. Whatever else cyan shows (a unit
+    # stopped, a drain file left behind, its unit's gateway replaced by one started by hand, its own gateway too
+    # slow to answer the bound), what callers meet decides: its drain must be admitted, and it is refused.
+    fleet.new_hold("cyan")
+    offset = fleet.log_size("cyan")
+    served = fleet.current("cyan")
+    peacock_gateway = _main_pid(fleet, "peacock", GATEWAY)
+    with connect(fleet.address("cyan")) as bus:
+        if state == "voice unit stopped":
+            run_job(bus, "stop", VOICE, 30)
+        if state.startswith("gateway unit stopped"):
+            run_job(bus, "stop", GATEWAY, 30)
+    cyan_gateway = _main_pid(fleet, "cyan", GATEWAY)
+    try:
+        if state == "stale voice drain file":
+            fleet.drain_file("cyan").write_text("left behind\n")
+        with contextlib.ExitStack() as stack:
+            if state.startswith("gateway unit stopped"):
+                stack.enter_context(_hand_started_gateway("cyan"))
+                assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200, 30)
+            stack.enter_context(_stopped(peacock_gateway))
+            if state == "its gateway stalled":
+                stack.enter_context(_stopped(cyan_gateway))
+            result = fleet.release("--node", "cyan", timeout=120)
+    finally:
+        fleet.drain_file("cyan").unlink(missing_ok=True)
+    log = _refused_without_draining(fleet, "cyan", result, offset)
+    assert "no admission needed" not in log, log
+    assert "cyan: asking the operator's side for admission to drain" in log, log
+    if state == "its gateway stalled":
+        assert re.search(r"cyan: whether it takes calls could not be established \(.*:8080/health did not answer "
+                         r"within 2 s", log), log
+    assert fleet.current("cyan") == served
+    # Back as it was: the units started again by the next release (a repair when a unit is down).
+    repaired = fleet.release("--node", "cyan", timeout=120)
+    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
+    for name in NODES:
+        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
+        fleet.settled(name)
+
+
+def test_a_profile_whose_gateway_url_names_another_node_is_refused_before_any_node_is_asked(fleet):
+    # A breaker's case: peacock's profile named cyan's gateway as its own (its gateway listening on its own
+    # address all the same); its probe then answered for cyan's gateway. The release is refused, nothing changes.
+    profile = fleet.node("peacock").profile
+    original = profile.read_text()
+    before = fleet.current("peacock")
+    assert f'url = "http://{ADDRESSES["peacock"]}:8080"' in original
+    profile.write_text(original.replace(f'url = "http://{ADDRESSES["peacock"]}:8080"',
+                                        f'url = "http://{ADDRESSES["cyan"]}:8080"'))
+    try:
+        result = fleet.release("--node", "peacock", timeout=120)
+    finally:
+        profile.write_text(original)
+    _no_traceback(result.stdout, result.stderr)
+    assert result.returncode == 3, result.stdout + result.stderr
+    assert (f"release refused: peacock's gateway.url http://{ADDRESSES['cyan']}:8080" in result.stderr + result.stdout
+            and f"is not {ADDRESSES['peacock']} or a loopback address" in result.stderr + result.stdout), result
+    assert fleet.current("peacock") == before
+    fleet.settled("peacock")
+
+
+def test_a_node_serving_from_an_interrupted_switch_asks_for_admission_though_its_current_release_is_silent(fleet):
+    # A switch that moves cyan's gateway to :8089 is killed after its gateway came back (on :8089), before
+    # releases/current moved: the active release's :8080 refuses, the interrupted switch's :8089 serves callers.
+    profile = fleet.node("cyan").profile
+    original = profile.read_text()
+    fleet.new_hold("cyan")
+    try:
+        profile.write_text(original.replace(':8080"', ':8089"'))
+        killed = fleet.cli("release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout),
+                           env={**faults(kill_after_step="end-voice-drain"), "FLATSHARE_NODE": "cyan"})
+        assert "the node-side command ended without its outcome" in killed.stdout, killed.stdout + killed.stderr
+        assert _http_status(f"http://{ADDRESSES['cyan']}:8089/health") == 200
+        assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") is None  # nothing listens there
+        fleet.new_hold("cyan")  # the next run replaces the interrupted switch: it drains again
+        offset = fleet.log_size("cyan")
+        with _stopped(_main_pid(fleet, "peacock", GATEWAY)):
+            result = fleet.release("--node", "cyan", timeout=120)
+        log = _refused_without_draining(fleet, "cyan", result, offset)
+        assert "no admission needed" not in log and "cyan: admitted to drain" not in log, log
+        assert "cyan: asking the operator's side for admission to drain" in log, log
+    finally:
+        profile.write_text(original)
+    finished = fleet.release("--node", "cyan", timeout=120)
+    assert finished.returncode == 0, finished.stdout + finished.stderr
+    for name in NODES:
+        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
         fleet.settled(name)
 
 

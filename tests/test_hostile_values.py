@@ -399,6 +399,21 @@ def test_an_oversized_or_foreign_answer_is_named_as_such_never_as_a_timeout(answ
     assert (status, body, why) == (0, b"", said)
 
 
+def test_one_node_listed_twice_in_the_inventory_is_refused_at_load(tmp_path):
+    # A breaker's case: the same host and port under two names counted as two nodes taking calls.
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import ProfileError
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'schema = 1\nmin_serving = 2\n[nodes.cyan]\nhost = "127.0.0.2"\nprofile = "{PRODUCTION}"\n'
+                    f'[nodes.peacock]\nhost = "127.0.0.3"\nport = 2222\nprofile = "{PRODUCTION}"\n'
+                    f'[nodes.ghost]\nhost = "127.0.0.3"\nport = 2222\nprofile = "{PRODUCTION}"\n')
+    with pytest.raises(ProfileError) as raised:
+        load_inventory(path)
+    assert str(raised.value) == (f"{path}: nodes: ghost and peacock are both 127.0.0.3 port 2222: list each node once "
+                                 "(the admission to drain counts every entry as a node of its own)")
+
+
 @pytest.mark.parametrize("key,value,said", [
     ("min_serving", '"0%"', "min_serving: must be a count or a share from \"1%\" to \"100%\" (a whole number and %), got '0%'"),
     ("min_serving", "true", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got True"),

@@ -109,6 +109,16 @@ def test_finishing_an_interrupted_switch_restarts_every_managed_service(release)
     assert {"drain-voice", "stop-gateway", "restart-engine", "restart-voice", "start-gateway"} <= set(p.steps)
 
 
+def test_a_change_on_a_node_with_a_service_down_is_the_whole_switch(release):
+    # A timer change alone restarts no service; with the voice worker stopped, a plan of changes only would
+    # leave it down: the whole switch starts it (and every step that waits for it has it running).
+    new = changed(release, "serving-check.timer", "AccuracySec=1s", "AccuracySec=2s")
+    p = plan("cyan", release, new, not_running=("flatshare-voice.service is inactive",))
+    assert {"drain-voice", "stop-gateway", "restart-engine", "restart-voice", "start-gateway"} <= set(p.steps)
+    assert p.units["flatshare-voice.service"] == "restart"
+    assert any("flatshare-voice.service is inactive" in r for r in p.reasons), p.reasons
+
+
 def test_the_policy_is_read_from_the_unit_itself(release):
     text = release.units["flatshare.target"]
     assert unit_file.change_class(text) == "start"

@@ -183,3 +183,53 @@ def test_a_canary_that_rolled_itself_back_stops_the_rollout_whatever_max_failed_
     assert code == Exit.ROLLED_BACK, text
     assert "rollout" in text and "stops: the canary n1 did not switch to the release" in text, text
     assert targets[1].fake.commands == [] and targets[2].fake.commands == [], text  # never started
+
+
+def test_one_node_reached_under_two_names_is_counted_once():
+    # A breaker's case: the inventory listed peacock twice (as peacock and ghost); both answered "takes calls"
+    # and cyan drained with one node serving. The SSH host key tells one node from another, whatever its name.
+    cyan = FakeNode(switch_script=[ADMIT, outcome(3)], identity="ssh-ed25519 CYAN")
+    peacock, ghost = (FakeNode(identity="ssh-ed25519 PEACOCK") for _ in range(2))
+    targets = fleet(min_serving=2, cyan=cyan, peacock=peacock, ghost=ghost)
+    code, text = run(targets, chosen=targets[:1])
+    answer = json.loads(cyan.stdin[-1])
+    assert answer["admit"] is False and "1 other node(s) take calls" in answer["reason"], text
+    assert "ghost: the same node as peacock (the same SSH host key): not counted again" in text, text
+
+
+def test_the_draining_node_under_another_name_is_not_counted_for_itself():
+    cyan = FakeNode(switch_script=[ADMIT, outcome(3)], identity="ssh-ed25519 CYAN")
+    targets = fleet(cyan=cyan, alias=FakeNode(identity="ssh-ed25519 CYAN"))
+    code, text = run(targets, chosen=targets[:1])
+    assert json.loads(cyan.stdin[-1])["admit"] is False, text
+    assert "alias: the same node as cyan, the node that would drain (the same SSH host key)" in text, text
+
+
+def test_a_probe_that_read_another_hosts_gateway_is_not_counted():
+    # A breaker's case: peacock's profile named cyan's gateway as its own; its probe answered for cyan's.
+    probe = {"takes_calls": True, "locked": False, "problems": [], "holder": None, "gateway": "http://cyan:8080"}
+    cyan = FakeNode(switch_script=[ADMIT, outcome(3)])
+    targets = fleet(cyan=cyan, peacock=FakeNode(probe=probe))
+    code, text = run(targets, chosen=targets[:1])
+    assert json.loads(cyan.stdin[-1])["admit"] is False, text
+    assert "peacock: its probe read the gateway at http://cyan:8080, which is not peacock or its loopback" in text
+    # Its own loopback, asked on the node itself, is its own gateway.
+    own = FakeNode(switch_script=[ADMIT, outcome(0)])
+    targets = fleet(cyan=own, peacock=FakeNode(probe={**probe, "gateway": "http://127.0.0.1:8080"}))
+    code, text = run(targets, chosen=targets[:1])
+    assert json.loads(own.stdin[-1])["admit"] is True, text
+
+
+def test_a_gateway_url_names_its_node_by_the_inventorys_host_or_its_own_loopback():
+    from flatshare_ops.control.targets import names_node
+
+    # Production: the inventory reaches the node by name; the probe on the node asks its loopback.
+    assert names_node("http://127.0.0.1:8080", "cyan.fleet.internal")
+    assert names_node("http://[::1]:8080", "cyan.fleet.internal") and names_node("http://localhost:8080", "10.0.0.5")
+    assert names_node("http://cyan.fleet.internal:8080", "cyan.fleet.internal")
+    assert not names_node("http://peacock.fleet.internal:8080", "cyan.fleet.internal")
+    assert not names_node("http://10.0.0.6:8080", "10.0.0.5")
+    # A fleet on one machine (the sandbox): each node is its own loopback address, and another is another node.
+    assert names_node("http://127.93.0.3:8080", "127.93.0.3")
+    assert not names_node("http://127.93.0.2:8080", "127.93.0.3")
+    assert not names_node("http://127.0.0.1:8080", "127.93.0.3")

@@ -64,7 +64,8 @@ def release(
     10 the canary analysis failed (the canary rolled back), 11 paused (the analysis was inconclusive),
     130/143 interrupted."""
     from ..config.inventory import inventory_path
-    from ..control.rollout import Rollout, refuse_drift, refuse_placeholder_pins, terminal, warn_uncommitted
+    from ..control.rollout import (Rollout, refuse_drift, refuse_foreign_gateways, refuse_placeholder_pins, terminal,
+                                   warn_uncommitted)
     from ..control.targets import every_node, targets
 
     out = terminal()
@@ -72,6 +73,7 @@ def release(
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
     refuse_placeholder_pins(chosen)
+    refuse_foreign_gateways(chosen)
     warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,

@@ -15,6 +15,8 @@ import time
 HTTP_TIMEOUT_S = 2.0
 #: The most of a body read (bytes): /metrics of a busy engine is well under this.
 MAX_BODY = 8 << 20
+#: :func:`http_fetch`'s phrase for a connection refused (``ECONNREFUSED``): nothing listens at the address.
+REFUSED = "did not answer (connection refused: nothing listens there)"
 
 
 def http_get(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
@@ -31,8 +33,8 @@ def http_get(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes]:
 
 def http_fetch(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes, str]:
     """:func:`http_get`, with what went wrong when the status is 0: ``(status, body, why)``, ``why`` a phrase
-    ("did not answer within 5 s", "answered more than 8 MiB", "answered something that is not HTTP",
-    "could not be reached (...)"), empty with a status."""
+    ("did not answer within 5 s", :data:`REFUSED`, "answered more than 8 MiB", "answered something that is
+    not HTTP", "could not be reached (...)"), empty with a status."""
     rest = url.removeprefix("http://")
     hostport, _, path = rest.partition("/")
     host, _, port = hostport.rpartition(":")
@@ -58,6 +60,8 @@ def http_fetch(url: str, timeout_s: float = HTTP_TIMEOUT_S) -> tuple[int, bytes,
                     return 0, b"", f"answered more than {MAX_BODY >> 20} MiB"
     except TimeoutError:
         return 0, b"", late
+    except ConnectionRefusedError:
+        return 0, b"", REFUSED
     except (OSError, ValueError) as err:
         return 0, b"", f"could not be reached ({type(err).__name__}: {err})"
     head, _, body = b"".join(chunks).partition(b"\r\n\r\n")

@@ -150,6 +150,18 @@ class Inventory(StrictModel):
         return self
 
     @model_validator(mode="after")
+    def _each_node_once(self) -> "Inventory":
+        # The admission counts entries as nodes: one node under two names would count twice.
+        seen: dict[tuple[str, int], str] = {}
+        for name, node in self.nodes.items():
+            where = (node.host.lower(), node.port)
+            if where in seen:
+                raise ValueError(f"nodes: {name} and {seen[where]} are both {node.host} port {node.port}: list each "
+                                 "node once (the admission to drain counts every entry as a node of its own)")
+            seen[where] = name
+        return self
+
+    @model_validator(mode="after")
     def _a_node_can_be_released(self) -> "Inventory":
         if self.serving_floor >= len(self.nodes):
             raise ValueError(f"min_serving: {self.min_serving} leaves no node that may drain among "

@@ -212,7 +212,8 @@ class Gateway(StrictModel):
 
     ``url`` is where the node's callers reach it (``URL/health`` answers 200 while it takes calls):
     the admission to drain asks it, not the gateway's unit state (docs/reference/release-protocol.md,
-    "Admission to drain").
+    "Admission to drain"). It names the node itself: its loopback, or the host the inventory reaches it
+    at (a release of a profile naming another host is refused: control/rollout.py ``refuse_foreign_gateways``).
     """
 
     command: ExecCommand

@@ -109,9 +109,12 @@ class Connection:
 
     Attributes:
         node: the node's name (for messages).
+        identity: what tells this node from every other whatever name or address reached it (its SSH host
+            key, ``TYPE BASE64``), or None when the transport has none (the node this command runs on).
     """
 
     node = "?"
+    identity: str | None = None
 
     def start(self, argv: list[str], stderr_apart: bool = False) -> Session:
         """Start ``argv`` on the node (a program and its arguments, never a shell string).

@@ -473,6 +473,9 @@ class Rollout:
         are not being released.
         """
         serving = []
+        # One node is counted once, whatever names reach it: its SSH host key tells (the node draining first).
+        nodes_by_key = {key: f"{target.name}, the node that would drain"
+                        for key in [self._identity(target)] if key}
         for other in self.everyone:
             if other.name == target.name:
                 continue
@@ -487,7 +490,20 @@ class Rollout:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
                               f"({not_an_answer(result.status, result.output + result.errors, err)})")
                 continue
-            counts, line = admission_line(other.name, target.name, answer if isinstance(answer, dict) else {})
+            key = self._identity(other)
+            if key in nodes_by_key:
+                self.out.line(f"{other.name}: the same node as {nodes_by_key[key]} (the same SSH host key): not "
+                              "counted again")
+                continue
+            if key:
+                nodes_by_key[key] = other.name
+            answer = answer if isinstance(answer, dict) else {}
+            gateway = answer.get("gateway")
+            if isinstance(gateway, str) and not other.names_itself(gateway):
+                self.out.line(f"{other.name}: its probe read the gateway at {gateway}, which is not {other.node.host} "
+                              "or its loopback: what its callers meet is not known, not counted")
+                continue
+            counts, line = admission_line(other.name, target.name, answer)
             self.out.line(line)
             if counts:
                 serving.append(other.name)
@@ -497,6 +513,12 @@ class Rollout:
         return (f"{len(serving)} other node(s) take calls and are not being released "
                 f"({', '.join(serving) or 'none'}); min_serving {need} must while {target.name} drains, "
                 "so that a node always takes calls")
+
+    def _identity(self, target: NodeTarget) -> str | None:
+        """The node's identity over its kept connection (:attr:`Connection.identity`), None when unknown."""
+        with self._lock:
+            conn = self._connections.get(target.name)
+        return getattr(conn, "identity", None)
 
     def follow_up(self, target: NodeTarget, switch_id: str) -> int:
         """After a lost or stalled connection: reconnect (bounded) and report what the node says of the switch."""
@@ -611,6 +633,22 @@ def refuse_placeholder_pins(chosen: list[NodeTarget]) -> None:
             f"release refused: the module pin is a placeholder (zeros) in the profile of {names}; pin the built "
             "module first: 'flatshare profiles pin-module --sha256 HEX' (the hash a make-room revision publishes), "
             "'--file PATH', or '--from-node NAME' (the module a node built), then commit and release")
+
+
+def refuse_foreign_gateways(chosen: list[NodeTarget]) -> None:
+    """Refuse, before connecting to any node, a release of a profile whose ``gateway.url`` names another host:
+    the admission asks a node's gateway for what its callers meet, so it must be that node's own
+    (:meth:`NodeTarget.names_itself`).
+
+    Raises:
+        Refused: one line naming each such node, its URL and the hosts that would do.
+    """
+    foreign = [t for t in chosen if not t.names_itself(str(t.loaded.profile.gateway.url))]
+    if foreign:
+        names = "; ".join(f"{t.name}'s gateway.url {t.loaded.profile.gateway.url} ({t.profile_path}) is not "
+                          f"{t.node.host} or a loopback address" for t in foreign)
+        raise Refused(f"release refused: {names}: a node's gateway URL names the node itself (its inventory host, "
+                      "or loopback on the node), since the admission to drain asks it what callers meet there")
 
 
 def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:

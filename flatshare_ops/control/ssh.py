@@ -146,6 +146,8 @@ class SSHConnection(Connection):
         self.target = target
         self.node = target.node
         self.transport = self._open()
+        key = self.transport.get_remote_server_key()  # verified against known_hosts in _open
+        self.identity = f"{key.get_name()} {key.get_base64()}"
 
     def _open(self) -> paramiko.Transport:
         t = self.target

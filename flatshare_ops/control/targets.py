@@ -21,6 +21,28 @@ from .commands import NodeSpec
 from .connection import Connection
 
 
+def names_node(url: str, host: str) -> bool:
+    """Whether ``url`` names the node the inventory reaches at ``host``: the URL's host is ``host``, or a
+    loopback address while ``host`` is not one (the node's own loopback, as the probe on the node asks it).
+    A loopback address other than a loopback ``host`` names another node of a fleet on one machine (the
+    sandbox's, whose nodes are 127.x addresses)."""
+    import ipaddress
+    from urllib.parse import urlsplit
+
+    def loopback(name: str) -> bool:
+        try:
+            return name == "localhost" or ipaddress.ip_address(name).is_loopback
+        except ValueError:
+            return False
+
+    try:
+        named = (urlsplit(url).hostname or "").lower()
+    except ValueError:
+        return False
+    mine = host.strip("[]").lower()
+    return named == mine or (loopback(named) and not loopback(mine))
+
+
 @dataclass
 class NodeTarget:
     """One node as the operator's side sees it.
@@ -45,6 +67,11 @@ class NodeTarget:
     def profile_path(self) -> Path:
         """The profile file the node runs."""
         return node_profile_path(self.inventory, self.node)
+
+    def names_itself(self, url: str) -> bool:
+        """Whether ``url`` (a gateway URL in the node's profile or probe answer) names this node
+        (:func:`names_node`)."""
+        return names_node(url, self.node.host)
 
     @cached_property
     def loaded(self):

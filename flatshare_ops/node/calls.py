@@ -1,21 +1,17 @@
 """Whether this node takes calls right now, as a caller would find it (no state of flatshare-ops's own).
 
-A node takes calls when a caller would be served there: its services are
-active (systemd), its gateway answers ``GET /health`` 200 and its engine
-does too, each within its bound, and no voice drain file is present
-(docs/reference/release-protocol.md, "Admission to drain"). What a caller
-meets is the only judge, never whether flatshare-ops's own files can be read:
+Two readings, each safe in its own direction (docs/reference/release-protocol.md, "Admission to
+drain"); what a caller meets is the only judge, never whether flatshare-ops's own files can be read:
 
-- the answer is ``True`` only when every part was seen serving;
-- ``False`` only when something was seen not serving (a service not active,
-  a health endpoint that answered otherwise or not within its bound, a drain
-  file present) at addresses the node's active release names;
-- ``None`` when it could not be established: systemd did not answer, or the
-  addresses to ask are not known for sure (the active release is missing or
-  damaged, or names no gateway URL). The admission probe of another node
-  counts ``None`` as not taking calls; a node's own release counts it as
-  taking calls (it asks for admission), so that neither guess can cost the
-  fleet its last serving node.
+- :func:`node_calls`, for the admission probe of *another* node (counted towards ``min_serving``):
+  the node takes calls only when every part was seen serving: its services active (systemd), its
+  gateway and its engine answering ``GET /health`` 200 within their bounds, no voice drain file.
+  Anything else, or anything not established (``None``), counts as not taking calls.
+- :func:`served_here`, for *this* node's own drain (whether it needs admission at all): callers are
+  served here when any gateway URL the node may answer at answers 200, whatever the units and the
+  drain file say; "not served" (no admission needed) only when every such URL refused the connection
+  or answered otherwise, and unknown (admission asked) when one did not answer in time or a release
+  that may be serving cannot be read.
 
 Kept light: the admission probe another node's release waits for imports
 only this, the lock table, the release store and the reader of a stored release.
@@ -69,16 +65,14 @@ def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
     return serving if isinstance(serving, dict) and not serving_shape.problem(serving) else None
 
 
-def node_calls(ctx: NodeContext, serving: dict | None, trusted: bool = True, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
-    """Whether this node takes calls right now, as a caller would find it.
+def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
+    """Whether this node takes calls right now, as a caller would find it: the strict reading, for the
+    admission probe of another node's drain (anything short of every part seen serving counts against it).
 
     Args:
         ctx: the node.
         serving: the serving.json naming where the gateway, the engine and the drain file are (the
             active release's; None when it cannot be read).
-        trusted: ``serving`` is the active release's own. When it is another's (a bundle's, standing in
-            for a damaged active release), an endpoint that does not answer may only be the wrong
-            address: it then makes the answer unknown (None), never "does not take calls".
         timeout_s: the bound of each health request (seconds).
 
     Returns:
@@ -109,15 +103,58 @@ def node_calls(ctx: NodeContext, serving: dict | None, trusted: bool = True, tim
         seen.append(f"{drain_file} is present (the voice worker is drained)")
     if not seen:
         return Calls(True)
-    if not trusted:
-        return Calls(None, [f"{reason} (at the new release's addresses: its active release cannot be read)"
-                            for reason in seen])
     return Calls(False, seen)
 
 
-def takes_calls(ctx: NodeContext, serving: dict | None) -> list[str]:
-    """Why this node does not take calls, or could not be seen to (empty when it does): see :func:`node_calls`."""
-    return node_calls(ctx, serving).reasons
+def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
+    """Whether callers are served at this node's gateway now: the node's own side of the admission to drain.
+
+    Here the unsafe answer is "not served" (the drain then asks no one), so it is given only when callers
+    certainly meet no serving gateway: every gateway URL the node may answer at (each release in
+    ``releases``, the active one and the one an interrupted switch was leaving or going to, and the new
+    release) refused the connection or answered other than 200. Neither the units' states nor a voice drain
+    file decide it: a gateway answering 200 serves its callers whatever they say. The answer is unknown (the
+    drain then asks) when a URL did not answer within the bound, or when one of ``releases`` cannot be read
+    (where its gateway answers is then not known).
+
+    Args:
+        ctx: the node.
+        releases: ids of the releases the node may be serving from (None entries are skipped).
+        new: the new release's serving.json.
+        timeout_s: the bound of each health request (seconds).
+
+    Returns:
+        A :class:`Calls`: True (a gateway answered 200), False (none serves: the reasons say what each URL
+        did), None (not known; the reasons say why).
+    """
+    from ..common.http import REFUSED, http_fetch
+
+    unknown: list[str] = []
+    urls = []
+    for rid in dict.fromkeys(r for r in releases if r):
+        serving = active_serving(ctx, rid)
+        if serving is None:
+            unknown.append(f"release {rid}'s files cannot be read (missing or damaged), so where its gateway "
+                           "answers is not known")
+        else:
+            urls.append((serving.get("gateway") or {}).get("url"))
+    urls.append((new.get("gateway") or {}).get("url"))
+    if any(not isinstance(url, str) for url in urls):
+        unknown.append("a release names no gateway URL (made before gateway.url), so what callers meet is not known")
+    not_served: list[str] = []
+    for url in dict.fromkeys(u for u in urls if isinstance(u, str)):
+        status, _, why = http_fetch(url + "/health", timeout_s)
+        if status == 200:
+            return Calls(True)
+        if status:
+            not_served.append(f"its gateway's {url}/health answered {status}")
+        elif why == REFUSED:
+            not_served.append(f"its gateway's {url}/health {why}")
+        else:
+            unknown.append(f"its gateway's {url}/health {why}")
+    if unknown:
+        return Calls(None, unknown + not_served)
+    return Calls(False, not_served)
 
 
 def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) -> None:

@@ -149,7 +149,7 @@ def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
 
 def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "release", flag_changes=None,
          resume: bool = False, replaces: str | None = None, automatic: bool = False,
-         from_id: str | None = None) -> Plan:
+         from_id: str | None = None, not_running: tuple[str, ...] = ()) -> Plan:
     """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
 
     Args:
@@ -163,9 +163,12 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
         automatic: an automatic rollback from a switch whose engine did not serve: a whole switch.
         from_id: the id of the release being left when ``old`` is None because its stored copy could not be
             read (damaged): a whole switch from it, never the node's first release.
+        not_running: the managed services that are not running now (``UNIT is STATE``, systemd's
+            ActiveState): a whole switch, since a plan of changes only would leave them down (and its
+            end-voice-drain would wait for a voice worker nobody starts).
     """
     flags = flag_changes(old, new) if flag_changes else []
-    if old is None or resume or replaces or automatic or kind == "repair":
+    if old is None or resume or replaces or automatic or kind == "repair" or not_running:
         reason = (f"the new engine did not serve: back to {new.id}, the release that served before it, "
                   "by the node itself; every managed service restarts" if automatic
                   else f"replacing the interrupted switch to {replaces} (never finished) with this release, "
@@ -173,6 +176,7 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
                   else "finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
                   else "abandoning an interrupted switch: every managed service restarts" if resume
                   else "the node does not serve: every managed service restarts" if kind == "repair"
+                  else f"{', '.join(not_running)}, not running now: every managed service restarts" if not_running
                   else f"the stored copy of {from_id}, the release it leaves, is damaged: every managed service "
                   "restarts" if from_id
                   else "the node's first release: every unit starts")

@@ -55,20 +55,26 @@ def probe(ctx: NodeContext) -> dict:
     """This node's answer to an admission check.
 
     Returns:
-        ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None}``;
-        ``locked`` is true too when the lock table cannot be read here (``holder`` says so).
+        ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None,
+        "gateway": URL | None}``; ``locked`` is true too when the lock table cannot be read here (``holder``
+        says so); ``gateway`` is the gateway URL the answer was read at (the active release's ``gateway.url``),
+        for the operator's side to check that it names this node.
     """
     from .store import current_release
     from .calls import active_serving, node_calls
 
     locked, holder = lock_reading(ctx)
+    gateway = None
     try:
-        calls = node_calls(ctx, active_serving(ctx, current_release(ctx.state_dir)))
+        serving = active_serving(ctx, current_release(ctx.state_dir))
+        gateway = (serving.get("gateway") or {}).get("url") if serving else None
+        calls = node_calls(ctx, serving)
         takes, problems = calls.takes is True, calls.reasons
     except NodeStateError as err:
         takes, problems = False, [str(err)]
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
-    return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder}
+    return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder,
+            "gateway": gateway if isinstance(gateway, str) else None}
 
 
 #: The bound of one scrape of the engine's /metrics (seconds).

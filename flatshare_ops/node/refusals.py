@@ -18,7 +18,7 @@ from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
 from ..errors import Refused
 from . import preflight
-from .calls import active_serving, node_calls
+from .calls import served_here
 from .context import NodeContext
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView
@@ -109,17 +109,20 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
 
 def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission,
                    action: str) -> None:
-    """Ask for admission to drain, unless the node was seen not taking calls (draining it costs none).
+    """Ask for admission to drain, unless callers are certainly not served here (draining costs no calls).
 
-    What callers meet decides, never whether our own files can be read: with the active release
-    damaged, the new release's addresses stand in, and then only "seen serving" or "unknown" can
-    come of them, both of which ask (node/calls.py, adr/0007).
+    What callers meet at the node's gateway decides (node/calls.py ``served_here``, adr/0007): at every
+    gateway URL of the active release, of the release the plan leaves (an interrupted switch's) and of the
+    new one. Units, a drain file, or files that cannot be read never make the drain go unasked.
 
     Raises:
         Refused: the operator's side did not admit the drain (its reason).
     """
-    serving_now = active_serving(ctx, current_release(ctx.state_dir))
-    calls = node_calls(ctx, serving_now or new.serving, trusted=serving_now is not None)
+    calls = served_here(ctx, [current_release(ctx.state_dir), plan.from_id], new.serving)
+    drain_file = Path(new.serving["voice"]["drain_file"])
+    if drain_file.exists() or drain_file.is_symlink():
+        out.line(f"{ctx.node}: note: {drain_file} is present (a voice drain left behind: the voice worker takes no "
+                 "calls); this switch drains it anew and its end removes it")
     if calls.takes is False:
         out.line(f"{ctx.node}: does not take calls now ({'; '.join(calls.reasons)}): draining it costs no calls, "
                  "no admission needed")

@@ -256,7 +256,22 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
                  "switching again to repair it")
         return Work(plan(ctx.node, new, new, "repair", _flag_changes), new)
     old = _old_view(ctx, state.current, out)
-    return Work(plan(ctx.node, old, new, "release", _flag_changes, from_id=state.current), new)
+    return Work(plan(ctx.node, old, new, "release", _flag_changes, from_id=state.current,
+                     not_running=_services_not_running(ctx) if old is not None else ()), new)
+
+
+def _services_not_running(ctx: NodeContext) -> tuple[str, ...]:
+    """The managed services that are not active now (``UNIT is STATE``, systemd's ActiveState), for a plan
+    of changes only: none such plan would start them (node/plan.py ``not_running``)."""
+    from ..common.units import SERVICE_UNITS
+    from . import systemd
+
+    try:
+        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
+    except SystemdError:
+        return ()  # the switch's own systemd calls name the trouble
+    return tuple(f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS
+                 if states[f"{u}/ActiveState"] != "active")
 
 
 def _intact(ctx: NodeContext, rid: str, out: ReleaseOutput) -> bool:
