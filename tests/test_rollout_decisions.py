@@ -212,7 +212,7 @@ def test_a_probe_that_read_another_hosts_gateway_is_not_counted():
     targets = fleet(cyan=cyan, peacock=FakeNode(probe=probe))
     code, text = run(targets, chosen=targets[:1])
     assert json.loads(cyan.stdin[-1])["admit"] is False, text
-    assert "peacock: its probe read the gateway at http://cyan:8080, which is not peacock or its loopback" in text
+    assert "peacock: its probe read the gateway at http://cyan:8080, which does not name peacock" in text
     # Its own loopback, asked on the node itself, is its own gateway.
     own = FakeNode(switch_script=[ADMIT, outcome(0)])
     targets = fleet(cyan=own, peacock=FakeNode(probe={**probe, "gateway": "http://127.0.0.1:8080"}))
@@ -227,9 +227,12 @@ def test_a_gateway_url_names_its_node_by_the_inventorys_host_or_its_own_loopback
     assert names_node("http://127.0.0.1:8080", "cyan.fleet.internal")
     assert names_node("http://[::1]:8080", "cyan.fleet.internal") and names_node("http://localhost:8080", "10.0.0.5")
     assert names_node("http://cyan.fleet.internal:8080", "cyan.fleet.internal")
+    assert names_node("http://CYAN.fleet.internal.:8080", "cyan.Fleet.internal")  # case-blind, a root dot
     assert not names_node("http://peacock.fleet.internal:8080", "cyan.fleet.internal")
     assert not names_node("http://10.0.0.6:8080", "10.0.0.5")
     # A fleet on one machine (the sandbox): each node is its own loopback address, and another is another node.
     assert names_node("http://127.93.0.3:8080", "127.93.0.3")
     assert not names_node("http://127.93.0.2:8080", "127.93.0.3")
     assert not names_node("http://127.0.0.1:8080", "127.93.0.3")
+    # A breaker's case: an address spelled as SSH also reads it (127.95.3 is 127.95.0.3) is still that address.
+    assert names_node("http://127.95.0.3:8080", "127.95.3") and not names_node("http://127.95.0.2:8080", "127.95.3")

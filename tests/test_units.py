@@ -8,6 +8,7 @@ what systemd reports over D-Bus, and the argv of the process it starts
 
 from __future__ import annotations
 
+import subprocess
 import sys
 from pathlib import Path
 
@@ -140,3 +141,30 @@ def test_the_unit_reader_splits_commands_where_systemd_does(user_manager):
     assert [list(a) for a in ours] == systemd_reads
     assert len(systemd_reads) == 4  # the bare ';' made two commands of the first line
     assert systemd_reads[-1] == ["/bin/echo", "a\u2028b", "\u0085c", "\u2029"]
+
+
+def test_an_answer_that_came_while_the_caller_was_stopped_is_read_not_called_late(user_manager, tmp_path):
+    """A bounded systemd exchange (node/systemd.py ``_in_child``) whose caller was stopped (SIGSTOP, a paused VM)
+    until after its deadline, while the child got the manager's answer, returns that answer: the bound is on the
+    manager, not on the caller's own pause. (A CI run saw a switch stopped by a test fault fail with "no answer
+    from the user manager within 5 s" though the answer was waiting in the pipe.)"""
+    script = tmp_path / "stopped_caller.py"
+    script.write_text(
+        "import os, signal, sys, time\n"
+        "from pathlib import Path\n"
+        "from flatshare_ops.node import systemd\n"
+        "address = systemd.ManagerAddress('user', Path(sys.argv[1]))\n"
+        "def work(bus):\n"
+        "    parent = os.getppid()\n"
+        "    if os.fork() == 0:  # lets the caller go on once its 2 s bound is long past\n"
+        "        os.closerange(3, 4096)  # not holding the answer's pipe open\n"
+        "        time.sleep(5)\n"
+        "        os.kill(parent, signal.SIGCONT)\n"
+        "        os._exit(0)\n"
+        "    os.kill(parent, signal.SIGSTOP)\n"
+        "    return systemd.unit_property(bus, 'flatshare.target', 'Unit', 'LoadState')\n"
+        "print(systemd._in_child(address, work, 2.0, 'a test', wrappers=False))\n")
+    result = subprocess.run([sys.executable, str(script), str(user_manager.runtime_dir)], capture_output=True,
+                            text=True, timeout=120, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert result.stdout.strip() in ("loaded", "not-found"), result.stdout  # systemd's own word for the unit

@@ -500,8 +500,8 @@ class Rollout:
             answer = answer if isinstance(answer, dict) else {}
             gateway = answer.get("gateway")
             if isinstance(gateway, str) and not other.names_itself(gateway):
-                self.out.line(f"{other.name}: its probe read the gateway at {gateway}, which is not {other.node.host} "
-                              "or its loopback: what its callers meet is not known, not counted")
+                self.out.line(f"{other.name}: its probe read the gateway at {gateway}, which does not name "
+                              f"{other.node.host}: what its callers meet is not known, not counted")
                 continue
             counts, line = admission_line(other.name, target.name, answer)
             self.out.line(line)
@@ -645,10 +645,11 @@ def refuse_foreign_gateways(chosen: list[NodeTarget]) -> None:
     """
     foreign = [t for t in chosen if not t.names_itself(str(t.loaded.profile.gateway.url))]
     if foreign:
-        names = "; ".join(f"{t.name}'s gateway.url {t.loaded.profile.gateway.url} ({t.profile_path}) is not "
-                          f"{t.node.host} or a loopback address" for t in foreign)
-        raise Refused(f"release refused: {names}: a node's gateway URL names the node itself (its inventory host, "
-                      "or loopback on the node), since the admission to drain asks it what callers meet there")
+        names = "; ".join(f"{t.name}'s gateway.url {t.loaded.profile.gateway.url} ({t.profile_path}) does not name "
+                          f"{t.node.host}" for t in foreign)
+        raise Refused(f"release refused: {names}: a node's gateway URL names the node itself (its inventory host or "
+                      "its address; loopback only when the inventory reaches the node at another address), since the "
+                      "admission to drain asks it what callers meet there")
 
 
 def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:

@@ -22,25 +22,40 @@ from .connection import Connection
 
 
 def names_node(url: str, host: str) -> bool:
-    """Whether ``url`` names the node the inventory reaches at ``host``: the URL's host is ``host``, or a
-    loopback address while ``host`` is not one (the node's own loopback, as the probe on the node asks it).
-    A loopback address other than a loopback ``host`` names another node of a fleet on one machine (the
-    sandbox's, whose nodes are 127.x addresses)."""
+    """Whether ``url`` names the node the inventory reaches at ``host``: the URL's host is ``host`` or one of its
+    addresses (both resolved as SSH resolves them: ``127.95.3`` is 127.95.0.3), or only loopback addresses
+    while ``host`` has none (the node's own loopback, as the probe on the node asks it). A loopback address of
+    another node of a fleet on one machine (the sandbox's 127.x nodes) is not this node's.
+    """
     import ipaddress
+    import socket
     from urllib.parse import urlsplit
 
-    def loopback(name: str) -> bool:
+    def addresses(name: str) -> set[str]:
         try:
-            return name == "localhost" or ipaddress.ip_address(name).is_loopback
+            return {str(info[4][0]) for info in socket.getaddrinfo(name, None)}
+        except (OSError, UnicodeError, ValueError):
+            return set()
+
+    def loopback(address: str) -> bool:
+        try:
+            return ipaddress.ip_address(address.split("%")[0]).is_loopback
         except ValueError:
             return False
 
     try:
-        named = (urlsplit(url).hostname or "").lower()
+        named = (urlsplit(url).hostname or "").lower().rstrip(".")  # DNS names are case-blind; a root dot is the same name
     except ValueError:
         return False
-    mine = host.strip("[]").lower()
-    return named == mine or (loopback(named) and not loopback(mine))
+    mine = host.strip("[]").lower().rstrip(".")
+    if not named:
+        return False
+    if named == mine:
+        return True
+    theirs, ours = addresses(named), addresses(mine)
+    if theirs & ours:
+        return True
+    return bool(theirs) and all(loopback(a) for a in theirs) and not any(loopback(a) for a in ours)
 
 
 @dataclass

@@ -106,13 +106,41 @@ def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_T
     return Calls(False, seen)
 
 
+#: The variable a rendered gateway unit passes its URL in (render/units.py; the profile's gateway.url).
+GATEWAY_URL_VARIABLE = "FLATSHARE_GATEWAY_URL"
+
+
+def loaded_gateway_url(ctx: NodeContext, unknown: list[str]):
+    """The gateway URL in the ``Environment=`` of the gateway unit systemd has loaded (``Service.Environment``,
+    org.freedesktop.systemd1(5)): where the running gateway answers, whatever ``current`` or a journal says.
+
+    Returns:
+        The URL; False when no gateway unit is loaded or it sets none (nothing to ask); None when systemd did
+        not answer (a line is added to ``unknown``).
+    """
+    try:
+        found = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "LoadState"),
+                                                 (GATEWAY_UNIT, "Service", "Environment")])
+    except SystemdError as err:
+        unknown.append(f"systemd did not say where its gateway unit answers: {err}")
+        return None
+    if found[f"{GATEWAY_UNIT}/LoadState"] != "loaded":
+        return False
+    for entry in found[f"{GATEWAY_UNIT}/Environment"] or []:
+        name, _, value = str(entry).partition("=")
+        if name == GATEWAY_URL_VARIABLE and value:
+            return value.rstrip("/")
+    return False
+
+
 def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
     """Whether callers are served at this node's gateway now: the node's own side of the admission to drain.
 
     Here the unsafe answer is "not served" (the drain then asks no one), so it is given only when callers
-    certainly meet no serving gateway: every gateway URL the node may answer at (each release in
-    ``releases``, the active one and the one an interrupted switch was leaving or going to, and the new
-    release) refused the connection or answered other than 200. Neither the units' states nor a voice drain
+    certainly meet no serving gateway: every gateway URL the node may answer at (the one the gateway unit
+    systemd has loaded runs with, whatever our files say; each release in ``releases``, the active one and
+    the one an interrupted switch was leaving or going to; and the new release) refused the connection or
+    answered other than 200. Neither the units' states nor a voice drain
     file decide it: a gateway answering 200 serves its callers whatever they say. The answer is unknown (the
     drain then asks) when a URL did not answer within the bound, or when one of ``releases`` cannot be read
     (where its gateway answers is then not known).
@@ -130,6 +158,7 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     from ..common.http import REFUSED, http_fetch
 
     unknown: list[str] = []
+    loaded = loaded_gateway_url(ctx, unknown)
     urls = []
     for rid in dict.fromkeys(r for r in releases if r):
         serving = active_serving(ctx, rid)
@@ -141,6 +170,8 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     urls.append((new.get("gateway") or {}).get("url"))
     if any(not isinstance(url, str) for url in urls):
         unknown.append("a release names no gateway URL (made before gateway.url), so what callers meet is not known")
+    if isinstance(loaded, str):
+        urls.insert(0, loaded)
     not_served: list[str] = []
     for url in dict.fromkeys(u for u in urls if isinstance(u, str)):
         status, _, why = http_fetch(url + "/health", timeout_s)

@@ -206,7 +206,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             _store(ctx, request, out)
         journal = new_journal(ctx, work.plan, request.switch, request.rollout,
                               (request.bundle or {}).get("commit"), began, work.forced, work.resumed)
-        return _carry_out(ctx, request, out, work, state, journal)  # a Refused here: the journal was never written
+        return _carry_out(ctx, request, out, work, state, journal, admit)  # a Refused here: the journal was never written
 
 
 @contextmanager
@@ -402,14 +402,14 @@ def _store(ctx: NodeContext, request: Request, out: ReleaseOutput) -> None:
 
 
 def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, state: State,
-               journal: journals.Journal) -> Done:
+               journal: journals.Journal, admit: Admission) -> Done:
     p = work.plan
     back_to = _auto_rollback_target(ctx, request, p, state, out)
     out.line(f"{ctx.node}: switching {p.from_id or '(no release)'} -> {p.to_id}{title(p)}")
     try:
         run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None)
     except RollbackNeeded as failure:
-        return _roll_back_automatically(ctx, request, out, work, failure, back_to)
+        return _roll_back_automatically(ctx, request, out, work, failure, back_to, admit)
     _prune(ctx, out)
     return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None)
 
@@ -432,9 +432,14 @@ def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: St
 
 
 def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work,
-                             failure: RollbackNeeded, back_to: str) -> Done:
-    """The new engine did not serve: switch back to ``back_to`` (still drained, still holding the lock), with the
-    same steps, journaled like any switch, recorded as an automatic rollback saying why.
+                             failure: RollbackNeeded, back_to: str, admit: Admission) -> Done:
+    """The new engine did not serve: switch back to ``back_to`` (still holding the lock), with the same steps,
+    journaled like any switch, recorded as an automatic rollback saying why.
+
+    A failure found after the switch gave calls back (serving-check CRITICAL, its gateway answering again) makes
+    the rollback's drain a new drain of a node callers are served at: it is admitted on its own, as every drain
+    is (node/refusals.py ``admit_to_drain``); a refusal ends the failed switch by the early-end rule, the node
+    serving the new release, and says why.
 
     Whatever keeps the rollback from beginning (its stored release damaged, its journal not written on a full or
     read-only disk, a signal before its first step) ends the failed switch by the early-end rule, its journal
@@ -449,14 +454,14 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
 
     why = f"{failure.step} failed: {failure.reason}"
     try:
-        out.line(f"{ctx.node}: the new release does not serve ({why}); rolling back to {back_to} by itself, "
-                 "calls still drained")
+        out.line(f"{ctx.node}: the new release does not serve ({why}); rolling back to {back_to} by itself")
         detail = {"failed_release": work.plan.to_id, "failed_step": failure.step, "reason": failure.reason,
                   "engine_output": failure.engine_output, "rolled_back_to": back_to}
         new = load_view(ctx, back_to)
         p = plan(ctx.node, work.new, new, "rollback", _flag_changes, automatic=True)
         for line in describe(p):
             out.line(line)
+        admit_to_drain(ctx, p, new, out, admit, "automatic rollback")
         journal = new_journal(ctx, p, request.switch, request.rollout, None, time.time(), auto=why)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)  # the rollback's own early-end rule holds now
         run(ctx, p, new, out, journal, drain_kept=failure.switch.drain)

@@ -323,17 +323,20 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
     try:
         while True:
             now = time.monotonic()
-            if now >= deadline:
-                raise SystemdError(f"no answer from {address.describe()} within {timeout_s:g} s ({what})")
             if progress is not None and now >= next_progress:
                 progress(now - started)
                 next_progress = now + poll.progress_every()
-            ready, _, _ = select.select([read_fd], [], [], min(deadline - now, max(0.0, next_progress - now), 1.0))
+            # Past the deadline only what is already in the pipe is read: a caller that was itself stopped
+            # (SIGSTOP, a paused VM) while the child answered finds the answer there, and is not told "no answer".
+            wait = max(0.0, min(deadline - now, max(0.0, next_progress - now), 1.0))
+            ready, _, _ = select.select([read_fd], [], [], wait)
             if ready:
                 chunk = os.read(read_fd, 65536)
                 if not chunk:
                     break
                 chunks.append(chunk)
+            elif time.monotonic() >= deadline:
+                raise SystemdError(f"no answer from {address.describe()} within {timeout_s:g} s ({what})")
     finally:
         os.close(read_fd)
         try:
