@@ -249,6 +249,16 @@ def test_messages_built_from_outcomes_jsonl_records_name_what_they_lack(node):
     assert not failures, "\n".join(failures)
 
 
+def test_a_node_that_answers_it_has_no_record_of_a_switch_is_not_called_unreachable(node):
+    # Two breakers' case: a switch killed before its journal was written; the follow-up asked, the node answered
+    # that it knows nothing of it, and the operator read "cyan: unreachable" (exit 6). Nothing was changed.
+    from flatshare_ops.errors import Exit
+
+    code, line = follow_up_report("cyan", "s1", switch_state(node, "never-heard-of"), 30)
+    assert code == Exit.REFUSED, (code, line)
+    assert "no record of switch s1" in line and "changed nothing" in line, line
+
+
 @pytest.mark.parametrize("answer", [
     {"node": "peacock", "takes_calls": True, "problems": [], "locked": False, "holder": None},
     {"node": "peacock", "takes_calls": False, "problems": ["flatshare-gateway.service is inactive"], "locked": False,

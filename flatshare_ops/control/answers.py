@@ -183,5 +183,6 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
         return Exit.FAILED, (f"{name}: the node says the switch was interrupted: "
                              f"{journal or 'its journal is there, though the answer does not summarise it'}; "
                              "the next 'flatshare release' finishes it")
-    return Exit.UNREACHABLE, (f"{name}: the node has no record of switch {switch_id}: it was refused or never "
-                              "began (its releases/release.log says which)")
+    # The node answered: it is reachable. No journal, record or kept outcome of the switch: nothing was changed.
+    return Exit.REFUSED, (f"{name}: the node has no record of switch {switch_id}: it was refused or never began, "
+                          "and changed nothing (its releases/release.log says which)")
