@@ -1405,6 +1405,42 @@ def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission
 
 
 @contextmanager
+def _release_waiting_in(fleet: Fleet, name: str, step: str, offset: int, go: Path):
+    """A local release of ``name`` whose ``step`` waits until ``go`` exists (tests/faults), entered once the
+    node's log (past ``offset``) shows the step begun; yields the operator's process. ``go`` is touched and the
+    operator killed if it still runs, on the way out."""
+    argv, env = fleet.argv("local-release", name)
+    operator = fleet.popen(argv, {**env, **faults(sleep_in_step=step, seconds=120, until=str(go))})
+    try:
+        fleet.wait_log(name, offset, rf"{STEP}{step}$", operator)
+        yield operator
+    finally:
+        go.touch()
+        if operator.poll() is None:
+            operator.kill()
+
+
+def _asked_and_refused(fleet: Fleet, name: str, result, offset: int) -> str:
+    """``name``'s drain was asked for (never judged free of calls) and refused, and it never drained."""
+    log = _refused_without_draining(fleet, name, result, offset)
+    assert "no admission needed" not in log and f"{name}: asking the operator's side for admission to drain" in log, log
+    return log
+
+
+def _released_again(fleet: Fleet, name: str) -> None:
+    """``name`` released once more (its profile back as it was), then both nodes as every test leaves them."""
+    again = fleet.release("--node", name, timeout=120)
+    assert again.returncode == 0, again.stdout + again.stderr
+    _gateways_back_and_settled(fleet)
+
+
+def _gateways_back_and_settled(fleet: Fleet) -> None:
+    for name in NODES:
+        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
+        fleet.settled(name)
+
+
+@contextmanager
 def _hand_started_gateway(name: str):
     """The node's gateway unit stopped and a gateway of the same kind started by hand on its address: callers
     are served there while systemd says the unit is inactive."""
@@ -1453,19 +1489,12 @@ def test_a_node_whose_gateway_serves_asks_for_admission_whatever_its_units_and_f
             result = fleet.release("--node", "cyan", timeout=120)
     finally:
         fleet.drain_file("cyan").unlink(missing_ok=True)
-    log = _refused_without_draining(fleet, "cyan", result, offset)
-    assert "no admission needed" not in log, log
-    assert "cyan: asking the operator's side for admission to drain" in log, log
+    log = _asked_and_refused(fleet, "cyan", result, offset)
     if state == "its gateway stalled":
         assert re.search(r"cyan: whether it takes calls could not be established \(.*:8080/health did not answer "
                          r"within 2 s", log), log
     assert fleet.current("cyan") == served
-    # Back as it was: the units started again by the next release (a repair when a unit is down).
-    repaired = fleet.release("--node", "cyan", timeout=120)
-    assert repaired.returncode == 0, repaired.stdout + repaired.stderr
-    for name in NODES:
-        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
-        fleet.settled(name)
+    _released_again(fleet, "cyan")  # the units started again (a whole switch when a unit is down)
 
 
 def test_a_node_whose_current_link_is_gone_asks_where_its_running_gateway_answers(fleet):
@@ -1487,12 +1516,9 @@ def test_a_node_whose_current_link_is_gone_asks_where_its_running_gateway_answer
         profile.write_text(original)
         if not link.is_symlink():
             os.symlink(served, link)
-    log = _refused_without_draining(fleet, "cyan", result, offset)
-    assert "no admission needed" not in log and "cyan: asking the operator's side for admission to drain" in log, log
+    _asked_and_refused(fleet, "cyan", result, offset)
     assert fleet.current("cyan") == served
-    for name in NODES:
-        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
-        fleet.settled(name)
+    _gateways_back_and_settled(fleet)
 
 
 def test_an_automatic_rollback_after_calls_came_back_asks_for_its_own_drain(fleet, tmp_path):
@@ -1505,22 +1531,15 @@ def test_an_automatic_rollback_after_calls_came_back_asks_for_its_own_drain(flee
     fleet.new_hold("cyan")
     offset = fleet.log_size("cyan")
     go = tmp_path / "go"  # serving-check waits until peacock is hung
-    argv, env = fleet.argv("local-release", "cyan")
     peacock_gateway = _main_pid(fleet, "peacock", GATEWAY)
     try:
         profile.write_text(original.replace("[engine.environment]\n",
                                             '[engine.environment]\nFLATSHARE_STANDIN_VERSION = "0.33.0"\n'))
-        operator = fleet.popen(argv, {**env, **faults(sleep_in_step="serving-check", seconds=120, until=str(go))})
-        try:
-            fleet.wait_log("cyan", offset, rf"{STEP}serving-check$", operator)
+        with _release_waiting_in(fleet, "cyan", "serving-check", offset, go) as operator:
             assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200  # calls came back
             with _stopped(peacock_gateway):
                 go.touch()
                 out = _finish(operator, 120)
-        finally:
-            go.touch()
-            if operator.poll() is None:
-                operator.kill()
     finally:
         profile.write_text(original)
     log = fleet.log_since("cyan", offset)
@@ -1531,11 +1550,28 @@ def test_an_automatic_rollback_after_calls_came_back_asks_for_its_own_drain(flee
     # The rollback never drained: no step of it ran, and cyan answered callers throughout.
     assert not re.search(r"step \d+/11 (drain-voice|stop-gateway)", log), log
     assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200
-    fixed = fleet.release("--node", "cyan", timeout=120)
-    assert fixed.returncode == 0, fixed.stdout + fixed.stderr
-    for name in NODES:
-        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
-        fleet.settled(name)
+    _released_again(fleet, "cyan")
+
+
+def test_one_health_answer_missed_under_load_is_no_verdict_on_the_release(fleet, tmp_path):
+    # A CI run's case: the switch's serving-check found the stand-in engine's /health past its 2 s bound once,
+    # on a loaded machine, and failed the release. The engine stopped (SIGSTOP) through the first check only:
+    # the step checks again, finds it serving, and the release ends well.
+    fleet.new_hold("cyan")
+    offset = fleet.log_size("cyan")
+    go = tmp_path / "go"
+    with _release_waiting_in(fleet, "cyan", "serving-check", offset, go) as operator:
+        engine = _main_pid(fleet, "cyan", ENGINE)
+        with _stopped(engine):
+            go.touch()
+            fleet.wait_log("cyan", offset, r"serving-check CRITICAL: checking again in 2 s \(2 of 3", operator)
+        out = _finish(operator, 120)
+    _no_traceback(out, fleet.log_since("cyan", offset))
+    assert operator.returncode == 0, out
+    assert "CRITICAL health" in fleet.log_since("cyan", offset)
+    last = fleet.history("cyan")[-1]
+    assert (last["result"], last["after"]) == ("released", fleet.current("cyan")), last
+    _gateways_back_and_settled(fleet)
 
 
 def test_a_profile_whose_gateway_url_names_another_node_is_refused_before_any_node_is_asked(fleet):
@@ -1576,16 +1612,10 @@ def test_a_node_serving_from_an_interrupted_switch_asks_for_admission_though_its
         offset = fleet.log_size("cyan")
         with _stopped(_main_pid(fleet, "peacock", GATEWAY)):
             result = fleet.release("--node", "cyan", timeout=120)
-        log = _refused_without_draining(fleet, "cyan", result, offset)
-        assert "no admission needed" not in log and "cyan: admitted to drain" not in log, log
-        assert "cyan: asking the operator's side for admission to drain" in log, log
+        _asked_and_refused(fleet, "cyan", result, offset)
     finally:
         profile.write_text(original)
-    finished = fleet.release("--node", "cyan", timeout=120)
-    assert finished.returncode == 0, finished.stdout + finished.stderr
-    for name in NODES:
-        assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
-        fleet.settled(name)
+    _released_again(fleet, "cyan")
 
 
 # =====================================================================================================
@@ -1600,19 +1630,12 @@ def test_a_hold_taken_while_a_release_switches_the_node_says_it_goes_on_and_stop
     fleet.new_hold(name)
     offset = fleet.log_size(name)
     go = tmp_path / "go"  # the step waits until the hold is taken
-    argv, env = fleet.argv("local-release", name)
-    operator = fleet.popen(argv, {**env, **faults(sleep_in_step=step, seconds=120, until=str(go))})
-    try:
-        fleet.wait_log(name, offset, rf"{STEP}{step}$", operator)
+    with _release_waiting_in(fleet, name, step, offset, go) as operator:
         switcher = fleet.lock_holder(name)
         assert switcher, "no release holds the lock"
         held = fleet.cli("hold", "place", "--node", name, "-m", "E2 benchmark", "--inventory", str(fleet.inventory))
         go.touch()
         out = _finish(operator, 120)
-    finally:
-        go.touch()
-        if operator.poll() is None:
-            operator.kill()
     try:
         _no_traceback(held.stdout, held.stderr, out)
         assert held.returncode == 0, held.stdout + held.stderr

@@ -306,18 +306,34 @@ def switch_current(sw: Switch) -> None:
     sw.out.line(f"  releases/current -> {sw.new.id}")
 
 
+#: How many times the switch's serving-check runs before a CRITICAL or UNKNOWN is its verdict, and the pause
+#: between two (seconds): one health request that missed its 2 s bound on a loaded node is no verdict that
+#: rolls a release back (a CI run saw a stand-in engine's /health time out once, right after it served).
+VERDICT_CHECKS = 3
+VERDICT_PAUSE_S = 2.0
+
+
 def serving_check(sw: Switch) -> None:
+    """Run serving-check against the new release; CRITICAL or UNKNOWN at each of :data:`VERDICT_CHECKS` runs,
+    :data:`VERDICT_PAUSE_S` apart, fails the step (the verdict an automatic rollback acts on)."""
     from ..check.report import CRITICAL, UNKNOWN
     from ..check.run import run_checks
 
-    report = run_checks(sw.ctx.state_dir, sw.ctx.node, sw.ctx.address.runtime_dir, inside_release=True)
-    for finding in report.findings:
-        if finding.status != "OK":
-            sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")
-            for detail in finding.details:
-                sw.out.line(f"      {detail}")
-    if report.status in (CRITICAL, UNKNOWN):
-        raise StepError(f"serving-check is {report.status} after the switch")
+    for attempt in range(1, VERDICT_CHECKS + 1):
+        report = run_checks(sw.ctx.state_dir, sw.ctx.node, sw.ctx.address.runtime_dir, inside_release=True)
+        for finding in report.findings:
+            if finding.status != "OK":
+                sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")
+                for detail in finding.details:
+                    sw.out.line(f"      {detail}")
+        if report.status not in (CRITICAL, UNKNOWN):
+            break
+        if attempt == VERDICT_CHECKS:
+            raise StepError(f"serving-check is {report.status} after the switch ({VERDICT_CHECKS} checks "
+                            f"{VERDICT_PAUSE_S:g} s apart)")
+        sw.out.line(f"  serving-check {report.status}: checking again in {VERDICT_PAUSE_S:g} s ({attempt + 1} of "
+                    f"{VERDICT_CHECKS}: a verdict is never one measurement)")
+        time.sleep(VERDICT_PAUSE_S)
     sw.out.line(f"  serving-check {report.status}")
 
 
