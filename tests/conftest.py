@@ -86,7 +86,7 @@ def user_manager(tmp_path_factory):
 #
 # The groups are sent longest first (GROUP_SECONDS: measured on this machine's 2 CPUs beside the rest of
 # the suite; a group not listed counts as short), so that no process is left with a long group at the end.
-# The real engines' tier (test_real_engine: about 6 minutes, its two engines taking most of both CPUs while
+# The real engines' tier (test_real_engine: about 10 minutes alone, its two engines taking most of both CPUs while
 # they start) goes first and keeps one process for the whole run; the other processes share the rest.
 
 GROUP_SECONDS = {
