@@ -84,7 +84,10 @@ def test_the_release_carries_the_checkouts_own_switcher(fleet):
     assert anchor in cli.read_text()
     cli.write_text(cli.read_text().replace(anchor, '    print("MARKER: this checkout\'s switcher", flush=True)\n' + anchor))
     try:
-        fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+        # A value no other test releases: a release already stored keeps the switcher it was first stored with
+        # (its id is its rendered files'), so the change must render a release the node has never stored,
+        # whatever value the checkout's profile holds (after the README's own example it holds 0).
+        fleet.set_hold(31 if fleet.hold("cyan") != "31" else 30)
         result = fleet.release("--node", "cyan")  # over SSH: nothing is reinstalled on the node
         assert result.returncode == 0, result.stdout
         assert "[cyan] MARKER: this checkout's switcher" in result.stdout
