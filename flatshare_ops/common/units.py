@@ -6,6 +6,8 @@ them: one list, here.
 
 ENGINE_UNIT = "flatshare-engine.service"
 GATEWAY_UNIT = "flatshare-gateway.service"
+#: The variable the rendered gateway (and voice) unit passes the profile's gateway.url in.
+GATEWAY_URL_VARIABLE = "FLATSHARE_GATEWAY_URL"
 VOICE_UNIT = "flatshare-voice.service"
 TARGET_UNIT = "flatshare.target"
 CHECK_SERVICE = "serving-check.service"

@@ -28,7 +28,7 @@ from ..common import serving_shape
 from ..common.files import Damaged, loads
 from ..common.release_files import read_release
 from ..common.http import HTTP_TIMEOUT_S, http_get
-from ..common.units import GATEWAY_UNIT, SERVICE_UNITS
+from ..common.units import GATEWAY_UNIT, GATEWAY_URL_VARIABLE, SERVICE_UNITS
 from ..errors import SystemdError
 from .context import NodeContext
 
@@ -65,6 +65,16 @@ def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
     return serving if isinstance(serving, dict) and not serving_shape.problem(serving) else None
 
 
+def services_down(ctx: NodeContext) -> list[str]:
+    """The managed services that are not active (``UNIT is STATE``, systemd's ActiveState), in unit order.
+
+    Raises:
+        SystemdError: the manager did not answer within its bound.
+    """
+    states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
+    return [f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS if states[f"{u}/ActiveState"] != "active"]
+
+
 def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
     """Whether this node takes calls right now, as a caller would find it: the strict reading, for the
     admission probe of another node's drain (anything short of every part seen serving counts against it).
@@ -79,10 +89,9 @@ def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_T
         A :class:`Calls`.
     """
     try:
-        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
+        down = services_down(ctx)
     except SystemdError as err:
         return Calls(None, [f"systemd did not say whether the services run: {err}"])
-    down = [f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS if states[f"{u}/ActiveState"] != "active"]
     if down:
         return Calls(False, down)  # systemd's own word: no file of ours is involved
     if serving is None:
@@ -104,10 +113,6 @@ def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_T
     if not seen:
         return Calls(True)
     return Calls(False, seen)
-
-
-#: The variable a rendered gateway unit passes its URL in (render/units.py; the profile's gateway.url).
-GATEWAY_URL_VARIABLE = "FLATSHARE_GATEWAY_URL"
 
 
 def loaded_gateway_url(ctx: NodeContext, unknown: list[str]):

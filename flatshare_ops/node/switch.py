@@ -41,7 +41,7 @@ from ..common import protocol
 from ..errors import Exit, FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from . import hold, journal as journals
 from .bundle import bundle_view, load_view, stored_matches, validate_bundle  # noqa: F401  (validate_bundle: cli)
-from .calls import active_serving, give_calls_back
+from .calls import active_serving, give_calls_back, services_down
 from .context import NodeContext
 from .lock import node_lock
 from .output import ReleaseOutput
@@ -261,17 +261,12 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
 
 
 def _services_not_running(ctx: NodeContext) -> tuple[str, ...]:
-    """The managed services that are not active now (``UNIT is STATE``, systemd's ActiveState), for a plan
-    of changes only: none such plan would start them (node/plan.py ``not_running``)."""
-    from ..common.units import SERVICE_UNITS
-    from . import systemd
-
+    """The managed services that are not active now (node/calls.py ``services_down``), for a plan of changes
+    only: none such plan would start them (node/plan.py ``not_running``)."""
     try:
-        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
+        return tuple(services_down(ctx))
     except SystemdError:
         return ()  # the switch's own systemd calls name the trouble
-    return tuple(f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS
-                 if states[f"{u}/ActiveState"] != "active")
 
 
 def _intact(ctx: NodeContext, rid: str, out: ReleaseOutput) -> bool:

@@ -11,7 +11,7 @@ from pathlib import PurePosixPath
 import jinja2
 
 from ..common.unit_output import output_file
-from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, UNIT_NAMES, VOICE_UNIT
+from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, GATEWAY_URL_VARIABLE, UNIT_NAMES, VOICE_UNIT
 from ..config.profile import Profile
 from . import systemd_escape
 from .engine import engine_argv
@@ -70,11 +70,11 @@ def _context(profile: Profile) -> dict:
     engine = profile.engine
     engine_env = list(engine_environment(profile).items())
     common = [("FLATSHARE_ENGINE_URL", engine_url(profile)), ("FLATSHARE_RUN_DIR", profile.layout.run_dir)]
-    gateway_env = [*common, ("FLATSHARE_GATEWAY_URL", profile.gateway.url),
+    gateway_env = [*common, (GATEWAY_URL_VARIABLE, profile.gateway.url),
                    ("FLATSHARE_DRAIN_TIMEOUT_S", systemd_escape.number(profile.gateway.drain_timeout_s))]
     voice_env = [
         *common,
-        ("FLATSHARE_GATEWAY_URL", profile.gateway.url),  # a call's turns stream through the node's gateway
+        (GATEWAY_URL_VARIABLE, profile.gateway.url),  # a call's turns stream through the node's gateway
         ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
         ("FLATSHARE_ENDPOINTING_MIN_S", systemd_escape.number(profile.voice.endpointing_min_s)),
         ("FLATSHARE_ENDPOINTING_MAX_S", systemd_escape.number(profile.voice.endpointing_max_s)),
