@@ -38,6 +38,7 @@ from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
+from flatshare_ops.sandbox.engine_behaviour import Behaviour
 from flatshare_ops.sandbox.fleet import SandboxNode
 from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
 
@@ -1312,14 +1313,31 @@ def _refused_without_draining(fleet: Fleet, name: str, result, offset: int) -> s
     return log
 
 
-@pytest.mark.parametrize("fault", ["hung gateway (SIGSTOP)", "gateway unit stopped"])
+def _engine_behaves(name: str, **fields) -> None:
+    """The stand-in engine's behaviour (sandbox/engine_behaviour.py) set on ``name``'s engine."""
+    request = urllib.request.Request(f"http://{ADDRESSES[name]}:8000/flatshare-standin/behaviour", method="POST",
+                                     data=json.dumps(fields).encode(), headers={"Content-Type": "application/json"})
+    with urllib.request.urlopen(request, timeout=10) as answer:
+        assert answer.status == 200
+
+
+#: A breaker's cases: peacock's gateway and engine answer /health 200 while every call through it fails.
+CALLS_FAIL = {"every call ends in an error event": {"error_share": 1},
+              # longer than the probe call's bound (node/calls.py CALL_TIMEOUT_S, 10 s)
+              "every call hangs before its first token": {"ttft_s": 12}}
+
+
+@pytest.mark.parametrize("fault", ["hung gateway (SIGSTOP)", "gateway unit stopped", *CALLS_FAIL])
 def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fault):
-    # peacock's engine stays healthy and its drain file absent: only its gateway fails callers.
+    # peacock's engine answers /health and its drain file is absent: only what its gateway gives callers fails.
     fleet.new_hold("cyan")
     before, gateway_pid = fleet.current("cyan"), _main_pid(fleet, "cyan", GATEWAY)
     offset = fleet.log_size("cyan")
     monitor = CallsMonitor(fleet)
-    if fault.startswith("hung"):
+    if fault in CALLS_FAIL:
+        _engine_behaves("peacock", **CALLS_FAIL[fault])
+        undo = lambda: _engine_behaves("peacock", **Behaviour().as_dict())  # noqa: E731
+    elif fault.startswith("hung"):
         pid = _main_pid(fleet, "peacock", GATEWAY)
         os.kill(pid, signal.SIGSTOP)
         undo = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
@@ -1339,14 +1357,41 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
     finally:
         monitor.stop()
         undo()
-    # peacock's gateway answers again (a process continued after SIGSTOP, or started anew) before it is checked.
+    # peacock's gateway answers again (a process continued after SIGSTOP, or started anew) before it is checked,
+    # and the probe's hung call has ended there (an engine request running with no voice turn is a WARNING).
     assert _poll(lambda: _http_status(f"http://{ADDRESSES['peacock']}:8080/health") == 200, 30)
+    assert _poll(lambda: re.search(r"^vllm:num_requests_running\{[^}]*\} 0(\.0)?$", urllib.request.urlopen(
+        f"http://{ADDRESSES['peacock']}:8000/metrics", timeout=5).read().decode(), re.MULTILINE), 30)
     _refused_without_draining(fleet, "cyan", result, offset)
     assert re.search(r"^peacock: does not take calls \(.*gateway.*\)", result.stdout, re.MULTILINE), result.stdout
+    if fault in CALLS_FAIL:  # its /health said 200: the call through it is what failed
+        assert re.search(r"^peacock: does not take calls \(a call through its gateway \S+ failed", result.stdout,
+                         re.MULTILINE), result.stdout
     assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", GATEWAY) == gateway_pid
     for name in NODES:
         assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30)
         fleet.settled(name)
+
+
+def _probe_answer(fleet: Fleet, name: str, state_dir: Path | None = None) -> dict:
+    """The node's own probe (``flatshare-node probe``), run as the operator's side runs it."""
+    node = fleet.node(name)
+    probe = subprocess.run([str(BIN / "python"), "-m", "flatshare_ops.node", "probe", "--node", name,
+                            "--state-dir", str(state_dir or node.state_dir), "--scope", "user",
+                            "--runtime-dir", str(node.manager.runtime_dir)], capture_output=True, text=True, timeout=60)
+    return json.loads(probe.stdout)
+
+
+def test_a_nodes_probe_reports_one_id_whatever_path_reached_it_and_another_nodes_differs(fleet, tmp_path):
+    # The id that tells one node from another whatever name, port or SSH host key reached it (node/probe.py
+    # node_identity): the machine's id and the state directory's device and inode, as os.stat gives them.
+    alias = tmp_path / "cyan-state"
+    alias.symlink_to(fleet.node("cyan").state_dir)
+    direct, through_alias, other = (_probe_answer(fleet, "cyan"), _probe_answer(fleet, "cyan", alias),
+                                    _probe_answer(fleet, "peacock"))
+    st = os.stat(fleet.node("cyan").state_dir)
+    assert direct["node_id"].endswith(f":{st.st_dev}:{st.st_ino}"), direct
+    assert direct["node_id"] == through_alias["node_id"] != other["node_id"], (direct, other)
 
 
 def test_a_hung_gateway_is_not_taking_calls_in_the_nodes_own_probe_within_its_bound(fleet):
@@ -1495,6 +1540,86 @@ def test_a_node_whose_gateway_serves_asks_for_admission_whatever_its_units_and_f
                          r"within 2 s", log), log
     assert fleet.current("cyan") == served
     _released_again(fleet, "cyan")  # the units started again (a whole switch when a unit is down)
+
+
+def test_a_gateway_systemd_is_starting_again_may_serve_so_the_node_does_not_drain_unasked(fleet):
+    # A breaker's case: cyan's gateway killed (Restart=on-failure starts it again after RestartSec=2s) while peacock
+    # took no calls; one refused connection made cyan "not serving" and it drained unasked, and no node took calls
+    # until its switch ended. Refused while systemd runs the unit or starts it again is unknown: the drain asks.
+    # Read at the node's own judge (node/calls.py served_here), against the real manager, in the 2 s window.
+    from flatshare_ops.node.calls import served_here
+    from flatshare_ops.node.context import NodeContext
+
+    node = fleet.node("cyan")
+    ctx = NodeContext("cyan", node.state_dir, ManagerAddress("user", node.manager.runtime_dir))
+    current = fleet.current("cyan")
+    serving = json.loads((fleet.releases("cyan") / current / "serving.json").read_text())
+
+    def sub_state() -> str:
+        with connect(fleet.address("cyan")) as bus:
+            return unit_property(bus, GATEWAY, "Unit", "SubState").decode()
+
+    seen = None
+    for _ in range(3):  # the window is systemd's RestartSec (2 s); a loaded machine may miss it once
+        assert _poll(lambda: fleet.unit_state("cyan", GATEWAY) == "active", 30)
+        os.kill(_main_pid(fleet, "cyan", GATEWAY), signal.SIGKILL)
+        if not _poll(lambda: sub_state() == "auto-restart", 2, 0.01):
+            continue
+        calls = served_here(ctx, [current], serving)
+        if sub_state() == "auto-restart":  # systemd had not started it again while it was asked
+            seen = calls
+            break
+    assert seen is not None, "systemd's auto-restart window was never seen"
+    assert seen.takes is None, seen
+    assert any("refused" in r and "activating (auto-restart)" in r for r in seen.reasons), seen.reasons
+    # Stopped by systemd (inactive, nothing to start it again), the same refused connection is "not served".
+    assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200, 30)
+    with connect(fleet.address("cyan")) as bus:
+        run_job(bus, "stop", GATEWAY, 30)
+    try:
+        stopped = served_here(ctx, [current], serving)
+        assert stopped.takes is False, stopped
+    finally:
+        with connect(fleet.address("cyan")) as bus:
+            run_job(bus, "start", GATEWAY, 30)
+    _gateways_back_and_settled(fleet)
+
+
+def test_a_drain_that_waited_for_calls_asks_again_before_its_gateway_stops(fleet):
+    # A breaker's case: cyan admitted (peacock served), then its voice drain waited for a call to end while
+    # peacock's gateway went down; cyan stopped its gateway 10 s later on the old admission and no node took calls.
+    # The gateway's stop decides the admission again when it is older than ADMISSION_FRESH_S: refused now, the
+    # switch ends early by the early-end rule (the voice drain ended, cyan's gateway never stopped).
+    from flatshare_ops.node.steps import ADMISSION_FRESH_S
+
+    fleet.new_hold("cyan")
+    served, since = fleet.current("cyan"), len(fleet.history("cyan"))
+    offset = fleet.log_size("cyan")
+    cyan_gateway, peacock_gateway = _main_pid(fleet, "cyan", GATEWAY), _main_pid(fleet, "peacock", GATEWAY)
+    call_s = int(ADMISSION_FRESH_S) + 10
+    _hold_voice_call("cyan", call_s)  # the drain waits for it (the voice drain timeout is 20 s)
+    argv, env = fleet.argv("release", "cyan")
+    operator = fleet.popen(argv, env)
+    try:
+        fleet.wait_log("cyan", offset, r"waiting for the voice worker", operator)
+        with _stopped(peacock_gateway):
+            out = _finish(operator, 120)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    log = fleet.log_since("cyan", offset)
+    _no_traceback(out, log)
+    assert operator.returncode == 1, out
+    assert "cyan: admitted to drain" in log, log  # the first admission: peacock served then
+    assert re.search(r"the admission to drain was decided \d+ s ago \(more than 5 s\): deciding it again", log), log
+    assert re.search(r"step \d+/\d+ stop-gateway failed: the gateway was not stopped: release refused: cyan may not "
+                     r"drain now: 0 other node\(s\) take calls", out), out
+    # cyan kept serving: its gateway never stopped (the same process), its voice drain ended, nothing switched.
+    assert _main_pid(fleet, "cyan", GATEWAY) == cyan_gateway and fleet.unit_state("cyan", GATEWAY) == "active"
+    assert not fleet.drain_file("cyan").exists() and fleet.current("cyan") == served
+    (failed,) = fleet.history("cyan")[since:]
+    assert (failed["result"], failed["step"]) == ("failed", "stop-gateway"), failed
+    _released_again(fleet, "cyan")
 
 
 def test_a_node_whose_current_link_is_gone_asks_where_its_running_gateway_answers(fleet):

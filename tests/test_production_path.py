@@ -4,6 +4,8 @@ switcher, the system-scope path runs through its own bus, and the first-node run
 from __future__ import annotations
 
 import json
+import shutil
+from pathlib import Path
 
 import pytest
 
@@ -123,6 +125,75 @@ def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet,
     lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
     assert len(lines) == 1 and message in lines[0], result.output
     assert fleet.current("peacock") == before
+
+
+def _old_generation(package: Path) -> dict:
+    """This checkout's switcher, zipped as a release ships it, but saying it is generation 1 (a switcher from
+    before generations were written down: no GENERATION line), as an older checkout's is."""
+    import shutil
+
+    from conftest import REPO
+    from flatshare_ops.control.bundle import switcher
+
+    code = package / "flatshare_ops"
+    shutil.copytree(REPO / "flatshare_ops", code, ignore=shutil.ignore_patterns("__pycache__"))
+    protocol_file = code / "common/protocol.py"
+    text = protocol_file.read_text()
+    assert "\nGENERATION = 2\n" in text
+    protocol_file.write_text(text.replace("\nGENERATION = 2\n", "\n"))
+    return switcher(code)
+
+
+def test_a_switcher_older_than_the_node_runs_is_refused_and_a_stored_one_is_not_run(fleet, tmp_path):
+    # A breaker's case: a release from a checkout before the admission fixes ran its own (older) switcher, which
+    # drained the last serving node; and a rollback ran the stored switcher of the release it left, as old.
+    from flatshare_ops.control import commands
+    from flatshare_ops.control.bundle import bundle
+    from flatshare_ops.control.targets import targets
+    from flatshare_ops.node.entry import OLDEST_GENERATION
+
+    assert OLDEST_GENERATION == 2
+    old = _old_generation(tmp_path)
+    (target,) = targets(fleet.inventory, ["peacock"], False)
+    fleet.set_hold(48 if fleet.hold("peacock") == "0" else 0)  # a release with something to do
+    payload = {**bundle(fleet.checkout, target), "switcher": old}
+    before, records = fleet.current("peacock"), len(fleet.history("peacock"))
+    releases = fleet.node("peacock").state_dir / "releases"
+    conn = target.connect()
+    try:
+        result = conn.run(commands.switch(target.spec, "old-switcher"), stdin=(json.dumps(payload) + "\n").encode())
+    finally:
+        conn.close()
+    assert result.status == 3, result.output
+    lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
+    assert len(lines) == 1 and ("the release's switcher is generation 1, older than this node runs (2" in lines[0]), lines
+    assert fleet.current("peacock") == before and len(fleet.history("peacock")) == records
+    assert not (releases / ".switchers" / old["sha256"]).exists()  # never unpacked, so never run
+    # The active release's stored switcher made old (as a release from an older checkout left it): the commands
+    # without a bundle (here status) run the installed code instead, and say so.
+    import base64
+    import io
+    import zipfile
+
+    data = base64.b64decode(old["zip_b64"])
+    stored = releases / ".switchers" / old["sha256"]
+    stored.mkdir(parents=True)
+    zipfile.ZipFile(io.BytesIO(data)).extractall(stored)
+    (stored / "switcher.zip").write_bytes(data)
+    pointer = releases / "current" / "switcher"
+    kept = pointer.read_bytes()
+    pointer.write_text(old["sha256"] + "\n")
+    conn = target.connect()
+    try:
+        status = conn.run(commands.status(target.spec))
+    finally:
+        conn.close()
+        pointer.write_bytes(kept)
+        shutil.rmtree(stored)
+    assert status.status == 0, status.output + status.errors
+    assert (f"the active release's switcher {stored} is generation 1, older than this node runs (2): running the "
+            "installed flatshare-ops instead") in status.errors, status.errors
+    fleet.settled("peacock")
 
 
 def _bus_owner(socket) -> int:

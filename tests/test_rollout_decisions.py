@@ -205,6 +205,34 @@ def test_the_draining_node_under_another_name_is_not_counted_for_itself():
     assert "alias: the same node as cyan, the node that would drain (the same SSH host key)" in text, text
 
 
+def _reporting(node_id: str, **probe) -> dict:
+    return {"takes_calls": True, "locked": False, "problems": [], "holder": None, "node_id": node_id, **probe}
+
+
+def test_one_node_reached_with_two_host_keys_is_counted_once_by_the_id_it_reports():
+    # A breaker's case: a second sshd on cyan's address (another host key type, as production's sshd offers
+    # several) listed as cyan2: two host keys, one node, counted twice towards min_serving 2. The node's own id
+    # (its machine and state directory, node/probe.py node_identity) tells: the same id is the same node.
+    peacock = FakeNode(switch_script=[protocol.line(protocol.AdmitRequest("peacock", "s1", False, "m:1:9")).encode(),
+                                      outcome(3)], identity="ssh-ed25519 PEACOCK")
+    cyan = FakeNode(identity="ssh-ed25519 CYAN", probe=_reporting("m:1:2"))
+    cyan2 = FakeNode(identity="ecdsa-sha2-nistp256 CYAN", probe=_reporting("m:1:2"))
+    targets = fleet(min_serving=2, peacock=peacock, cyan=cyan, cyan2=cyan2)
+    code, text = run(targets, chosen=targets[:1])
+    answer = json.loads(peacock.stdin[-1])
+    assert answer["admit"] is False and "1 other node(s) take calls" in answer["reason"], text
+    assert "cyan2: the same node as cyan (the same node id): not counted again" in text, text
+
+
+def test_the_draining_node_reporting_its_own_id_is_not_counted_for_itself():
+    cyan = FakeNode(switch_script=[protocol.line(protocol.AdmitRequest("cyan", "s1", False, "m:1:2")).encode(),
+                                   outcome(3)], identity="ssh-ed25519 CYAN")
+    targets = fleet(cyan=cyan, alias=FakeNode(identity="ecdsa-sha2-nistp256 CYAN", probe=_reporting("m:1:2")))
+    code, text = run(targets, chosen=targets[:1])
+    assert json.loads(cyan.stdin[-1])["admit"] is False, text
+    assert "alias: the same node as cyan, the node that would drain (the same node id)" in text, text
+
+
 def test_a_probe_that_read_another_hosts_gateway_is_not_counted():
     # A breaker's case: peacock's profile named cyan's gateway as its own; its probe answered for cyan's.
     probe = {"takes_calls": True, "locked": False, "problems": [], "holder": None, "gateway": "http://cyan:8080"}
@@ -236,3 +264,16 @@ def test_a_gateway_url_names_its_node_by_the_inventorys_host_or_its_own_loopback
     assert not names_node("http://127.0.0.1:8080", "127.93.0.3")
     # A breaker's case: an address spelled as SSH also reads it (127.95.3 is 127.95.0.3) is still that address.
     assert names_node("http://127.95.0.3:8080", "127.95.3") and not names_node("http://127.95.0.2:8080", "127.95.3")
+
+
+def test_min_serving_0_on_a_fleet_of_several_nodes_is_said_before_anything_drains():
+    # A breaker's note: min_serving 0 with batch 2 drained both nodes at once without a word. The operator's
+    # value is honoured (a maintenance window may want it), and said first.
+    targets = fleet(min_serving=0, rollout={"canaries": 0, "batch": 2},
+                    cyan=FakeNode(switch_script=[outcome(0)]), peacock=FakeNode(switch_script=[outcome(0)]))
+    code, text = run(targets)
+    assert code == Exit.OK, text
+    assert text.splitlines()[1].startswith("note: min_serving 0 (the inventory's): no node of these 2 need take "
+                                           "calls"), text
+    quiet = fleet(cyan=FakeNode(switch_script=[outcome(0)]), peacock=FakeNode(switch_script=[outcome(0)]))
+    assert "min_serving 0" not in run(quiet)[1]

@@ -29,7 +29,7 @@ from prometheus_client.parser import text_string_to_metric_families
 from conftest import BIN, REPO, loopback_pair
 from release_fleet import sandbox_fleet
 from flatshare_ops.sandbox.caller import Gateway, place_call, run_calls
-from flatshare_ops.sandbox.completions import post_completion, request_body
+from flatshare_ops.common.completions import post_completion, request_body
 from flatshare_ops.sandbox.engine_behaviour import Behaviour
 
 ADDRESSES = loopback_pair(73)

@@ -26,6 +26,14 @@ from dataclasses import asdict, dataclass, field, fields
 
 #: The bundle protocol a node's entry point runs; raise it only for a change an older entry point cannot run.
 VERSION = 1
+#: The switcher's generation: raised when a switcher's rules change so that an older one would break a
+#: promise if it ran again. A node's entry point runs no switcher older than its own generation (node/entry.py):
+#: not a bundle's from an older checkout, nor an active release's stored one for a rollback or a probe (the
+#: installed code runs those instead). 1: every switcher before it was written down. 2: admission to drain
+#: that sees what callers see (gateway, systemd's restarts, a call through the gateway, asked again before the
+#: gateway stops, one node counted once by the id it reports). The entry point reads it from the switcher's own
+#: copy of this file, as ``GENERATION = N`` on one line.
+GENERATION = 2
 #: Protocol lines start with this (the operator's side reads them; people never see them).
 PREFIX = "::flatshare:"
 
@@ -45,11 +53,14 @@ class AdmitRequest:
         node: the node's name.
         switch: the switch's id (the operator's).
         dry_run: a dry run asks too, so that the plan shows what the admission would say.
+        node_id: what tells this node from every other whatever name reached it (node/probe.py
+            ``node_identity``), so that the operator's side never counts it among the others; None when unknown.
     """
 
     node: str
     switch: str
     dry_run: bool = False
+    node_id: str | None = None
     kind = "admit"
 
 

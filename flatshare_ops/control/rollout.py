@@ -229,6 +229,9 @@ class Rollout:
                           + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
                              + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
                              if len(batches) > 1 else ""))
+        if floor == 0 and total > 1:
+            self.out.line(f"note: min_serving 0 (the inventory's): no node of these {total} need take calls while "
+                          "this runs, so every node may drain at once")
         if len(self.chosen) > 1 and strategy.canaries > canaries:
             self.out.line(f"rollout.canaries {strategy.canaries} is more than this rollout of {len(self.chosen)} "
                           f"nodes can have: {canaries}, so that a node follows the canaries' analysis")
@@ -438,7 +441,7 @@ class Rollout:
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
                     self.asking.add(target.name)
-                    reason = self.admission(target)
+                    reason = self.admission(target, message.node_id)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
                     self.asking.discard(target.name)
                 elif isinstance(message, protocol.Outcome):
@@ -464,18 +467,21 @@ class Rollout:
             return self.follow_up(target, switch_id)
         return status
 
-    def admission(self, target: NodeTarget) -> str | None:
+    def admission(self, target: NodeTarget, node_id: str | None = None) -> str | None:
         """May ``target`` drain now? None to admit, else why not.
 
         Asked by the node while it holds its own release lock: each other node is probed
         (does it take calls, does a release hold it); an unreachable node counts as not
         serving. ``target`` may drain while at least ``min_serving`` others take calls and
-        are not being released.
+        are not being released. One node is counted once, whatever names reach it: two
+        answers are the same node when their SSH host keys or their node ids (the
+        machine and state directory each node reports, node/probe.py ``node_identity``;
+        ``node_id`` is the draining node's own) agree.
         """
         serving = []
-        # One node is counted once, whatever names reach it: its SSH host key tells (the node draining first).
-        nodes_by_key = {key: f"{target.name}, the node that would drain"
-                        for key in [self._identity(target)] if key}
+        draining = f"{target.name}, the node that would drain"
+        nodes_by_key = {key: draining for key in [("SSH host key", self._identity(target)),
+                                                  ("node id", node_id)] if key[1]}
         for other in self.everyone:
             if other.name == target.name:
                 continue
@@ -490,14 +496,16 @@ class Rollout:
                 self.out.line(f"{other.name}: UNKNOWN: its probe did not answer JSON "
                               f"({not_an_answer(result.status, result.output + result.errors, err)})")
                 continue
-            key = self._identity(other)
-            if key in nodes_by_key:
-                self.out.line(f"{other.name}: the same node as {nodes_by_key[key]} (the same SSH host key): not "
+            answer = answer if isinstance(answer, dict) else {}
+            reported = answer.get("node_id")
+            keys = [k for k in [("SSH host key", self._identity(other)),
+                                ("node id", reported if isinstance(reported, str) else None)] if k[1]]
+            same = next((k for k in keys if k in nodes_by_key), None)
+            if same is not None:
+                self.out.line(f"{other.name}: the same node as {nodes_by_key[same]} (the same {same[0]}): not "
                               "counted again")
                 continue
-            if key:
-                nodes_by_key[key] = other.name
-            answer = answer if isinstance(answer, dict) else {}
+            nodes_by_key.update({k: other.name for k in keys})
             gateway = answer.get("gateway")
             if isinstance(gateway, str) and not other.names_itself(gateway):
                 self.out.line(f"{other.name}: its probe read the gateway at {gateway}, which does not name "

@@ -5,12 +5,14 @@ drain"); what a caller meets is the only judge, never whether flatshare-ops's ow
 
 - :func:`node_calls`, for the admission probe of *another* node (counted towards ``min_serving``):
   the node takes calls only when every part was seen serving: its services active (systemd), its
-  gateway and its engine answering ``GET /health`` 200 within their bounds, no voice drain file.
+  gateway and its engine answering ``GET /health`` 200 within their bounds, no voice drain file, and
+  one call through its gateway streamed to its end (a one-token completion).
   Anything else, or anything not established (``None``), counts as not taking calls.
 - :func:`served_here`, for *this* node's own drain (whether it needs admission at all): callers are
   served here when any gateway URL the node may answer at answers 200, whatever the units and the
-  drain file say; "not served" (no admission needed) only when every such URL refused the connection
-  or answered otherwise, and unknown (admission asked) when one did not answer in time or a release
+  drain file say; "not served" (no admission needed) only when every such URL answered otherwise, or
+  refused the connection while systemd neither runs the gateway nor restarts it by itself; unknown
+  (admission asked) when one did not answer in time, refused while the unit may serve, or a release
   that may be serving cannot be read.
 
 Kept light: the admission probe another node's release waits for imports
@@ -75,19 +77,24 @@ def services_down(ctx: NodeContext) -> list[str]:
     return [f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS if states[f"{u}/ActiveState"] != "active"]
 
 
-def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
+def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_TIMEOUT_S,
+               call_timeout_s: float | None = None) -> Calls:
     """Whether this node takes calls right now, as a caller would find it: the strict reading, for the
     admission probe of another node's drain (anything short of every part seen serving counts against it).
+    Once every part answers, one call is placed through the gateway (:func:`call_problem`): a gateway whose
+    /health says 200 while its calls fail or hang takes no calls.
 
     Args:
         ctx: the node.
         serving: the serving.json naming where the gateway, the engine and the drain file are (the
             active release's; None when it cannot be read).
         timeout_s: the bound of each health request (seconds).
+        call_timeout_s: the bound of the call (seconds; :data:`CALL_TIMEOUT_S` when None).
 
     Returns:
         A :class:`Calls`.
     """
+    call_timeout_s = CALL_TIMEOUT_S if call_timeout_s is None else call_timeout_s
     try:
         down = services_down(ctx)
     except SystemdError as err:
@@ -111,31 +118,90 @@ def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_T
     if drain_file.exists():
         seen.append(f"{drain_file} is present (the voice worker is drained)")
     if not seen:
-        return Calls(True)
+        problem = call_problem(gateway, call_timeout_s)
+        if problem is None:
+            return Calls(True)
+        seen.append(problem)
     return Calls(False, seen)
 
 
-def loaded_gateway_url(ctx: NodeContext, unknown: list[str]):
-    """The gateway URL in the ``Environment=`` of the gateway unit systemd has loaded (``Service.Environment``,
-    org.freedesktop.systemd1(5)): where the running gateway answers, whatever ``current`` or a journal says.
+#: The bound of the probe's call through the gateway (seconds): its answer streamed to ``[DONE]``.
+CALL_TIMEOUT_S = 10.0
+#: The probe call's request id prefix (``X-Request-Id``; vLLM answers ``cmpl-`` + it): its requests are told
+#: apart from callers' in the engine's and the gateway's logs.
+PROBE_REQUEST_ID = "flatshare-admission-probe"
+
+
+def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S) -> str | None:
+    """Place one call through the gateway as a caller would: a streamed completion of one token
+    (common/completions.py; no ``model``: vLLM answers with its served model), read to ``[DONE]``.
+
+    Args:
+        gateway: the gateway's base URL (``http://HOST:PORT``).
+        timeout_s: the bound of the whole call (seconds).
 
     Returns:
-        The URL; False when no gateway unit is loaded or it sets none (nothing to ask); None when systemd did
-        not answer (a line is added to ``unknown``).
+        None when it streamed a token and ended with ``[DONE]`` and no error event; else what the caller met,
+        one line.
+    """
+    import uuid
+
+    from ..common.completions import post_completion, request_body
+
+    outcome = post_completion(gateway, request_body("w1", 1), f"{PROBE_REQUEST_ID}-{uuid.uuid4().hex[:12]}",
+                              timeout_s)
+    if outcome.error is None and outcome.done and outcome.tokens >= 1:
+        return None
+    what = outcome.error or ("streamed no token" if outcome.done else "ended without [DONE]")
+    return f"a call through its gateway {gateway} failed ({what})"
+
+
+#: The gateway unit's ActiveStates in which systemd runs it or is about to run it again (org.freedesktop.systemd1(5);
+#: a unit waiting out ``RestartSec=`` after a crash is ``activating``, sub-state ``auto-restart``): a refused
+#: connection then is a moment, not "nothing serves here".
+GATEWAY_MAY_SERVE = ("active", "activating", "reloading", "deactivating", "refreshing")
+
+
+@dataclass(frozen=True)
+class GatewayUnit:
+    """The gateway unit as systemd holds it now.
+
+    Attributes:
+        url: the ``FLATSHARE_GATEWAY_URL`` of its loaded ``Environment=`` (where the running gateway answers,
+            whatever ``current`` or a journal says); None when no gateway unit is loaded or it sets none.
+        state: its ``ActiveState`` and ``SubState`` (``"activating (auto-restart)"``); None when not loaded.
+        may_serve: systemd runs it or will run it again by itself (:data:`GATEWAY_MAY_SERVE`).
+    """
+
+    url: str | None
+    state: str | None
+    may_serve: bool
+
+
+def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
+    """The gateway unit systemd has loaded: its URL and its state (``Service.Environment``, ``Unit.ActiveState``,
+    ``Unit.SubState``, org.freedesktop.systemd1(5)).
+
+    Returns:
+        A :class:`GatewayUnit`; None when systemd did not answer (a line is added to ``unknown``).
     """
     try:
         found = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "LoadState"),
+                                                 (GATEWAY_UNIT, "Unit", "ActiveState"),
+                                                 (GATEWAY_UNIT, "Unit", "SubState"),
                                                  (GATEWAY_UNIT, "Service", "Environment")])
     except SystemdError as err:
         unknown.append(f"systemd did not say where its gateway unit answers: {err}")
         return None
     if found[f"{GATEWAY_UNIT}/LoadState"] != "loaded":
-        return False
+        return GatewayUnit(None, None, False)
+    active = str(found[f"{GATEWAY_UNIT}/ActiveState"])
+    url = None
     for entry in found[f"{GATEWAY_UNIT}/Environment"] or []:
         name, _, value = str(entry).partition("=")
         if name == GATEWAY_URL_VARIABLE and value:
-            return value.rstrip("/")
-    return False
+            url = value.rstrip("/")
+    return GatewayUnit(url, f"{active} ({found[f'{GATEWAY_UNIT}/SubState']})", active in GATEWAY_MAY_SERVE)
 
 
 def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
@@ -144,11 +210,13 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     Here the unsafe answer is "not served" (the drain then asks no one), so it is given only when callers
     certainly meet no serving gateway: every gateway URL the node may answer at (the one the gateway unit
     systemd has loaded runs with, whatever our files say; each release in ``releases``, the active one and
-    the one an interrupted switch was leaving or going to; and the new release) refused the connection or
-    answered other than 200. Neither the units' states nor a voice drain
-    file decide it: a gateway answering 200 serves its callers whatever they say. The answer is unknown (the
-    drain then asks) when a URL did not answer within the bound, or when one of ``releases`` cannot be read
-    (where its gateway answers is then not known).
+    the one an interrupted switch was leaving or going to; and the new release) answered other than 200, or
+    refused the connection while systemd neither runs the gateway unit nor starts it again by itself
+    (:data:`GATEWAY_MAY_SERVE`: a gateway crashed and waiting out ``RestartSec=`` serves again in a moment).
+    Neither the other units' states nor a voice drain file decide it: a gateway answering 200 serves its callers
+    whatever they say. The answer is unknown (the drain then asks) when a URL did not answer within the bound,
+    refused while the unit may serve, or when one of ``releases`` cannot be read (where its gateway answers is
+    then not known).
 
     Args:
         ctx: the node.
@@ -163,7 +231,7 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     from ..common.http import REFUSED, http_fetch
 
     unknown: list[str] = []
-    loaded = loaded_gateway_url(ctx, unknown)
+    unit = gateway_unit(ctx, unknown)
     urls = []
     for rid in dict.fromkeys(r for r in releases if r):
         serving = active_serving(ctx, rid)
@@ -175,8 +243,8 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     urls.append((new.get("gateway") or {}).get("url"))
     if any(not isinstance(url, str) for url in urls):
         unknown.append("a release names no gateway URL (made before gateway.url), so what callers meet is not known")
-    if isinstance(loaded, str):
-        urls.insert(0, loaded)
+    if unit is not None and unit.url:
+        urls.insert(0, unit.url)
     not_served: list[str] = []
     for url in dict.fromkeys(u for u in urls if isinstance(u, str)):
         status, _, why = http_fetch(url + "/health", timeout_s)
@@ -184,6 +252,9 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
             return Calls(True)
         if status:
             not_served.append(f"its gateway's {url}/health answered {status}")
+        elif why == REFUSED and unit is not None and unit.may_serve:
+            unknown.append(f"its gateway's {url}/health {why}, but systemd has {GATEWAY_UNIT} {unit.state}: it "
+                           "runs it, or starts it again by itself, so callers may be served in a moment")
         elif why == REFUSED:
             not_served.append(f"its gateway's {url}/health {why}")
         else:

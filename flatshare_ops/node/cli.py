@@ -183,7 +183,9 @@ def switch(args) -> int:
 
     def admit(plan) -> str | None:
         out.line(f"{ctx.node}: asking the operator's side for admission to drain")
-        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run))
+        from .probe import node_identity
+
+        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx)))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         if answer is None and stdin.closed:
             return ("the operator's side went away before answering the admission request (interrupted, or "

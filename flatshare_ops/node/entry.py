@@ -8,7 +8,9 @@ once by ``flatshare node bootstrap``, only:
 1. reads the bundle's header: ``protocol`` (what this entry point can run:
    :data:`PROTOCOL`) and ``lock_sha256`` (the sha256 of the checkout's
    requirements.lock, which must be the lock this node's venv was installed
-   from); anything it cannot run is refused in one line, exit 3;
+   from); anything it cannot run is refused in one line, exit 3, and so is a
+   switcher older than :data:`OLDEST_GENERATION` (common/protocol.py
+   ``GENERATION``: an older one's rules are known to break a promise);
 2. unpacks the switcher into ``releases/.switchers/SHA256/`` (the zip checked
    against its sha256 and kept there; an unpacked tree is used only when it is
    exactly the zip, else unpacked again: :func:`_tree_matches`), and
@@ -17,7 +19,8 @@ once by ``flatshare node bootstrap``, only:
 Commands without a bundle (status, history, probe, rollback...) run the
 switcher of the node's active release (a rollback runs the switcher of the
 release it leaves), checked against its kept zip the same way, or the installed
-code when there is none or it cannot be checked (said on stderr). Standard
+code when there is none, it cannot be checked, or it is older than
+:data:`OLDEST_GENERATION` (said on stderr). Standard
 library only, and kept small: its protocol is the contract between every
 checkout and every node.
 """
@@ -41,6 +44,10 @@ from flatshare_ops.common import protocol
 #: The bundle protocol this entry point runs (common/protocol.py: raise it only for a change an older
 #: entry point cannot run).
 PROTOCOL = protocol.VERSION
+#: The oldest switcher generation this entry point runs (common/protocol.py ``GENERATION``): its own.
+OLDEST_GENERATION = protocol.GENERATION
+#: Where a switcher's zip says its generation.
+GENERATION_FILE = "flatshare_ops/common/protocol.py"
 #: Runs the switcher: argv[1] is the switcher directory ("" for the installed code). A switcher runs without
 #: bytecode (none written, and a tree holding any is unpacked again: _tree_matches), so that what runs is
 #: exactly the source checked against the zip.
@@ -125,6 +132,7 @@ def unpack(releases: Path, switcher: dict) -> Path:
 
     Raises:
         ValueError: the zip does not match its sha256, or is not a zip of ``flatshare_ops/``.
+        TooOld: the switcher is older than this entry point runs (nothing is unpacked).
         OSError: the switcher could not be written.
     """
     data = base64.b64decode(switcher["zip_b64"], validate=True)
@@ -133,7 +141,31 @@ def unpack(releases: Path, switcher: dict) -> Path:
         raise ValueError(f"the shipped switcher's sha256 is {digest}, not {switcher.get('sha256')}")
     with zipfile.ZipFile(io.BytesIO(data)) as archive:
         _check_members(archive)
+        generation = switcher_generation(archive)
+        if generation < OLDEST_GENERATION:
+            raise TooOld(generation)
         return _put_in_place(releases / ".switchers" / digest, data, archive)
+
+
+class TooOld(Exception):
+    """A switcher older than this entry point runs (:data:`OLDEST_GENERATION`); ``generation``: its own."""
+
+    def __init__(self, generation: int) -> None:
+        super().__init__(generation)
+        self.generation = generation
+
+
+def switcher_generation(archive: zipfile.ZipFile) -> int:
+    """The generation a switcher's zip says it is (the ``GENERATION = N`` line of its
+    :data:`GENERATION_FILE`); 1 when it says none (every switcher before generations were written down)."""
+    import re
+
+    try:
+        text = archive.read(GENERATION_FILE).decode("utf-8", errors="replace")
+    except KeyError:
+        return 1
+    found = re.search(r"^GENERATION = (\d{1,6})$", text, re.MULTILINE)
+    return int(found.group(1)) if found else 1
 
 
 def _check_members(archive: zipfile.ZipFile) -> None:
@@ -261,6 +293,12 @@ def active_switcher(releases: Path) -> Path | None:
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
             _check_members(archive)
+            generation = switcher_generation(archive)
+            if generation < OLDEST_GENERATION:
+                print(f"flatshare-node: note: the active release's switcher {directory} is generation {generation}, "
+                      f"older than this node runs ({OLDEST_GENERATION}): running the installed flatshare-ops "
+                      "instead", file=sys.stderr, flush=True)
+                return None
             return _put_in_place(directory, data, archive)
     except (ValueError, OSError, zipfile.BadZipFile) as err:
         print(f"flatshare-node: note: the active release's switcher {directory} could not be unpacked again "
@@ -309,6 +347,10 @@ def main() -> None:
         try:
             releases.mkdir(parents=True, exist_ok=True)
             switcher = unpack(releases, bundle["switcher"])
+        except TooOld as err:
+            _refuse(f"release refused: the release's switcher is generation {err.generation}, older than this node "
+                    f"runs ({OLDEST_GENERATION}: an older switcher's admission to drain is known to let the last "
+                    "serving node drain); release from a current checkout")
         except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
             _refuse(f"node switch: the shipped switcher is damaged ({err})", BAD_INPUT)
         except OSError as err:

@@ -51,14 +51,38 @@ def built_module(ctx: NodeContext, path: str | None = None) -> dict:
         return {"node": ctx.node, "error": "the active release names no module path; give it (--path)"}
 
 
+#: This machine's id (machine-id(5)): set once at installation, the same for every name or address reaching it.
+MACHINE_ID = "/etc/machine-id"
+
+
+def node_identity(ctx: NodeContext) -> str | None:
+    """What tells this node from every other, whatever name, address, port or SSH host key reached it: this
+    machine's id (:data:`MACHINE_ID`) with the device and inode of the node's state directory (one machine may
+    hold several nodes, as the sandbox's does). ``"MACHINE:DEV:INODE"``; None when the state directory cannot
+    be read (then only the SSH host key tells nodes apart)."""
+    try:
+        with open(MACHINE_ID, encoding="ascii", errors="replace") as f:
+            machine = f.read(64).strip()
+    except OSError:
+        machine = ""
+    try:
+        st = os.stat(ctx.state_dir)
+    except OSError:
+        return None
+    import socket
+
+    return f"{machine or socket.gethostname()}:{st.st_dev}:{st.st_ino}"
+
+
 def probe(ctx: NodeContext) -> dict:
     """This node's answer to an admission check.
 
     Returns:
         ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None,
-        "gateway": URL | None}``; ``locked`` is true too when the lock table cannot be read here (``holder``
-        says so); ``gateway`` is the gateway URL the answer was read at (the active release's ``gateway.url``),
-        for the operator's side to check that it names this node.
+        "gateway": URL | None, "node_id": str | None}``; ``locked`` is true too when the lock table cannot be
+        read here (``holder`` says so); ``gateway`` is the gateway URL the answer was read at (the active
+        release's ``gateway.url``), for the operator's side to check that it names this node; ``node_id``:
+        :func:`node_identity`, so that one node reached by two names is counted once.
     """
     from .store import current_release
     from .calls import active_serving, node_calls
@@ -74,7 +98,7 @@ def probe(ctx: NodeContext) -> dict:
         takes, problems = False, [str(err)]
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
     return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder,
-            "gateway": gateway if isinstance(gateway, str) else None}
+            "gateway": gateway if isinstance(gateway, str) else None, "node_id": node_identity(ctx)}
 
 
 #: The bound of one scrape of the engine's /metrics (seconds).

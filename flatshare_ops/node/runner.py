@@ -90,7 +90,7 @@ def new_journal(ctx: NodeContext, p: Plan, switch_id: str, rollout: str | None, 
 
 def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal: journals.Journal,
         abandon: tuple[journals.Journal, str] | None = None, roll_back_on_failure: bool = False,
-        drain_kept: drain.VoiceDrain | None = None) -> None:
+        drain_kept: drain.VoiceDrain | None = None, readmit=None, admitted_at: float = 0.0) -> None:
     """Carry out plan ``p``: journal each step; on any early end apply the early-end rule.
 
     Args:
@@ -99,13 +99,15 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         roll_back_on_failure: when the engine does not serve (:data:`ENGINE_VERDICTS`), record the
             failure, keep the drain, and raise :class:`RollbackNeeded` instead of ending early.
         drain_kept: the voice drain a switch this one continues left in place (an automatic rollback).
+        readmit, admitted_at: the admission to drain decided again, and when it was decided
+            (``time.monotonic()``): the gateway's stop decides it again when it is old (node/steps.py).
 
     Raises:
         JournalNotWritten: the journal could not be written at all (nothing was changed).
         RollbackNeeded: see ``roll_back_on_failure``.
         SwitchFailed: a step failed, a write failed, or a signal ended the switch.
     """
-    sw = Switch(ctx, p, new, out, journal=journal)
+    sw = Switch(ctx, p, new, out, journal=journal, readmit=readmit, admitted_at=admitted_at)
     if drain_kept is not None:
         sw.drain, sw.gateway_stopped = drain_kept, True
     try:

@@ -19,7 +19,7 @@ from . import systemd
 from ..common import durable
 from ..common.files import Damaged, read_bytes
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
-from ..errors import FlatshareError, SystemdError
+from ..errors import FlatshareError, Refused, SystemdError
 from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
@@ -32,6 +32,10 @@ GATEWAY_STOP_MARGIN_S = 30.0
 DEFAULT_STOP_TIMEOUT_S = 90.0
 #: How long the voice worker may take to say it serves again after the drain ends (seconds).
 VOICE_SERVING_S = 30.0
+#: How old an admission to drain may be when the gateway stops (seconds): older (the voice drain waited for
+#: calls to end, up to ``voice.drain_timeout_s``), it is asked again, so that the drain every caller notices
+#: is admitted on what the other nodes are now, not on what they were before the wait.
+ADMISSION_FRESH_S = 5.0
 
 
 class StepError(FlatshareError):
@@ -64,6 +68,9 @@ class Switch:
             command line again: the early end does not wait for it).
         engine_output_mark: where the engine's output stood when this switch started it
             (:func:`common.unit_output.output_mark`): a failed start quotes only what came after.
+        readmit: decides the admission to drain again (node/refusals.py ``admit_to_drain`` for this switch's
+            plan; raises ``Refused``), None when the plan drains nothing.
+        admitted_at: ``time.monotonic()`` when the admission was last decided.
     """
 
     ctx: NodeContext
@@ -76,6 +83,8 @@ class Switch:
     engine_deadline: float | None = None
     engine_output_mark: object = None
     notes: list[str] = field(default_factory=list)
+    readmit: Callable[[], None] | None = None
+    admitted_at: float = 0.0
 
     @property
     def serving(self) -> dict:
@@ -108,6 +117,15 @@ def drain_voice(sw: Switch) -> None:
 
 
 def stop_gateway(sw: Switch) -> None:
+    age = time.monotonic() - sw.admitted_at
+    if sw.readmit is not None and age > ADMISSION_FRESH_S:
+        sw.out.line(f"  the admission to drain was decided {age:.0f} s ago (more than {ADMISSION_FRESH_S:g} s): "
+                    "deciding it again before the gateway stops")
+        try:
+            sw.readmit()
+        except Refused as err:
+            raise StepError(f"the gateway was not stopped: {err}") from None
+        sw.admitted_at = time.monotonic()
     sw.gateway_stopped = True  # from here on, an early end starts it again
     sw.job("stop", GATEWAY_UNIT, float(sw.serving["gateway"]["drain_timeout_s"]) + GATEWAY_STOP_MARGIN_S)
 

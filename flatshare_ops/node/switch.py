@@ -120,6 +120,7 @@ class Work:
     resumed: int = 0
     abandon: tuple[journals.Journal, str] | None = None
     forced: bool = False
+    admitted_at: float = 0.0
 
 
 def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission) -> Done:
@@ -371,6 +372,7 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
         refuse_what_cannot_start(ctx, work.new, out, request.action)
     if work.plan.drains:
         admit_to_drain(ctx, work.plan, work.new, out, admit, request.action)
+        work.admitted_at = time.monotonic()
 
 
 def _store(ctx: NodeContext, request: Request, out: ReleaseOutput) -> None:
@@ -402,11 +404,20 @@ def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Wor
     back_to = _auto_rollback_target(ctx, request, p, state, out)
     out.line(f"{ctx.node}: switching {p.from_id or '(no release)'} -> {p.to_id}{title(p)}")
     try:
-        run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None)
+        run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None,
+            readmit=_readmission(ctx, p, work.new, out, admit, request.action), admitted_at=work.admitted_at)
     except RollbackNeeded as failure:
         return _roll_back_automatically(ctx, request, out, work, failure, back_to, admit)
     _prune(ctx, out)
     return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None)
+
+
+def _readmission(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission, action: str):
+    """The admission to drain of plan ``p``, to be decided again by its gateway's stop (node/steps.py
+    ``stop_gateway``); None when the plan drains nothing. Raises ``Refused`` when not admitted."""
+    if not p.drains:
+        return None
+    return lambda: admit_to_drain(ctx, p, new, out, admit, action)
 
 
 def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: State, out: ReleaseOutput) -> str | None:
@@ -457,9 +468,11 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
         for line in describe(p):
             out.line(line)
         admit_to_drain(ctx, p, new, out, admit, "automatic rollback")
+        admitted_at = time.monotonic()
         journal = new_journal(ctx, p, request.switch, request.rollout, None, time.time(), auto=why)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)  # the rollback's own early-end rule holds now
-        run(ctx, p, new, out, journal, drain_kept=failure.switch.drain)
+        run(ctx, p, new, out, journal, drain_kept=failure.switch.drain,
+            readmit=_readmission(ctx, p, new, out, admit, "automatic rollback"), admitted_at=admitted_at)
     except SwitchFailed as err:
         raise SwitchFailed(f"{ctx.node}: {why}; the automatic rollback to {back_to} failed too: {err}") from None
     except (Exception, KeyboardInterrupt, Interrupted) as err:

@@ -29,7 +29,7 @@ import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
-from .completions import post_completion, request_body
+from ..common.completions import post_completion, request_body
 
 #: The wait before dialling the list again when every gateway refused and none said how long.
 DEFAULT_RETRY_S = 1.0

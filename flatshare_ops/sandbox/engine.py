@@ -51,6 +51,7 @@ import time
 from pathlib import Path
 from typing import Iterator
 
+from ..common.completions import COMPLETIONS_PATH
 from . import completions as c
 from .engine_behaviour import Behaviour, BehaviourError, Outcomes, changed, from_environment
 from .engine_metrics import MALFORMED, EngineMetrics
@@ -311,7 +312,7 @@ def routes(engine: Engine) -> dict:
         ("GET", "/version"): lambda _r: json_body(200, {"version": installed_release()}),
         ("GET", "/metrics"): metrics,
         ("GET", "/v1/models"): models,
-        ("POST", c.COMPLETIONS_PATH): completions,
+        ("POST", COMPLETIONS_PATH): completions,
         ("GET", f"{CONTROL}/behaviour"): behaviour,
         ("POST", f"{CONTROL}/behaviour"): behaviour,
         ("POST", f"{CONTROL}/observe"): observe,

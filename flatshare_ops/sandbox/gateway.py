@@ -37,7 +37,8 @@ from pathlib import Path
 from urllib.parse import urlsplit
 
 from ..common.durable import write_atomic
-from .completions import COMPLETIONS_PATH, error_document
+from ..common.completions import COMPLETIONS_PATH
+from .completions import error_document
 from .http import Request, Streamed, json_body, serve
 
 #: How long the gateway waits for the engine to say anything (connect, answer, next event), seconds.

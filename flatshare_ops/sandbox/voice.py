@@ -36,7 +36,7 @@ from pathlib import Path
 
 from ..common.durable import write_atomic
 from ..common.files import Damaged, read_bytes
-from .completions import post_completion, request_body
+from ..common.completions import post_completion, request_body
 from .http import Request, json_body, serve
 
 POLL_S = 0.05
