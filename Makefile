@@ -1,6 +1,6 @@
 # flatshare-ops: `make demo` runs the main job, `make test` the tests.
 # `make profiles` shows drift between the profile and its rendered files
-# (exit 1); `make profiles UPDATE=1` rewrites them.
+# (make exits 2; 'flatshare profiles render' itself exits 1); `make profiles UPDATE=1` rewrites them.
 VENV := .venv
 BIN := $(VENV)/bin
 

@@ -14,7 +14,9 @@ step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstra
 step "release: both nodes, one at a time, over SSH (the first time: each node's first release, a real switch), while calls stream through both gateways"
 calls=$(mktemp)
 # A call waits (bounded) while no gateway answers yet: on the first run no node has a release until cyan's first switch ends.
-$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --pause 0.5 --for 600 --tokens 32 --timeout 240 --brief >"$calls" 2>&1 &
+# --spread: one seat dials cyan first, the other peacock first, so the canary and its baseline both have
+# calls for the canary analysis to measure (a later run with a change analyses cyan against peacock).
+$bin/python -m flatshare_ops.sandbox.caller --inventory "$inv" --concurrency 2 --spread --pause 0.5 --for 600 --tokens 32 --timeout 240 --brief >"$calls" 2>&1 &
 caller=$!
 $bin/flatshare release --all --inventory "$inv"
 code=$?

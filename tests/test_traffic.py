@@ -535,3 +535,21 @@ def test_a_seats_pause_between_calls_ends_when_the_caller_stops(fleet):
     seat.join(120)
     assert not seat.is_alive(), "the pause did not end when the caller stopped"
     assert [(r.call, r.gateway, r.done) for r in reports] == [(1, "cyan", True)]
+
+
+def test_spread_seats_start_at_each_gateway_so_both_nodes_take_calls_and_each_fails_over(fleet):
+    # A new user's case: make demo's caller dialled cyan first from every seat, peacock (the canary's baseline)
+    # had no calls, and the canary analysis could never compare: every later run paused. With --spread, seat k
+    # starts at gateway k: both serve, as the gateways' own counts say.
+    def completed(name: str) -> int:
+        return json.loads(urllib.request.urlopen(f"http://{ADDRESSES[name]}:8080/stats", timeout=5).read())["completed"]
+
+    gateways = [_gateway("cyan"), _gateway("peacock")]
+    before = {name: completed(name) for name in ("cyan", "peacock")}
+    reports = run_calls(gateways, concurrency=2, calls=8, tokens=2, timeout_s=30, spread=True)
+    assert all(r.ended_well for r in reports), [r.line() for r in reports]
+    after = {name: completed(name) for name in ("cyan", "peacock")}
+    assert after["cyan"] > before["cyan"] and after["peacock"] > before["peacock"], (before, after)
+    assert {r.gateway for r in reports} == {"cyan", "peacock"}
+    # In order (no spread), every call goes to the first gateway that serves.
+    assert {r.gateway for r in run_calls(gateways, concurrency=2, calls=4, tokens=2, timeout_s=30)} == {"cyan"}

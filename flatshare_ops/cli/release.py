@@ -77,7 +77,7 @@ def release(
     warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
-                      auto_rollback=not no_auto_rollback, analysis=analysis.value)
+                      auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path)
     raise typer.Exit(_finish(rollout, as_json))
 
 
@@ -118,13 +118,14 @@ def rollback(
     everyone = every_node(path, chosen)
     _on_signals()
     if not all_nodes:
-        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run), as_json))
+        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run, inventory=path),
+                                 as_json))
     undo, order = _last_rollout(chosen, out)
     if undo is None:
         out.line("rollback: no node records a rollout to undo; nothing to do")
         raise typer.Exit(4)
     raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode="undo-rollout", dry_run=dry_run, undo=undo,
-                                     analysis=analysis.value), as_json))
+                                     analysis=analysis.value, inventory=path), as_json))
 
 
 def _last_rollout(chosen, out):

@@ -54,12 +54,15 @@ class Rollout:
         out: the operator's terminal.
         mode: ``release``, ``rollback`` or ``undo-rollout``.
         undo: the rollout to undo (mode ``undo-rollout``).
+        inventory: the inventory file in use, named in the commands this run suggests (:meth:`command`).
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
-                 undo: str | None = None, auto_rollback: bool = True, analysis: str = "on") -> None:
+                 undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
+                 inventory: Path | None = None) -> None:
         self.root, self.chosen, self.everyone, self.out = root, chosen, everyone, out
+        self.inventory = inventory
         self.mode, self.force, self.dry_run, self.undo = mode, force, dry_run, undo
         self.auto_rollback, self.analysis = auto_rollback, analysis
         self.settings = chosen[0].settings
@@ -204,6 +207,20 @@ class Rollout:
             except FutureTimeout:
                 pass  # still connecting past its own bound: nothing more to wait for
 
+    def command(self, words: str) -> str:
+        """A command this run suggests, quoted for the message: ``'flatshare WORDS'``, with ``--inventory PATH``
+        when the inventory in use is neither the default nor ``$FLATSHARE_INVENTORY`` (copied as printed, the
+        command then reaches these nodes, never production's)."""
+        import os
+        import shlex
+
+        from ..config.inventory import DEFAULT_INVENTORY
+
+        inventory = self.inventory
+        if inventory is None or inventory == DEFAULT_INVENTORY or os.environ.get("FLATSHARE_INVENTORY") == str(inventory):
+            return f"'flatshare {words}'"
+        return f"'flatshare {words} --inventory {shlex.quote(str(inventory))}'"
+
     # --- the run ------------------------------------------------------------------------------------
 
     def run(self) -> int:
@@ -335,8 +352,8 @@ class Rollout:
             for target in switched:
                 self.analysed[target.name] = "analysis stopped: another switch moved a node it measured"
             self.out.line(f"the rollout stops: its canary analysis could not judge the release ({verdict.aborted}); "
-                          "'flatshare status' shows where each node is, and 'flatshare release --all' analyses "
-                          "the canary again")
+                          f"{self.command('status')} shows where each node is, and {self.command('release --all')} "
+                          "analyses the canary again")
             return Exit.PAUSED
         self.analyses += verdict.documents()
         for name, result in verdict.results.items():
@@ -350,13 +367,14 @@ class Rollout:
             names = ", ".join(t.name for t in switched)
             if self.mode == "undo-rollout":
                 self.out.line(f"the canary analysis was inconclusive and the profile says pause: the undo of rollout "
-                              f"{self.undo} stops with {names} back on what it ran before. To go on: 'flatshare "
-                              "rollback --all --analysis skip' (recorded), or again with calls to measure")
+                              f"{self.undo} stops with {names} back on what it ran before. To go on: "
+                              f"{self.command('rollback --all --analysis skip')} (recorded), or again with calls to "
+                              "measure")
             else:
                 self.out.line(f"the canary analysis was inconclusive and the profile says pause: the rollout stops "
-                              f"with {names} on the new release. To go on: 'flatshare release --all --analysis "
-                              "skip' (recorded), or again with calls to measure; to undo it: 'flatshare rollback "
-                              "--all'")
+                              f"with {names} on the new release. To go on: "
+                              f"{self.command('release --all --analysis skip')} (recorded), or again with calls to "
+                              f"measure; to undo it: {self.command('rollback --all')}")
             return Exit.PAUSED
         return None
 
@@ -389,9 +407,9 @@ class Rollout:
         for t in self.chosen:
             if t.result is None and t.name in self.asking:
                 label = ("was asking for admission to drain: without an answer it refuses and changes nothing "
-                         "('flatshare status' shows it)")
+                         f"({self.command('status')} shows it)")
             elif t.result is None and t.name in self.switching:
-                label = "switching on the node when interrupted (it carries on: 'flatshare status' follows it)"
+                label = f"switching on the node when interrupted (it carries on: {self.command('status')} follows it)"
             elif t.result is None:
                 label = "not started"
             elif self.dry_run and t.result == Exit.OK:
@@ -557,7 +575,7 @@ class Rollout:
         if answer is None:
             self.out.line(f"{target.name}: could not ask the node what became of switch {switch_id} within "
                           f"{bound:g} s (the reconnect bound): {last_error}. Its outcome is unknown: run "
-                          f"'flatshare status --node {target.name}'")
+                          f"{self.command(f'status --node {target.name}')}")
             return Exit.UNREACHABLE
         return self._report(target, switch_id, answer, bound)
 

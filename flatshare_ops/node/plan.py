@@ -245,6 +245,9 @@ def describe(p: Plan) -> list[str]:
     if p.reasons:
         lines.append("why:")
         lines += [f"  {reason}" for reason in p.reasons]
-    lines.append("engine flags that change:" if p.flag_changes else "engine flags: unchanged")
+    if p.from_id is None and not p.flag_changes:
+        lines.append("engine flags: the first release's (nothing ran before to compare with)")
+    else:
+        lines.append("engine flags that change:" if p.flag_changes else "engine flags: unchanged")
     lines += [f"  {change}" for change in p.flag_changes]
     return lines

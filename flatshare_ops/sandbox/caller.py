@@ -9,9 +9,10 @@ dropped call, not retried. The core is standard library only (the tests and ``ma
 ``--inventory`` reads each node's gateway URL from its profile.
 
 ``python -m flatshare_ops.sandbox.caller (--gateway [NAME=]URL ... | --inventory FILE)
-[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--pause S] [--json | --brief]`` runs N
-calls at once (each seat pausing S seconds between its calls), K calls in all (N by default) or new calls
-for S seconds, and reports per call which
+[--concurrency N] [--calls K | --for S] [--tokens T] [--timeout S] [--pause S] [--spread] [--json | --brief]``
+runs N calls at once (each seat pausing S seconds between its calls; with ``--spread`` seat k dials the list
+starting at its k-th gateway), K calls in all (N by default) or new calls for S seconds, and reports per
+call which
 gateway answered, the tokens received, whether the stream ended with ``[DONE]`` and the time to
 first token. SIGTERM or Ctrl-C stops starting calls; the calls in progress finish and are
 reported. Exit 0 when every call ended with ``[DONE]`` and no error, 1 otherwise, 2 bad input.
@@ -79,7 +80,7 @@ class CallReport:
 
     def line(self) -> str:
         """One line for people."""
-        before = ", ".join(f"{a['gateway']}: {a['refusal']}" for a in self.attempts)
+        before = _refusals(self.attempts)
         head = f"call {self.call}: " + (f"{self.gateway} answered" if self.gateway else "no gateway answered")
         head += f" (after {before})" if before else ""
         if not self.gateway:
@@ -88,6 +89,16 @@ class CallReport:
         end = "ended with [DONE]" if self.done else "no [DONE]"
         trouble = f"; {self.error}" if self.error else ""
         return f"{head}: {self.tokens} token(s), {end}{first}{trouble}"
+
+
+def _refusals(attempts: list[dict]) -> str:
+    """The refusals a call met, each kind once in the order first met, with its count when more than one:
+    25 rounds of both gateways refusing read ``cyan: connection refused x25, peacock: connection refused x25``."""
+    counts: dict[tuple[str, str], int] = {}
+    for attempt in attempts:
+        key = (attempt["gateway"], attempt["refusal"])
+        counts[key] = counts.get(key, 0) + 1
+    return ", ".join(f"{gateway}: {refusal}" + (f" x{n}" if n > 1 else "") for (gateway, refusal), n in counts.items())
 
 
 def place_call(gateways: list[Gateway], call: int, tokens: int, timeout_s: float) -> CallReport:
@@ -131,7 +142,7 @@ def place_call(gateways: list[Gateway], call: int, tokens: int, timeout_s: float
 
 def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None = None, duration_s: float | None = None,
               tokens: int = 16, timeout_s: float = 60.0, stop: threading.Event | None = None,
-              on_call=None, pause_s: float = 0.0) -> list[CallReport]:
+              on_call=None, pause_s: float = 0.0, spread: bool = False) -> list[CallReport]:
     """Run ``concurrency`` calls at once: ``calls`` in all (``concurrency`` by default), or, with
     ``duration_s``, new calls until that many seconds have passed; each at most ``timeout_s``.
 
@@ -139,7 +150,9 @@ def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None =
     turn is followed by a silence): 0 keeps the engines as busy as the seats can make them, which on the
     sandbox's 2 CPUs takes both of them whatever the engine. ``stop`` (set by another thread) ends the
     starting of calls (and a pause); those in progress finish. ``on_call(report)`` is called as each call
-    ends. Returns the reports in call order.
+    ends. ``spread``: seat k dials the list starting at gateway k (mod their number), so that every gateway
+    takes calls while all serve (a canary and its baseline both have calls to measure); otherwise every seat
+    dials the list in order. Returns the reports in call order.
     """
     stop = stop or threading.Event()
     numbers = itertools.count(1)
@@ -148,13 +161,14 @@ def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None =
     lock = threading.Lock()
     reports: list[CallReport] = []
 
-    def dial() -> None:
+    def dial(seat: int) -> None:
+        order = gateways[seat % len(gateways):] + gateways[:seat % len(gateways)] if spread else gateways
         while not stop.is_set() and (end is None or time.monotonic() < end):
             with lock:
                 number = next(numbers)
             if limit is not None and number > limit:
                 return
-            report = place_call(gateways, number, tokens, timeout_s)
+            report = place_call(order, number, tokens, timeout_s)
             with lock:
                 reports.append(report)
             if on_call is not None:
@@ -162,7 +176,7 @@ def run_calls(gateways: list[Gateway], concurrency: int = 1, calls: int | None =
             if pause_s > 0 and stop.wait(pause_s):
                 return
 
-    threads = [threading.Thread(target=dial, daemon=True) for _ in range(concurrency)]
+    threads = [threading.Thread(target=dial, args=(seat,), daemon=True) for seat in range(concurrency)]
     for thread in threads:
         thread.start()
     for thread in threads:
@@ -217,6 +231,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--timeout", type=float, default=60.0, help="bound on each call, seconds (default 60)")
     parser.add_argument("--pause", dest="pause_s", type=float, default=0.0,
                         help="each seat's pause between its calls, seconds (default 0)")
+    parser.add_argument("--spread", action="store_true",
+                        help="seat k dials the gateways starting at the k-th, so that every one takes calls")
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the reports as one JSON document")
     output.add_argument("--brief", action="store_true",
@@ -240,13 +256,14 @@ def main(argv: list[str] | None = None) -> int:
     stop = threading.Event()
     for number in (signal.SIGTERM, signal.SIGINT):
         signal.signal(number, lambda *_: stop.set())
-    print(f"caller: {args.concurrency} call(s) at once through {', '.join(g.name for g in gateways)}", flush=True)
+    print(f"caller: {args.concurrency} call(s) at once through {', '.join(g.name for g in gateways)}"
+          + (" (spread: each seat starts at another gateway)" if args.spread else ""), flush=True)
     def said(report: CallReport) -> None:
         if not args.brief or report.attempts or not report.ended_well:
             print(f"  {report.line()}", flush=True)
 
     reports = run_calls(gateways, args.concurrency, args.calls, args.duration_s, args.tokens, args.timeout, stop,
-                        on_call=None if args.json else said, pause_s=args.pause_s)
+                        on_call=None if args.json else said, pause_s=args.pause_s, spread=args.spread)
     if args.json:
         print(json.dumps({"calls": [asdict(r) for r in reports]}, indent=2))
     else:
