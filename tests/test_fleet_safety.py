@@ -1585,18 +1585,20 @@ def test_a_gateway_systemd_is_starting_again_may_serve_so_the_node_does_not_drai
     _gateways_back_and_settled(fleet)
 
 
-def test_a_drain_that_waited_for_calls_asks_again_before_its_gateway_stops(fleet):
-    # A breaker's case: cyan admitted (peacock served), then its voice drain waited for a call to end while
-    # peacock's gateway went down; cyan stopped its gateway 10 s later on the old admission and no node took calls.
-    # The gateway's stop decides the admission again when it is older than ADMISSION_FRESH_S: refused now, the
-    # switch ends early by the early-end rule (the voice drain ended, cyan's gateway never stopped).
+def test_a_drain_that_waits_for_calls_decides_its_admission_again_and_a_refusal_changes_nothing(fleet):
+    # Two breakers' cases: cyan admitted (peacock served), then its voice drain waited for a call to end while
+    # peacock's gateway went down: cyan stopped its gateway 10 s later on the old admission (no node took calls),
+    # and, once that was decided again at the gateway's stop, its voice worker had still been drained the whole
+    # wait (a drained worker takes no calls) and the refusal left a journal for a whole switch. An admission
+    # older than ADMISSION_FRESH_S is decided again while the drain waits: refused, the drain ends, the journal
+    # goes, nothing is recorded (nothing changed), exit 3 like any refusal.
     from flatshare_ops.node.steps import ADMISSION_FRESH_S
 
     fleet.new_hold("cyan")
     served, since = fleet.current("cyan"), len(fleet.history("cyan"))
     offset = fleet.log_size("cyan")
     cyan_gateway, peacock_gateway = _main_pid(fleet, "cyan", GATEWAY), _main_pid(fleet, "peacock", GATEWAY)
-    call_s = int(ADMISSION_FRESH_S) + 10
+    call_s = int(ADMISSION_FRESH_S) + 15
     _hold_voice_call("cyan", call_s)  # the drain waits for it (the voice drain timeout is 20 s)
     argv, env = fleet.argv("release", "cyan")
     operator = fleet.popen(argv, env)
@@ -1609,16 +1611,20 @@ def test_a_drain_that_waited_for_calls_asks_again_before_its_gateway_stops(fleet
             operator.kill()
     log = fleet.log_since("cyan", offset)
     _no_traceback(out, log)
-    assert operator.returncode == 1, out
+    assert operator.returncode == 3, out
     assert "cyan: admitted to drain" in log, log  # the first admission: peacock served then
-    assert re.search(r"the admission to drain was decided \d+ s ago \(more than 5 s\): deciding it again", log), log
-    assert re.search(r"step \d+/\d+ stop-gateway failed: the gateway was not stopped: release refused: cyan may not "
-                     r"drain now: 0 other node\(s\) take calls", out), out
-    # cyan kept serving: its gateway never stopped (the same process), its voice drain ended, nothing switched.
+    assert re.search(r"the admission to drain was decided \d+ s ago \(more than 5 s\): deciding it again while the "
+                     r"voice worker drains", log), log
+    assert re.search(r"not admitted while the voice worker drains: release refused: cyan may not drain now: 0 other "
+                     r"node\(s\) take calls.*nothing was changed", out), out
+    assert "left behind" not in log.split("deciding it again")[1], log  # its own drain, not one left behind
+    assert not re.search(r"step \d+/\d+ stop-gateway", log), log
+    # cyan kept serving: its gateway never stopped (the same process), its voice drain ended well before the call
+    # did, nothing switched, nothing to finish, nothing recorded.
     assert _main_pid(fleet, "cyan", GATEWAY) == cyan_gateway and fleet.unit_state("cyan", GATEWAY) == "active"
     assert not fleet.drain_file("cyan").exists() and fleet.current("cyan") == served
-    (failed,) = fleet.history("cyan")[since:]
-    assert (failed["result"], failed["step"]) == ("failed", "stop-gateway"), failed
+    assert not fleet.journal("cyan").exists() and len(fleet.history("cyan")) == since
+    assert json.loads((fleet.drain_file("cyan").parent / "voice.status").read_text())["state"] != "drained"
     _released_again(fleet, "cyan")
 
 
@@ -1741,6 +1747,48 @@ def test_a_node_serving_from_an_interrupted_switch_asks_for_admission_though_its
     finally:
         profile.write_text(original)
     _released_again(fleet, "cyan")
+
+
+def test_the_voice_worker_systemd_runs_is_drained_and_probed_where_it_watches_whatever_current_says(fleet):
+    # Two breakers' cases. A release moving peacock's layout.run_dir could never drain its running voice worker
+    # (the drain file went where the worker does not watch). And that switch killed after the worker restarted
+    # on the new run_dir left releases/current naming the old one's drain file: with the running worker drained
+    # (its own file present), peacock was probed "takes calls" and cyan drained with both workers drained.
+    # Where the worker watches is systemd's word: its loaded unit's FLATSHARE_DRAIN_FILE.
+    profile = fleet.node("peacock").profile
+    original = profile.read_text()
+    old_run, new_run = fleet.drain_file("peacock").parent, fleet.drain_file("peacock").parent.with_name("flatshare2")
+    assert f'run_dir = "{old_run}"' in original
+    fleet.new_hold("peacock")
+    offset = fleet.log_size("peacock")
+    try:
+        profile.write_text(original.replace(f'run_dir = "{old_run}"', f'run_dir = "{new_run}"'))
+        _hold_voice_call("peacock", 3)  # the running worker has a call: the drain must reach it where it watches
+        killed = fleet.cli("release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout),
+                           env={**faults(kill_after_step="end-voice-drain"), "FLATSHARE_NODE": "peacock"})
+        assert "the node-side command ended without its outcome" in killed.stdout, killed.stdout + killed.stderr
+        log = fleet.log_since("peacock", offset)
+        assert f"the running voice worker watches {old_run / 'voice.drain'} (its loaded unit's): draining it there" \
+            in log and "voice worker drained" in log, log
+        served = json.loads((fleet.releases("peacock") / "current/serving.json").read_text())
+        assert served["voice"]["drain_file"] == str(old_run / "voice.drain")  # current was never moved
+        # The worker systemd runs now watches the new run_dir: drained there, by hand, it takes no calls.
+        (new_run / "voice.drain").write_text("by hand\n")
+        assert _poll(lambda: json.loads((new_run / "voice.status").read_text()).get("state") == "drained", 10)
+        answer = _probe_answer(fleet, "peacock")
+        assert answer["takes_calls"] is False and any(str(new_run / "voice.drain") in p for p in answer["problems"]), answer
+        fleet.new_hold("cyan")
+        cyan_offset = fleet.log_size("cyan")
+        result = fleet.release("--node", "cyan", timeout=120)
+        _refused_without_draining(fleet, "cyan", result, cyan_offset)
+        assert re.search(rf"^peacock: does not take calls \(.*{re.escape(str(new_run / 'voice.drain'))} is present",
+                         result.stdout, re.MULTILINE), result.stdout
+    finally:
+        (new_run / "voice.drain").unlink(missing_ok=True)
+        profile.write_text(original)
+    _released_again(fleet, "peacock")  # replaces the interrupted switch: back on the old run_dir
+    assert not (new_run / "voice.drain").exists() and not (old_run / "voice.drain").exists()
+    fleet.settled("cyan")
 
 
 # =====================================================================================================

@@ -8,6 +8,11 @@ ENGINE_UNIT = "flatshare-engine.service"
 GATEWAY_UNIT = "flatshare-gateway.service"
 #: The variable the rendered gateway (and voice) unit passes the profile's gateway.url in.
 GATEWAY_URL_VARIABLE = "FLATSHARE_GATEWAY_URL"
+#: The voice unit's environment: the file whose presence drains the worker, and the file it writes its state to.
+VOICE_DRAIN_VARIABLE = "FLATSHARE_DRAIN_FILE"
+VOICE_STATUS_VARIABLE = "FLATSHARE_DRAIN_STATUS"
+#: Their names, in the profile's ``layout.run_dir`` (render/units.py): a path of another name is never one of them.
+VOICE_DRAIN_NAME, VOICE_STATUS_NAME = "voice.drain", "voice.status"
 VOICE_UNIT = "flatshare-voice.service"
 TARGET_UNIT = "flatshare.target"
 CHECK_SERVICE = "serving-check.service"

@@ -30,7 +30,8 @@ from ..common import serving_shape
 from ..common.files import Damaged, loads
 from ..common.release_files import read_release
 from ..common.http import HTTP_TIMEOUT_S, http_get
-from ..common.units import GATEWAY_UNIT, GATEWAY_URL_VARIABLE, SERVICE_UNITS
+from ..common.units import (GATEWAY_UNIT, GATEWAY_URL_VARIABLE, SERVICE_UNITS, VOICE_DRAIN_NAME,
+                            VOICE_DRAIN_VARIABLE, VOICE_STATUS_NAME, VOICE_STATUS_VARIABLE, VOICE_UNIT)
 from ..errors import SystemdError
 from .context import NodeContext
 
@@ -65,6 +66,56 @@ def active_serving(ctx: NodeContext, current: str | None) -> dict | None:
     except (Damaged, ValueError):
         return None
     return serving if isinstance(serving, dict) and not serving_shape.problem(serving) else None
+
+
+@dataclass(frozen=True)
+class VoiceFiles:
+    """Where a voice worker watches for its drain (``drain_file``) and writes its state (``status_file``)."""
+
+    drain_file: Path
+    status_file: Path
+
+
+def loaded_voice_files(ctx: NodeContext) -> VoiceFiles | None:
+    """Where the voice worker systemd has loaded watches: the ``FLATSHARE_DRAIN_FILE`` and
+    ``FLATSHARE_DRAIN_STATUS`` of the loaded voice unit's ``Environment=`` (``Service.Environment``,
+    org.freedesktop.systemd1(5)), whatever ``current`` or a journal says: after a switch killed before it moved
+    ``current``, the running worker watches the new release's files, not the active one's.
+
+    Returns:
+        The two paths; None when no voice unit is loaded, systemd did not answer, or they are not a drain file
+        and its status file (absolute, named ``voice.drain`` and ``voice.status``, in one directory, as every
+        release renders them): a path of any other name is never written, removed or believed through this.
+    """
+    try:
+        found = systemd.properties(ctx.address, [(VOICE_UNIT, "Unit", "LoadState"),
+                                                 (VOICE_UNIT, "Service", "Environment")])
+    except SystemdError:
+        return None
+    if found[f"{VOICE_UNIT}/LoadState"] != "loaded":
+        return None
+    names = {}
+    for entry in found[f"{VOICE_UNIT}/Environment"] or []:
+        name, _, value = str(entry).partition("=")
+        names[name] = value
+    drain_file, status_file = Path(names.get(VOICE_DRAIN_VARIABLE, "")), Path(names.get(VOICE_STATUS_VARIABLE, ""))
+    if not (drain_file.is_absolute() and drain_file.name == VOICE_DRAIN_NAME and status_file.name == VOICE_STATUS_NAME
+            and drain_file.parent == status_file.parent):
+        return None
+    return VoiceFiles(drain_file, status_file)
+
+
+def drain_files(ctx: NodeContext, serving: dict | None) -> list[Path]:
+    """Every file whose presence drains this node's voice worker: the one the worker systemd runs watches
+    (:func:`loaded_voice_files`) and the one ``serving`` (a release's serving.json) names, each once."""
+    paths = []
+    loaded = loaded_voice_files(ctx)
+    if loaded is not None:
+        paths.append(loaded.drain_file)
+    named = ((serving or {}).get("voice") or {}).get("drain_file")
+    if isinstance(named, str):
+        paths.append(Path(named))
+    return list(dict.fromkeys(paths))
 
 
 def services_down(ctx: NodeContext) -> list[str]:
@@ -114,9 +165,9 @@ def node_calls(ctx: NodeContext, serving: dict | None, timeout_s: float = HTTP_T
         if status != 200:
             heard = f"answered {status}" if status else f"did not answer within {timeout_s:g} s"
             seen.append(f"its {what}'s {url} {heard}")
-    drain_file = Path(serving["voice"]["drain_file"])
-    if drain_file.exists():
-        seen.append(f"{drain_file} is present (the voice worker is drained)")
+    for drain_file in drain_files(ctx, serving):
+        if drain_file.exists():
+            seen.append(f"{drain_file} is present (the voice worker is drained)")
     if not seen:
         problem = call_problem(gateway, call_timeout_s)
         if problem is None:
@@ -169,8 +220,10 @@ class GatewayUnit:
     Attributes:
         url: the ``FLATSHARE_GATEWAY_URL`` of its loaded ``Environment=`` (where the running gateway answers,
             whatever ``current`` or a journal says); None when no gateway unit is loaded or it sets none.
-        state: its ``ActiveState`` and ``SubState`` (``"activating (auto-restart)"``); None when not loaded.
-        may_serve: systemd runs it or will run it again by itself (:data:`GATEWAY_MAY_SERVE`).
+        state: its ``ActiveState`` and ``SubState`` (``"activating (auto-restart)"``), and whether a job is
+            queued for it; None when not loaded.
+        may_serve: systemd runs it or will run it by itself (:data:`GATEWAY_MAY_SERVE`, or a job queued for it:
+            a start waiting for the engine's, ``After=``).
     """
 
     url: str | None
@@ -189,6 +242,7 @@ def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
         found = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "LoadState"),
                                                  (GATEWAY_UNIT, "Unit", "ActiveState"),
                                                  (GATEWAY_UNIT, "Unit", "SubState"),
+                                                 (GATEWAY_UNIT, "Unit", "Job"),
                                                  (GATEWAY_UNIT, "Service", "Environment")])
     except SystemdError as err:
         unknown.append(f"systemd did not say where its gateway unit answers: {err}")
@@ -201,7 +255,10 @@ def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
         name, _, value = str(entry).partition("=")
         if name == GATEWAY_URL_VARIABLE and value:
             url = value.rstrip("/")
-    return GatewayUnit(url, f"{active} ({found[f'{GATEWAY_UNIT}/SubState']})", active in GATEWAY_MAY_SERVE)
+    job = found[f"{GATEWAY_UNIT}/Job"]  # (id, path); id 0 when no job is queued
+    queued = isinstance(job, (tuple, list)) and len(job) == 2 and str(job[0]).isdigit() and int(job[0]) != 0
+    state = f"{active} ({found[f'{GATEWAY_UNIT}/SubState']})" + (", a job queued" if queued else "")
+    return GatewayUnit(url, state, active in GATEWAY_MAY_SERVE or queued)
 
 
 def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
@@ -265,22 +322,24 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
 
 
 def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) -> None:
-    """With no switch running: remove a voice drain file left behind, and start a stopped gateway
-    whose engine answers /health. Never raises: it only ever gives calls back."""
+    """With no switch running: remove a voice drain file left behind (where the running worker watches, and where
+    ``serving`` names it: :func:`drain_files`), and start a stopped gateway whose engine answers /health. Never
+    raises: it only ever gives calls back."""
     from . import drain
 
     if serving is None:
         return
     try:
-        drain_file = Path(serving["voice"]["drain_file"])
         url = serving["engine"]["url"] + "/health"
     except (KeyError, TypeError):
         return
-    try:
-        if drain.end_if_present(drain_file):
-            out.line(f"{ctx.node}: removed {drain_file} left behind: the voice worker takes calls again")
-    except OSError as err:
-        out.line(f"{ctx.node}: could not remove {drain_file} ({err.strerror or err}): the voice worker stays drained")
+    for drain_file in drain_files(ctx, serving):
+        try:
+            if drain.end_if_present(drain_file):
+                out.line(f"{ctx.node}: removed {drain_file} left behind: the voice worker takes calls again")
+        except OSError as err:
+            out.line(f"{ctx.node}: could not remove {drain_file} ({err.strerror or err}): the voice worker stays "
+                     "drained")
     try:
         state = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
         if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:

@@ -83,7 +83,7 @@ def _trusted(status: dict | None, drain: VoiceDrain) -> bool:
         and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S
 
 
-def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
+def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None, check=None) -> dict:
     """Wait until the worker reports ``drained`` for this drain, in a status written after it began.
 
     Args:
@@ -91,6 +91,8 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
         timeout_s: how long to wait, in seconds.
         progress: called with a line when the number of calls in progress changes, and at
             least every 10 s while waiting.
+        check: called at each poll while waiting; what it raises ends the wait (the switch's admission
+            decided again).
 
     Returns:
         The trusted status.
@@ -109,6 +111,8 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None) -> dict:
                          f"confirmed; remove it (rm -r {path}) and release again")
 
     def drained() -> dict | None:
+        if check is not None:
+            check()
         status = read_status(drain.status_file)
         if not _trusted(status, drain):
             return None

@@ -18,7 +18,7 @@ from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
 from ..errors import Refused
 from . import preflight
-from .calls import served_here
+from .calls import drain_files, served_here
 from .context import NodeContext
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView
@@ -108,21 +108,24 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
 
 
 def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission,
-                   action: str) -> None:
+                   action: str, again: bool = False) -> None:
     """Ask for admission to drain, unless callers are certainly not served here (draining costs no calls).
 
     What callers meet at the node's gateway decides (node/calls.py ``served_here``, adr/0007): at every
     gateway URL of the active release, of the release the plan leaves (an interrupted switch's) and of the
     new one. Units, a drain file, or files that cannot be read never make the drain go unasked.
 
+    ``again``: decided again during this switch's own drain (node/steps.py ``decide_again``): a drain file
+    present then is this switch's, not one left behind.
+
     Raises:
         Refused: the operator's side did not admit the drain (its reason).
     """
     calls = served_here(ctx, [current_release(ctx.state_dir), plan.from_id], new.serving)
-    drain_file = Path(new.serving["voice"]["drain_file"])
-    if drain_file.exists() or drain_file.is_symlink():
-        out.line(f"{ctx.node}: note: {drain_file} is present (a voice drain left behind: the voice worker takes no "
-                 "calls); this switch drains it anew and its end removes it")
+    for drain_file in ([] if again else drain_files(ctx, new.serving)):
+        if drain_file.exists() or drain_file.is_symlink():
+            out.line(f"{ctx.node}: note: {drain_file} is present (a voice drain left behind: the voice worker takes "
+                     "no calls); this switch drains it anew and its end removes it")
     if calls.takes is False:
         out.line(f"{ctx.node}: does not take calls now ({'; '.join(calls.reasons)}): draining it costs no calls, "
                  "no admission needed")

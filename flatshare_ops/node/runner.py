@@ -39,7 +39,7 @@ from .records import SUCCESS, append_abandoned, append_failure
 from .context import NodeContext
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView
-from .steps import STEP_BY_NAME, StepError, Switch
+from .steps import STEP_BY_NAME, NotAdmitted, StepError, Switch
 
 #: Steps whose failure means the new engine does not serve: the ones a node may roll back by itself.
 ENGINE_VERDICTS = ("restart-engine", "serving-check")
@@ -125,6 +125,11 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
             journals.mark(ctx.state_dir, journal, step, "running")
             STEP_BY_NAME[step].run(sw)
             journals.mark(ctx.state_dir, journal, step, "done")
+    except NotAdmitted as err:
+        if abandon is None and drain_kept is None and not journal.resumed and not journal.auto \
+                and all(s == "drain-voice" for s in p.steps[:p.steps.index(step)]):
+            _refused_midway(sw, str(err))
+        _end_early(sw, step, str(err))
     except StepError as err:
         if roll_back_on_failure and step in ENGINE_VERDICTS:
             # SIGINT and SIGTERM wait (blocked, pending) from here until the automatic rollback is under way:
@@ -141,6 +146,30 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         out.line(f"  note: the switch is recorded, but its journal could not be removed ({describe_failure(err)}); "
                  "the next release removes it")
     sw.out.line(f"{ctx.node}: {SUCCESS[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
+
+
+def _refused_midway(sw: Switch, reason: str) -> None:
+    """The admission decided again during the drain was refused before anything but the voice drain happened
+    (a switch of its own: not finishing, replacing or rolling back another, whose journal this one superseded):
+    calls given back, the journal removed (nothing to finish), nothing recorded, and the switch refused like any
+    refusal before it began.
+
+    Raises:
+        Refused: always (exit 3), saying what became of calls.
+    """
+    previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        calls = give_back(sw)
+        try:
+            journals.remove_journal(sw.ctx.state_dir)
+        except OSError as err:
+            sw.out.line(f"  note: its journal could not be removed ({describe_failure(err)}); the next release "
+                        "finishes or replaces it")
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+    raise Refused(f"{sw.ctx.node}: {reason}; nothing was changed (calls: {calls}: its voice drain ended and its "
+                  "gateway never stopped)")
 
 
 def _end_early(sw: Switch, step: str, reason: str, verdict: bool = False) -> None:
@@ -219,15 +248,18 @@ def give_back(sw: Switch) -> str:
     line, for the record."""
     ctx, out = sw.ctx, sw.out
     voice = sw.serving.get("voice", {})
-    drain_file = Path(voice.get("drain_file", "/nonexistent"))
+    files = [Path(voice.get("drain_file", "/nonexistent"))]
+    if sw.drain is not None:  # where this switch drained (the running worker's own files)
+        files.insert(0, sw.drain.drain_file)
     said = []
-    try:
-        if drain.end_if_present(drain_file):
-            out.line("  voice drain ended early: the worker takes calls again")
-    except OSError as err:
-        out.line(f"  could not remove {drain_file} ({describe_failure(err)}): the voice worker stays drained; "
-                 f"remove it by hand (rm {drain_file})")
-        said.append(f"{drain_file} left in place")
+    for drain_file in dict.fromkeys(files):
+        try:
+            if drain.end_if_present(drain_file):
+                out.line("  voice drain ended early: the worker takes calls again")
+        except OSError as err:
+            out.line(f"  could not remove {drain_file} ({describe_failure(err)}): the voice worker stays drained; "
+                     f"remove it by hand (rm {drain_file})")
+            said.append(f"{drain_file} left in place")
     if not sw.gateway_stopped:
         return "; ".join(said) or "given back"
     url = sw.serving["engine"]["url"] + "/health"

@@ -105,12 +105,13 @@ def node_status(ctx: NodeContext) -> dict:
         status["in_progress_pid"] = pid
     status["drain_left"] = None
     if pid is None and status["release"] is not None:
-        from .calls import active_serving
+        from .calls import active_serving, drain_files
 
-        drain = ((active_serving(ctx, status["release"]) or {}).get("voice") or {}).get("drain_file")
-        if isinstance(drain, str) and os.path.exists(drain):  # a dangling link drains nobody
-            status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
-                                    "calls; 'flatshare release' to this node gives them back")
+        # Where the running worker watches (systemd's loaded unit) and where the active release names it.
+        for drain in drain_files(ctx, active_serving(ctx, status["release"])):
+            if os.path.exists(drain):  # a dangling link drains nobody
+                status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
+                                        "calls; 'flatshare release' to this node gives them back")
     from .hold import read_hold
 
     try:  # the operator's hold: shown by 'flatshare hold status'; here only its damage, which refuses releases

@@ -101,31 +101,58 @@ class Switch:
         systemd.job(self.ctx.address, verb, unit, timeout_s, self.progress(f"the {verb} job on {unit}", timeout_s))
 
 
+class NotAdmitted(StepError):
+    """The admission to drain, decided again during the drain (:func:`decide_again`), was refused."""
+
+
+def decide_again(sw: Switch, when: str) -> None:
+    """Decide the admission to drain again when it is older than :data:`ADMISSION_FRESH_S` (``when``: what is
+    about to happen, for the line that says so).
+
+    Raises:
+        NotAdmitted: refused now (the operator's side's reason).
+    """
+    age = time.monotonic() - sw.admitted_at
+    if sw.readmit is None or age <= ADMISSION_FRESH_S:
+        return
+    sw.out.line(f"  the admission to drain was decided {age:.0f} s ago (more than {ADMISSION_FRESH_S:g} s): "
+                f"deciding it again {when}")
+    try:
+        sw.readmit()
+    except Refused as err:
+        raise NotAdmitted(f"not admitted {when}: {err}") from None
+    sw.admitted_at = time.monotonic()
+
+
 def drain_voice(sw: Switch) -> None:
+    from .calls import loaded_voice_files
+
     voice = sw.serving["voice"]
-    sw.drain = drain.begin(Path(voice["drain_file"]), Path(voice["status_file"]))
+    drain_file, status_file = Path(voice["drain_file"]), Path(voice["status_file"])
     state = systemd.properties(sw.ctx.address, [(VOICE_UNIT, "Unit", "ActiveState")])[f"{VOICE_UNIT}/ActiveState"]
-    if state not in ("active", "reloading", "activating"):
+    running = state in ("active", "reloading", "activating")
+    loaded = loaded_voice_files(sw.ctx) if running else None
+    if loaded is not None and loaded.drain_file != drain_file:
+        # The worker systemd runs watches other files (its release set another layout.run_dir): drained there;
+        # the new release's drain file is written too, so that its worker comes up drained after its restart.
+        sw.out.line(f"  the running voice worker watches {loaded.drain_file} (its loaded unit's): draining it there")
+        drain.begin(drain_file, status_file)
+        drain_file, status_file = loaded.drain_file, loaded.status_file
+    sw.drain = drain.begin(drain_file, status_file)
+    if not running:
         # Not running (a first release, a repair): no calls to wait for; it starts drained, and the
         # drain ends once it runs again.
         sw.out.line(f"  {VOICE_UNIT} is {state}: no calls to drain")
         return
     timeout_s = float(voice["drain_timeout_s"])
     sw.out.line(f"  drain {sw.drain.drain_id}: waiting for the voice worker (up to {timeout_s:g} s)")
-    status = drain.wait_drained(sw.drain, timeout_s, progress=lambda line: sw.out.line(f"  {line}"))
+    status = drain.wait_drained(sw.drain, timeout_s, progress=lambda line: sw.out.line(f"  {line}"),
+                                check=lambda: decide_again(sw, "while the voice worker drains"))
     sw.out.line(f"  voice worker drained (status written {time.time() - float(status['written_at']):.1f} s ago)")
 
 
 def stop_gateway(sw: Switch) -> None:
-    age = time.monotonic() - sw.admitted_at
-    if sw.readmit is not None and age > ADMISSION_FRESH_S:
-        sw.out.line(f"  the admission to drain was decided {age:.0f} s ago (more than {ADMISSION_FRESH_S:g} s): "
-                    "deciding it again before the gateway stops")
-        try:
-            sw.readmit()
-        except Refused as err:
-            raise StepError(f"the gateway was not stopped: {err}") from None
-        sw.admitted_at = time.monotonic()
+    decide_again(sw, "before the gateway stops")
     sw.gateway_stopped = True  # from here on, an early end starts it again
     sw.job("stop", GATEWAY_UNIT, float(sw.serving["gateway"]["drain_timeout_s"]) + GATEWAY_STOP_MARGIN_S)
 
@@ -258,6 +285,8 @@ def start_gateway(sw: Switch) -> None:
 def end_voice_drain(sw: Switch) -> None:
     voice = sw.serving["voice"]
     since = time.time()
+    if sw.drain is not None and sw.drain.drain_file != Path(voice["drain_file"]):
+        drain.end_if_present(sw.drain.drain_file)  # drained where the worker before this switch watched
     drain.end(Path(voice["drain_file"]))
     sw.drain = None
     drain.wait_serving(Path(voice["drain_file"]), Path(voice["status_file"]), since, VOICE_SERVING_S)

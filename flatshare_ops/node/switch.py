@@ -417,7 +417,7 @@ def _readmission(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput
     ``stop_gateway``); None when the plan drains nothing. Raises ``Refused`` when not admitted."""
     if not p.drains:
         return None
-    return lambda: admit_to_drain(ctx, p, new, out, admit, action)
+    return lambda: admit_to_drain(ctx, p, new, out, admit, action, again=True)
 
 
 def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: State, out: ReleaseOutput) -> str | None:

@@ -11,7 +11,8 @@ from pathlib import PurePosixPath
 import jinja2
 
 from ..common.unit_output import output_file
-from ..common.units import CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, GATEWAY_URL_VARIABLE, UNIT_NAMES, VOICE_UNIT
+from ..common.units import (CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, GATEWAY_URL_VARIABLE, UNIT_NAMES, VOICE_DRAIN_NAME,
+                             VOICE_DRAIN_VARIABLE, VOICE_STATUS_NAME, VOICE_STATUS_VARIABLE, VOICE_UNIT)
 from ..config.profile import Profile
 from . import systemd_escape
 from .engine import engine_argv
@@ -38,12 +39,12 @@ def _environment() -> jinja2.Environment:
 
 def drain_file(profile: Profile) -> str:
     """Path of the voice worker's drain file on a node (the release creates it to drain)."""
-    return str(PurePosixPath(profile.layout.run_dir) / "voice.drain")
+    return str(PurePosixPath(profile.layout.run_dir) / VOICE_DRAIN_NAME)
 
 
 def drain_status_file(profile: Profile) -> str:
     """Path of the status file the voice worker writes while draining."""
-    return str(PurePosixPath(profile.layout.run_dir) / "voice.status")
+    return str(PurePosixPath(profile.layout.run_dir) / VOICE_STATUS_NAME)
 
 
 def engine_url(profile: Profile) -> str:
@@ -78,8 +79,8 @@ def _context(profile: Profile) -> dict:
         ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
         ("FLATSHARE_ENDPOINTING_MIN_S", systemd_escape.number(profile.voice.endpointing_min_s)),
         ("FLATSHARE_ENDPOINTING_MAX_S", systemd_escape.number(profile.voice.endpointing_max_s)),
-        ("FLATSHARE_DRAIN_FILE", drain_file(profile)),
-        ("FLATSHARE_DRAIN_STATUS", drain_status_file(profile)),
+        (VOICE_DRAIN_VARIABLE, drain_file(profile)),
+        (VOICE_STATUS_VARIABLE, drain_status_file(profile)),
     ]
     user = profile.layout.service_user if profile.layout.scope == "system" else None
     return {
