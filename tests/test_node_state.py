@@ -1355,6 +1355,9 @@ def test_the_engine_start_budget_counts_from_the_start_job_not_from_the_stop(fle
 # --- 7. every suggested command exists ------------------------------------------------------------------
 
 SUGGESTED = re.compile(r"'((?:flatshare-node|flatshare|make) [^'\n]*)'")
+#: A rollout's suggestions made by ``Rollout.command('WORDS')`` (control/rollout.py): ``flatshare WORDS``, with
+#: ``--inventory`` when the run's inventory is not the default.
+COMMANDED = re.compile(r"\bcommand\((?:f?)'([^'\n]*)'\)")
 
 
 def _suggestions() -> dict[tuple[str, ...], set[str]]:
@@ -1362,7 +1365,8 @@ def _suggestions() -> dict[tuple[str, ...], set[str]]:
     options it names, placeholders ({...}, NAME, HEX) and values left out."""
     found: dict[tuple[str, ...], set[str]] = {}
     for source in sorted((REPO / "flatshare_ops").rglob("*.py")):
-        for text in SUGGESTED.findall(source.read_text()):
+        code = source.read_text()
+        for text in SUGGESTED.findall(code) + [f"flatshare {words} --inventory" for words in COMMANDED.findall(code)]:
             program, *words = text.split()
             command, options = [], set()
             for word in words:
@@ -1384,6 +1388,7 @@ def _suggestions() -> dict[tuple[str, ...], set[str]]:
 def test_every_command_a_message_suggests_exists():
     suggestions = _suggestions()
     assert ("flatshare", "release") in suggestions and ("make", "profiles") in suggestions, suggestions
+    assert "--analysis" in suggestions[("flatshare", "release")], suggestions  # Rollout.command('release ...')
     commands = {}
     for key in suggestions:
         program, *words = key

@@ -30,6 +30,7 @@ from conftest import BIN, REPO, loopback_pair
 from release_fleet import sandbox_fleet
 from flatshare_ops.sandbox.caller import Gateway, place_call, run_calls
 from flatshare_ops.common.completions import post_completion, request_body
+from flatshare_ops.node.calls import PROBE_REQUEST_ID
 from flatshare_ops.sandbox.engine_behaviour import Behaviour
 
 ADDRESSES = loopback_pair(73)
@@ -129,6 +130,7 @@ def test_a_stream_through_cyan_when_its_release_starts_finishes_and_calls_during
     cyan_node = fleet.node("cyan")
     fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)  # a change of the engine's flags: the whole switch
     peacock_before = _json(f"{peacock.url}/stats")
+    probes_before = len(_requests(_engine("peacock"), PROBE_REQUEST_ID))
     # 0.1 s a token (read at every token) until the test speeds cyan's engine up.
     _behave("cyan", token_s=0.1)
     try:
@@ -170,7 +172,11 @@ def test_a_stream_through_cyan_when_its_release_starts_finishes_and_calls_during
     assert record["began_at"] >= released_from
     assert (record["completed"], record["refused"], record["cut"], record["drained"]) == (2, 3, 0, 0)
     peacock_after = _json(f"{peacock.url}/stats")
-    assert peacock_after["completed"] - peacock_before["completed"] == 3 and peacock_after["refused"] == 0
+    # peacock completed the three calls cyan refused, and the admission's calls through it (node/calls.py: one
+    # each time cyan's drain was decided, its request id telling it from callers' at peacock's engine).
+    probes = len(_requests(_engine("peacock"), PROBE_REQUEST_ID)) - probes_before
+    assert probes >= 1, "the admission placed no call through peacock's gateway"
+    assert peacock_after["completed"] - peacock_before["completed"] == 3 + probes and peacock_after["refused"] == 0
     fleet.settled("cyan")
 
 

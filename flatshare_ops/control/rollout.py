@@ -217,9 +217,11 @@ class Rollout:
         from ..config.inventory import DEFAULT_INVENTORY
 
         inventory = self.inventory
-        if inventory is None or inventory == DEFAULT_INVENTORY or os.environ.get("FLATSHARE_INVENTORY") == str(inventory):
-            return f"'flatshare {words}'"
-        return f"'flatshare {words} --inventory {shlex.quote(str(inventory))}'"
+        words = ["flatshare", *words.split()]
+        if not (inventory is None or inventory == DEFAULT_INVENTORY
+                or os.environ.get("FLATSHARE_INVENTORY") == str(inventory)):
+            words += ["--inventory", shlex.quote(str(inventory))]
+        return "'" + " ".join(words) + "'"
 
     # --- the run ------------------------------------------------------------------------------------
 
