@@ -1585,6 +1585,29 @@ def test_a_gateway_systemd_is_starting_again_may_serve_so_the_node_does_not_drai
     _gateways_back_and_settled(fleet)
 
 
+def test_a_gateway_draining_for_a_restart_systemd_runs_may_serve_so_the_node_does_not_drain_unasked(fleet):
+    # A breaker's case: cyan's gateway restarted (systemctl restart --no-block) while a request was in flight: its
+    # stop drains it, /health answers 503, and it serves again a moment later. "Answered 503" made cyan "not
+    # serving" and it drained unasked with peacock down. With a job queued systemd starts it again: unknown.
+    from flatshare_ops.node.calls import served_here
+    from flatshare_ops.node.context import NodeContext
+
+    node = fleet.node("cyan")
+    ctx = NodeContext("cyan", node.state_dir, ManagerAddress("user", node.manager.runtime_dir))
+    current = fleet.current("cyan")
+    serving = json.loads((fleet.releases("cyan") / current / "serving.json").read_text())
+    assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200, 30)  # serving first
+    held = _hold_gateway_request("cyan", 8)  # the gateway's drain waits for it (up to its 5 s drain timeout)
+    subprocess.run(["systemctl", "--user", "restart", "--no-block", GATEWAY], check=True, timeout=30,
+                   env={**os.environ, "XDG_RUNTIME_DIR": str(node.manager.runtime_dir)})
+    assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 503, 5), "no drain seen"
+    seen = served_here(ctx, [current], serving)
+    held.join(20)
+    assert seen.takes is None, seen
+    assert any("answered 503" in r and "a job queued" in r for r in seen.reasons), seen.reasons
+    _gateways_back_and_settled(fleet)
+
+
 def test_a_drain_that_waits_for_calls_decides_its_admission_again_and_a_refusal_changes_nothing(fleet):
     # Two breakers' cases: cyan admitted (peacock served), then its voice drain waited for a call to end while
     # peacock's gateway went down: cyan stopped its gateway 10 s later on the old admission (no node took calls),

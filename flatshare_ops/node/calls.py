@@ -224,11 +224,14 @@ class GatewayUnit:
             queued for it; None when not loaded.
         may_serve: systemd runs it or will run it by itself (:data:`GATEWAY_MAY_SERVE`, or a job queued for it:
             a start waiting for the engine's, ``After=``).
+        comes_back: systemd is starting it again (``activating``, or a job queued: a restart whose stop drains it,
+            answering 503 meanwhile): an answer other than 200 then is a moment too.
     """
 
     url: str | None
     state: str | None
     may_serve: bool
+    comes_back: bool = False
 
 
 def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
@@ -258,7 +261,7 @@ def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
     job = found[f"{GATEWAY_UNIT}/Job"]  # (id, path); id 0 when no job is queued
     queued = isinstance(job, (tuple, list)) and len(job) == 2 and str(job[0]).isdigit() and int(job[0]) != 0
     state = f"{active} ({found[f'{GATEWAY_UNIT}/SubState']})" + (", a job queued" if queued else "")
-    return GatewayUnit(url, state, active in GATEWAY_MAY_SERVE or queued)
+    return GatewayUnit(url, state, active in GATEWAY_MAY_SERVE or queued, active == "activating" or queued)
 
 
 def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout_s: float = HTTP_TIMEOUT_S) -> Calls:
@@ -267,9 +270,10 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
     Here the unsafe answer is "not served" (the drain then asks no one), so it is given only when callers
     certainly meet no serving gateway: every gateway URL the node may answer at (the one the gateway unit
     systemd has loaded runs with, whatever our files say; each release in ``releases``, the active one and
-    the one an interrupted switch was leaving or going to; and the new release) answered other than 200, or
-    refused the connection while systemd neither runs the gateway unit nor starts it again by itself
-    (:data:`GATEWAY_MAY_SERVE`: a gateway crashed and waiting out ``RestartSec=`` serves again in a moment).
+    the one an interrupted switch was leaving or going to; and the new release) answered other than 200 while
+    systemd is not starting the gateway again (a restart drains it with 503s first), or refused the connection
+    while systemd neither runs the gateway unit nor starts it again by itself (:data:`GATEWAY_MAY_SERVE`: a
+    gateway crashed and waiting out ``RestartSec=`` serves again in a moment).
     Neither the other units' states nor a voice drain file decide it: a gateway answering 200 serves its callers
     whatever they say. The answer is unknown (the drain then asks) when a URL did not answer within the bound,
     refused while the unit may serve, or when one of ``releases`` cannot be read (where its gateway answers is
@@ -307,7 +311,10 @@ def served_here(ctx: NodeContext, releases: list[str | None], new: dict, timeout
         status, _, why = http_fetch(url + "/health", timeout_s)
         if status == 200:
             return Calls(True)
-        if status:
+        if status and unit is not None and unit.comes_back:
+            unknown.append(f"its gateway's {url}/health answered {status}, but systemd has {GATEWAY_UNIT} {unit.state}: "
+                           "it starts it again by itself, so callers may be served in a moment")
+        elif status:
             not_served.append(f"its gateway's {url}/health answered {status}")
         elif why == REFUSED and unit is not None and unit.may_serve:
             unknown.append(f"its gateway's {url}/health {why}, but systemd has {GATEWAY_UNIT} {unit.state}: it "
