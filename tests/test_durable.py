@@ -110,3 +110,51 @@ def test_an_analysis_nested_too_deeply_for_the_nodes_answers_is_refused_and_hist
     listed = subprocess.run([sys.executable, "-m", "flatshare_ops.node", "history", "--node", "cyan", "--state-dir",
                              str(tmp_path)], capture_output=True, text=True, timeout=60)
     assert listed.returncode == 0 and json.loads(listed.stdout)["records"] == [], listed.stdout + listed.stderr
+
+
+# --- history.jsonl never grows past what its reader takes -----------------------------------------------------
+
+
+def _record(node: str, n: int, pad: int = 900) -> dict:
+    now = 1_800_000_000.0 + n
+    return {"switch": f"s{n:07d}", "rollout": None, "node": node, "kind": "release", "result": "released",
+            "step": None, "reason": "x" * pad, "before": None, "after": f"r{n}", "target": f"r{n}", "served": True,
+            "started_at": now, "finished_at": now, "duration_s": 0.0, "resumed": 0}
+
+
+def test_a_switchs_record_compacts_a_full_history_and_every_line_stays_in_one_file_or_the_other(tmp_path):
+    # A breaker's case: records of up to 1 MiB (an analysis of 100 measurements is about 300 KB) and nothing
+    # trimming history.jsonl: past its reader's 16 MiB every status, release and rollback said "damaged".
+    import json
+
+    from flatshare_ops.common.files import dumps
+    from flatshare_ops.node import history
+
+    path = tmp_path / "history.jsonl"
+    lines = [dumps({"schema": 2, **_record("cyan", n)}, sort_keys=True) + "\n" for n in range(10_000)]
+    path.write_text("".join(lines))
+    assert path.stat().st_size > history.COMPACT_AT
+    new = _record("cyan", 10_000)
+    history.append(path, new, "cyan", compact_first=True)
+    kept = path.read_text().splitlines(keepends=True)
+    moved = (tmp_path / history.ARCHIVE).read_text().splitlines(keepends=True)
+    # Every line once, in its order: the oldest in the archive, the newest (and the new record) in history.jsonl.
+    assert moved + kept[:-1] == lines and json.loads(kept[-1])["switch"] == new["switch"]
+    assert path.stat().st_size <= history.COMPACT_KEEP + len(kept[-1])
+    read = history.read_history(path, "cyan")
+    assert not read.skipped and read.disorder is None and read.records[-1]["after"] == "r10000"
+    assert history.rollback_target(read, "r10000", lambda release: True) == "r9999"
+
+
+def test_a_record_that_would_take_history_past_its_readers_bound_is_never_written(tmp_path):
+    from flatshare_ops.common.files import dumps
+    from flatshare_ops.node import history
+
+    path = tmp_path / "history.jsonl"
+    line = dumps({"schema": 2, **_record("cyan", 0, pad=1000)}, sort_keys=True) + "\n"
+    path.write_text(line * (history.MAX_BYTES // len(line)))
+    before = path.read_bytes()
+    with pytest.raises(ValueError, match="past the .* its reader takes"):
+        history.append(path, _record("cyan", 1), "cyan")  # not under the node's lock: never compacted here
+    assert path.read_bytes() == before
+    history.read_history(path, "cyan")  # still a file its reader takes

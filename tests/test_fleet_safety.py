@@ -276,6 +276,11 @@ class Fleet:
             pid = unit_property(bus, ENGINE, "Service", "MainPID")
         return _cmdline(pid)
 
+    def engine_invocation(self, name: str) -> bytes:
+        """The engine unit's InvocationID, from systemd (it changes at every start)."""
+        with connect(self.address(name)) as bus:
+            return bytes(unit_property(bus, ENGINE, "Unit", "InvocationID"))
+
     def engine_health(self, name: str) -> int | None:
         return _http_status(f"http://{ADDRESSES[name]}:8000/health")
 
@@ -979,6 +984,39 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     assert fleet.current("peacock") == peacock_before and len(fleet.history("peacock")) == peacock_records
     for name in NODES:
         fleet.settled(name)
+
+
+@SIGNALS
+@pytest.mark.parametrize("sig", ["SIGTERM", "SIGINT"])
+def test_a_signal_between_the_engines_stop_and_its_start_gives_calls_back_with_the_engine_started_again(fleet, sig):
+    # A breaker's kind: an early end after the switch stopped the engine but before it asked for its start left
+    # the engine and the gateway stopped for good (nothing loading to wait for), and the other node's releases
+    # were refused until a person released this one.
+    name = "cyan"
+    fleet.new_hold(name)
+    offset = fleet.log_size(name)
+    before = fleet.engine_invocation(name)
+    argv, env = fleet.argv("local-release", name)
+    operator = fleet.popen(argv, {**env, **faults(signal_after_job=f"stop {ENGINE}", signal=sig)})
+    try:
+        out = _finish(operator, 120)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    log = fleet.log_since(name, offset)
+    _no_traceback(out, log)
+    assert operator.returncode == 1, out
+    assert re.search(rf"{ENGINE} was stopped by this switch and is not running: starting it again", log), log
+    # The node takes calls again with no person: a new engine process answering, the gateway active, no drain.
+    assert fleet.engine_invocation(name) != before
+    assert fleet.engine_health(name) == 200
+    assert _poll(lambda: fleet.unit_state(name, GATEWAY) == "active", 30), fleet.unit_state(name, GATEWAY)
+    assert not fleet.drain_file(name).exists()
+    last = fleet.history(name)[-1]
+    assert last["result"] == "failed" and last["step"] == "restart-engine" and last["calls"] == "given back", last
+    result = fleet.release("--node", name)  # the next release finishes the switch
+    assert result.returncode == 0, result.stdout + result.stderr
+    fleet.settled(name)
 
 
 def _hold_voice_call(name: str, seconds: int) -> None:

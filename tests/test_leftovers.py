@@ -66,16 +66,16 @@ def test_profiles_set_keeps_a_utf8_byte_order_mark(checkout, line_end):
     original = profile.read_text().replace("\n", line_end)
     # Whatever the checkout's profile holds (after the README's own example, 0): the value as it is written there.
     (held,) = re.findall(r"^decode_hold_tokens = (\d+)", original, re.MULTILINE)
-    assert held != "7"
+    new = "7" if held != "7" else "8"  # a change, whatever the profile holds
     profile.write_bytes(b"\xef\xbb\xbf" + original.encode())
-    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", "7", "--root", str(checkout))
+    result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", new, "--root", str(checkout))
     assert result.returncode == 0, result.stderr
     data = profile.read_bytes()
     assert data.startswith(b"\xef\xbb\xbf") and not data.startswith(b"\xef\xbb\xbf" * 2)
     body = data[3:].decode()
-    assert "decode_hold_tokens = 7" in body and body.count("\r\n") == original.count("\r\n")
+    assert f"decode_hold_tokens = {new}" in body and body.count("\r\n") == original.count("\r\n")
     # every other byte as it was: only the value changed
-    assert body.replace("decode_hold_tokens = 7", f"decode_hold_tokens = {held}") == original
+    assert body.replace(f"decode_hold_tokens = {new}", f"decode_hold_tokens = {held}") == original
 
 
 # --- a release with nothing to do enables again -----------------------------------------------------------

@@ -1499,6 +1499,11 @@ def test_an_interrupted_automatic_rollback_never_disqualifies_the_release_it_was
     assert cut.returncode == 1, text_of(cut)  # the rollback ended early: a failed switch, journal kept
     journal = json.loads(fleet.journal().read_text())
     assert (journal["kind"], journal["to"], journal["from"]) == ("rollback", left, broken), journal
+    # Each part recorded under the one switch id: the release's failure, then the rollback's own early end.
+    parts = [(r["switch"], r["kind"], r["result"], r["target"]) for r in fleet.history()[start:]]
+    assert parts == [(journal["switch"], "release", "failed", broken),
+                     (journal["switch"], "rollback", "failed", left)], parts
+    assert "interrupted by SIGTERM" in fleet.history()[-1]["reason"], fleet.history()[-1]
     assert left in _served(fleet)
     shown = fleet.cli("status", "--node", CYAN)  # says what the unfinished switch was: an automatic rollback
     assert re.search(rf"UNFINISHED automatic rollback \(restart-engine failed: .*\): switch {broken} -> {left}",
@@ -1514,6 +1519,29 @@ def test_an_interrupted_automatic_rollback_never_disqualifies_the_release_it_was
     assert fleet.current() == left
     fleet.settled()
     assert [r[1] for r in _records_of(fleet, start)][-2:] == ["failed", "rolled back"]
+
+
+@ROLLBACKS
+def test_an_automatic_rollback_killed_midway_is_what_the_follow_up_reports_and_the_next_run_finishes(fleet):
+    # A breaker's case: the follow-up after a lost node process reported only the failure the rollback followed
+    # ("failed at restart-engine ... the next release finishes it"), never that a rollback began and stopped.
+    left = fleet.current()
+    start = len(fleet.history())
+    with fleet.profile_edit(CYAN, SLOW_START):
+        broken = fleet.fresh()
+        cut = fleet.operator_release(env=faults(signal_in_auto_rollback_step="restart-engine", signal="SIGKILL"))
+    text = text_of(cut)
+    assert cut.returncode == 1 and "Traceback" not in text, text
+    journal = json.loads(fleet.journal().read_text())
+    assert (journal["kind"], journal["to"], journal["auto"] is not None) == ("rollback", left, True), journal
+    # What the node says of the switch id the operator knows: the rollback, interrupted, with its cause.
+    assert re.search(rf"the node says the switch was interrupted: automatic rollback \(restart-engine failed: "
+                     rf".*\): switch {broken} -> {left}", text), text
+    assert [(r["kind"], r["result"]) for r in fleet.history()[start:]] == [("release", "failed")]
+    finished = fleet.rollback(CYAN)  # goes on to where the interrupted rollback was going: what served
+    assert finished.returncode == 0, text_of(finished)
+    assert fleet.current() == left and left in _served(fleet) and broken not in _served(fleet)
+    fleet.settled()
 
 
 @ROLLBACKS

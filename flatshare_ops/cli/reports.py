@@ -7,6 +7,8 @@ from typing import Annotated, Optional
 
 import typer
 
+from ..common.wording import text_field
+
 from ..errors import FlatshareError
 from .app import app, InventoryOption, NodesOption, fleet_answers
 
@@ -41,7 +43,9 @@ def check(
         try:
             reports.append(Report.from_json(answer))
         except (KeyError, TypeError, ValueError):
-            reports.append(Report(name, [Finding("ssh", UNKNOWN, str(answer.get("error") or answer))]))
+            error = text_field(answer, "error")
+            reports.append(Report(name, [Finding("ssh", UNKNOWN, error or "its serving-check answer is not a "
+                                                 "report (no error named): run serving-check on the node")]))
     if as_json:
         typer.echo(_json.dumps({r.node: r.to_json() for r in reports}, indent=2, sort_keys=True))
     else:

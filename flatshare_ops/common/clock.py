@@ -12,8 +12,12 @@ LATEST = 253402300799.0
 def is_time(value: object) -> bool:
     """Whether ``value``, read from a file, is a time: a finite number of Unix seconds from 1970 to 9999
     (a bool, NaN, an infinity, a negative number or 1e300 is damage, not a time)."""
-    return (isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
-            and 0 <= value <= LATEST)
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
+        return False
+    try:  # total: an integer too large for a float (no reader lets one through: common/files.py) is no time
+        return math.isfinite(value) and 0 <= value <= LATEST
+    except OverflowError:
+        return False
 
 
 def is_duration(value: object) -> bool:

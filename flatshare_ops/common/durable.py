@@ -96,13 +96,24 @@ def append_line(path: Path, line: str) -> None:
     """
     if "\n" in line:
         raise ValueError("a record must be one line")
+    append_block(path, line.encode() + b"\n")
+
+
+def append_block(path: Path, block: bytes) -> None:
+    """Append ``block`` (whole lines, ending in a newline) to ``path`` and fsync it, as :func:`append_line`
+    appends one: a torn last line is ended first, and the block is written whole or not at all.
+
+    Raises:
+        NotAFile: a symlink, directory, FIFO, socket or device is at ``path`` (nothing is written).
+        OSError: the file cannot be opened or written (ENOSPC, EIO...); nothing of the block stays.
+    """
     fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         size = os.fstat(fd).st_size
         prefix = b""
         if size and os.pread(fd, 1, size - 1) != b"\n":
             prefix = b"\n"
-        data = memoryview(prefix + line.encode() + b"\n")
+        data = memoryview(prefix + block)
         try:
             while data:
                 written = os.write(fd, data)

@@ -181,6 +181,19 @@ def _finite(text: str) -> float:
     return value
 
 
+#: The largest integer a file may hold: what a float holds exactly (2**53). Every number the node keeps (a time,
+#: a pid, a size, a count) is far below it; one beyond (a 400-digit integer, which Python reads exactly) would
+#: overflow wherever it meets a float (``math.isfinite``, a time), so it is damage here, where it is read.
+MAX_INTEGER = 1 << 53
+
+
+def _bounded_int(text: str) -> int:
+    value = int(text)
+    if abs(value) > MAX_INTEGER:
+        raise NotFinite(f"an integer of {len(text.lstrip('-'))} digits is too large for a number")
+    return value
+
+
 def _depth(document) -> int:
     """How deeply a parsed document nests (1 for a flat object or array; 0 for a scalar), iteratively."""
     deepest, stack = 0, [(document, 1)]
@@ -204,16 +217,16 @@ def nesting(document) -> int:
 
 def loads(text: str | bytes):
     """``json.loads`` as RFC 8259 reads JSON, bounded: ``NaN``, ``Infinity`` and ``-Infinity`` (which
-    Python's json accepts and writes) and numbers too large for a float (``1e400``, which Python reads
-    as infinity) are refused, and so is a document nested more than :data:`MAX_DEPTH` levels.
+    Python's json accepts and writes), numbers too large for a float (``1e400``, which Python reads
+    as infinity) and integers beyond :data:`MAX_INTEGER` are refused, and so is a document nested more than
+    :data:`MAX_DEPTH` levels.
 
     Raises:
         json.JSONDecodeError: not JSON.
         NotFinite, TooDeep (both ValueError): one of those.
-        ValueError: an integer of more digits than Python converts (4300).
     """
     try:
-        document = json.loads(text, parse_constant=_no_constant, parse_float=_finite)
+        document = json.loads(text, parse_constant=_no_constant, parse_float=_finite, parse_int=_bounded_int)
     except RecursionError:
         raise TooDeep(f"nested more than {MAX_DEPTH} levels deep") from None
     if _depth(document) > MAX_DEPTH:

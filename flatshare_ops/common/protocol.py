@@ -34,6 +34,10 @@ VERSION = 1
 #: gateway stops, one node counted once by the id it reports). The entry point reads it from the switcher's own
 #: copy of this file, as ``GENERATION = N`` on one line.
 GENERATION = 2
+#: How long a node waits for the answer to its :class:`AdmitRequest` before it refuses (seconds). The operator's
+#: follow-up after a lost session keeps asking a node that is still before its journal (deciding, not yet
+#: switching) until past this bound, so that it reports the node's refusal, never "still switching".
+ADMISSION_WAIT_S = 60.0
 #: Protocol lines start with this (the operator's side reads them; people never see them).
 PREFIX = "::flatshare:"
 

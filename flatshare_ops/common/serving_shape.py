@@ -98,6 +98,14 @@ def problem(document: dict) -> str | None:
             return f"{key}: {name!r} is not a unit name"
     for key in BOUNDS:
         value = _get(document, key)
-        if value is not _MISSING and not (math.isfinite(value) and value > 0):
+        if value is not _MISSING and not (_finite(value) and value > 0):
             return f"{key}: must be a finite number of seconds above 0, got {value}"
     return None
+
+
+def _finite(value) -> bool:
+    """Whether a number is finite, totally: an integer too large for a float is not."""
+    try:
+        return math.isfinite(value)
+    except OverflowError:
+        return False

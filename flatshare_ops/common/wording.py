@@ -26,9 +26,12 @@ def text_field(record: Mapping, key: str) -> str | None:
 def number_field(record: Mapping, key: str) -> float | None:
     """``record[key]`` when it is a finite number (a bool is not one), else None."""
     value = record.get(key) if isinstance(record, Mapping) else None
-    if isinstance(value, bool) or not isinstance(value, (int, float)) or not math.isfinite(value):
+    if isinstance(value, bool) or not isinstance(value, (int, float)):
         return None
-    return value
+    try:
+        return value if math.isfinite(value) else None
+    except OverflowError:  # an integer too large for a float
+        return None
 
 
 def int_field(record: Mapping, key: str) -> int | None:

@@ -162,6 +162,8 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
         if result in protocol.SUCCESS:
             return Exit.OK, f"{name}: the node says: {result} {to} (switch {switch_id})"
         what = f"{result} at" if result else "a switch whose result is not recorded, at"
+        if text_field(record, "auto") and text_field(record, "kind") == "rollback":
+            what = f"the automatic rollback ({text_field(record, 'auto')}) {what}"
         return Exit.FAILED, (f"{name}: the node says: {what} {text_field(record, 'step') or 'a step it does not name'}"
                              f": {text_field(record, 'reason') or 'no reason recorded'} (switch {switch_id}); the "
                              "next 'flatshare release' finishes it")

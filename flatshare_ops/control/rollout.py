@@ -21,6 +21,7 @@ from __future__ import annotations
 import json
 import sys
 import threading
+import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
@@ -418,7 +419,8 @@ class Rollout:
                 label = "planned (dry run)"
             elif t.name in self.outcomes and t.result in (Exit.OK, Exit.ROLLED_BACK):
                 outcome = self.outcomes[t.name]  # what the node said it did: released, rolled back, repaired
-                label = outcome.result + (f": {outcome.message}" if t.result == Exit.ROLLED_BACK else "")
+                label = (outcome.result or EXIT_NAMES.get(t.result, f"exit {t.result}")) + (
+                    f": {outcome.message or 'the node gave no reason'}" if t.result == Exit.ROLLED_BACK else "")
             else:
                 label = EXIT_NAMES.get(t.result, f"exit {t.result}")
             if t.name in self.analysed:
@@ -549,8 +551,14 @@ class Rollout:
         return getattr(conn, "identity", None)
 
     def follow_up(self, target: NodeTarget, switch_id: str) -> int:
-        """After a lost or stalled connection: reconnect (bounded) and report what the node says of the switch."""
+        """After a lost or stalled connection: reconnect (bounded) and report what the node says of the switch.
+
+        Asked within ``reconnect_s``; a node that holds its lock but has no journal yet (its refusals,
+        preflight or admission: nothing changed so far) is asked on, until past the node's own bound for an
+        admission answer (:data:`protocol.ADMISSION_WAIT_S`), so that a node refusing for want of the answer a
+        lost session never gave is reported as refused (exit 3), never as still switching."""
         bound = self.settings.transport.reconnect_s
+        deciding_until = time.monotonic() + protocol.ADMISSION_WAIT_S + 10.0
         seen: dict = {"answer": None, "error": None}
 
         def settled() -> bool:
@@ -573,6 +581,12 @@ class Rollout:
             return answer.get("state") != "switching"
 
         poll_until(settled, bound, 1.0)
+        answer = seen["answer"]
+        if isinstance(answer, dict) and answer.get("state") == "switching" and not answer.get("journal") \
+                and time.monotonic() < deciding_until:
+            self.out.line(f"{target.name}: the node holds its lock before any journal (deciding whether it may "
+                          f"switch): asking on, up to {deciding_until - time.monotonic():.0f} s more")
+            poll_until(settled, deciding_until - time.monotonic(), 1.0)
         answer, last_error = seen["answer"], seen["error"]
         if answer is None:
             self.out.line(f"{target.name}: could not ask the node what became of switch {switch_id} within "

@@ -31,7 +31,7 @@ from ..common.files import dumps, loads
 from ..errors import Exit, FlatshareError
 
 #: How long the node waits for the operator's answer to an admission request (seconds).
-ADMISSION_TIMEOUT_S = 60.0
+ADMISSION_TIMEOUT_S = protocol.ADMISSION_WAIT_S
 
 
 class _Stdin:

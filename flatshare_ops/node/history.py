@@ -14,6 +14,7 @@ one, never to a failed, abandoned or repair switch.
 from __future__ import annotations
 
 import json
+import os
 from pathlib import Path
 
 from ..common import durable
@@ -50,10 +51,13 @@ class History:
     def __init__(self, records: list[dict], skipped: list[str], disorder: str | None = None) -> None:
         self.records, self.skipped, self.disorder = records, skipped, disorder
 
-    def has(self, switch: str | None, result: str) -> bool:
-        """Whether switch ``switch`` is already recorded with ``result`` (so it is never recorded twice)."""
-        return switch is not None and any(r.get("switch") == switch and r.get("result") == result
-                                          for r in self.records)
+    def has(self, switch: str | None, result: str, kind: str | None = None) -> bool:
+        """Whether switch ``switch`` is already recorded with ``result`` (so it is never recorded twice); with
+        ``kind``, as a switch of that kind: a release that failed and the automatic rollback that followed it
+        share one switch id, and each part's failure is recorded once."""
+        return switch is not None and any(
+            r.get("switch") == switch and r.get("result") == result and (kind is None or r.get("kind", kind) == kind)
+            for r in self.records)
 
     def last(self) -> dict | None:
         """The newest record, or None (None too when the order is in doubt: which one is newest is not known)."""
@@ -169,6 +173,9 @@ def problem(record: object, node: str) -> str | None:
         return f"a record of node {record['node']!r}, not of {node} (copied from another node?)"
     if schema == HISTORY_SCHEMA and "node" not in record:
         return "a record that names no node (flatshare-ops writes its node in every record)"
+    missing = [k for k in ("started_at", "finished_at") if schema == HISTORY_SCHEMA and k not in record]
+    if missing:  # the order that decides a rollback target is checked against these times: none may hide from it
+        return f"a record without {' and '.join(missing)} (flatshare-ops writes both in every record)"
     return None
 
 
@@ -208,11 +215,27 @@ def _disorder(name: str, records: list[dict], lines: list[int]) -> str | None:
     return None
 
 
-def append(path: Path, record: dict, node: str) -> None:
+#: When a switch's record would take history.jsonl past this size (bytes), the file is compacted first
+#: (:func:`compact`): far below :data:`MAX_BYTES`, so that the records appended between two switches (an
+#: analysis, at most :data:`RECORD_MAX_BYTES` each) never take it past what its reader takes.
+COMPACT_AT = MAX_BYTES // 2
+#: What compaction keeps in history.jsonl: the newest lines, at most this many bytes (thousands of switches:
+#: every release a rollback can return to is among them, since pruning keeps only the newest few stored).
+COMPACT_KEEP = MAX_BYTES // 4
+#: Where compaction moves older lines (appended, never read by the tool: an archive for people).
+ARCHIVE = "history.old.jsonl"
+
+
+def append(path: Path, record: dict, node: str, compact_first: bool = False) -> None:
     """Append one record (fsynced), once it is shown to be one its reader takes (:func:`problem`).
 
+    Args:
+        compact_first: the caller holds the node's lock (a switch's own records), so the file may be
+            compacted (:func:`compact`) when this record would take it past :data:`COMPACT_AT`.
+
     Raises:
-        ValueError: the record is one the reader would skip (a bug: nothing is written).
+        ValueError: the record is one the reader would skip, or it would take the file past
+            :data:`MAX_BYTES` (nothing is written: the tool never writes a file its reader refuses).
         OSError: the disk is full or read-only (the caller's early-end rule handles it).
     """
     document = {"schema": HISTORY_SCHEMA, **record}
@@ -223,7 +246,52 @@ def append(path: Path, record: dict, node: str) -> None:
     if len(line) > RECORD_MAX_BYTES:
         raise ValueError(f"a history record of {len(line)} bytes, more than the {RECORD_MAX_BYTES} one may hold "
                          f"(the whole file holds at most {MAX_BYTES}), was not written")
+    size = _size(path)
+    if compact_first and size + len(line) + 2 > COMPACT_AT:
+        compact(path)
+        size = _size(path)
+    if size + len(line) + 2 > MAX_BYTES:
+        raise ValueError(f"{path.name} holds {size} bytes: a record of {len(line)} more would take it past the "
+                         f"{MAX_BYTES} its reader takes, so it was not written (the next switch compacts the file)")
     durable.append_line(path, line)
+
+
+def _size(path: Path) -> int:
+    try:
+        return os.lstat(path).st_size
+    except FileNotFoundError:
+        return 0
+
+
+def compact(path: Path, keep: int = COMPACT_KEEP) -> int:
+    """Move history.jsonl's older lines to :data:`ARCHIVE` beside it, keeping the newest whole lines that fit in
+    ``keep`` bytes: the archive is appended and fsynced first, then history.jsonl replaced atomically, so a crash
+    leaves every line in one file or both (never none). Run only under the node's lock (one writer).
+
+    Returns:
+        How many lines were moved.
+
+    Raises:
+        Damaged: history.jsonl is no regular file (see :func:`read_history`).
+        OSError: a write failed (history.jsonl is then as it was).
+    """
+    raw = read_bytes(path, limit=MAX_BYTES)
+    if raw is None:
+        return 0
+    lines = raw.splitlines(keepends=True)
+    kept, total = 0, 0
+    for line in reversed(lines):
+        if total + len(line) > keep:
+            break
+        total, kept = total + len(line), kept + 1
+    moved = lines[:len(lines) - kept]
+    if not moved:
+        return 0
+    archive = path.with_name(ARCHIVE)
+    old = b"".join(moved)
+    durable.append_block(archive, old if old.endswith(b"\n") else old + b"\n")
+    durable.write_atomic(path, b"".join(lines[len(lines) - kept:]))
+    return len(moved)
 
 
 def served_releases(history: History) -> list[str]:

@@ -18,7 +18,6 @@ import errno
 import getpass
 import os
 import socket
-import stat
 import time
 from contextlib import contextmanager
 from typing import Iterator
@@ -26,7 +25,7 @@ from typing import Iterator
 from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
 from ..common.wording import holder_phrase
-from ..common.files import dumps, what_is
+from ..common.files import dumps
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
@@ -62,7 +61,8 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
     """Hold the node's release lock, with the holder's details beside it.
 
     First ``flock(LOCK_EX | LOCK_NB)`` on the state directory (the lock), then on ``releases/.lock`` (what a
-    switcher from before adr/0011 takes), both with filelock; both are released by the kernel when this
+    switcher from before adr/0011 takes, opened without blocking on what is there), both with filelock's
+    ``lock_descriptor``; both are released by the kernel when this
     process dies, so a dead holder never blocks, and its ``lock.json`` is then stale and overwritten.
 
     Raises:
@@ -70,7 +70,9 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         NodeStateError: the state directory cannot be opened or locked, or ``releases/.lock`` is a link,
             a directory or otherwise cannot be locked.
     """
-    from filelock import FileLock, Timeout  # here: readers only read the lock table
+    from filelock import lock_descriptor  # here: readers only read the lock table
+
+    from ..common.files import NotAFile, open_regular
 
     from .store import ensure_releases_dir
 
@@ -85,31 +87,27 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         _refuse_held(ctx, action)
     try:
         path = ctx.lock_path
-        try:
-            mode = os.lstat(path).st_mode
-        except FileNotFoundError:
-            mode = None
+        try:  # never blocking on what is there: a FIFO, a device or a link is refused, before or after the open
+            compat = open_regular(path, os.O_RDWR | os.O_CREAT, 0o644)
+        except NotAFile as err:
+            raise NodeStateError(f"{path}: {err.strerror.removesuffix(', not a regular file')}, not the lock file; "
+                                 "no release can hold it: remove "
+                                 f"it (rm -r {path}) and run the command again") from None
         except OSError as err:
-            raise NodeStateError(f"{path}: cannot be read ({err.strerror or err}); fix or remove it and run the "
-                                 "command again") from None
-        if mode is not None and not stat.S_ISREG(mode):  # never opened: a FIFO there would block the open
-            raise NodeStateError(f"{path}: is {what_is(mode)}, not the lock file; no release can hold it: remove "
-                                 f"it (rm -r {path}) and run the command again")
-        compat = FileLock(str(path))
+            _refuse_unwritable(ctx, action, path, err)
+            raise NodeStateError(f"{path}: cannot be opened ({err.strerror or err}); fix or remove it and run "
+                                 "the command again") from None
         try:
-            compat.acquire(timeout=0)
-        except Timeout:  # before OSError: filelock's Timeout is a TimeoutError, hence an OSError
-            _refuse_held(ctx, action, lambda: held_by(path))  # a switcher from before adr/0011
+            if not lock_descriptor(compat, blocking=False):
+                _refuse_held(ctx, action, lambda: held_by(path))  # a switcher from before adr/0011
         except OSError as err:
-            if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-                # Not damage: the disk (or the directory) does not take writes, so no switch could keep its journal.
-                what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS else
-                        f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})")
-                raise Refused(f"{action} refused: {ctx.node}'s state directory {ctx.releases} {what}: its lock "
-                              f"{path.name} cannot be taken, and nothing was changed; make it writable (remount it "
-                              "read-write, or fix its permissions), then run the command again") from None
+            os.close(compat)
+            _refuse_unwritable(ctx, action, path, err)
             raise NodeStateError(f"{path}: cannot be locked ({err.strerror or err}); fix or remove it and run "
                                  "the command again") from None
+        except BaseException:
+            os.close(compat)
+            raise
         try:
             _write_holder(ctx, release)
             yield
@@ -118,9 +116,20 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
                 durable.remove(ctx.holder_path)  # before letting go: the next holder's record is never removed
             except OSError:
                 pass
-            compat.release()
+            os.close(compat)  # closing the descriptor releases its flock
     finally:
         os.close(directory)  # closing the last descriptor of the open file releases its flock
+
+
+def _refuse_unwritable(ctx: NodeContext, action: str, path, err: OSError) -> None:
+    """Refuse (nothing changed) when ``err`` says the state directory takes no writes: a read-only disk or
+    permissions are no damage, and no switch could keep its journal there."""
+    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+        what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS else
+                f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})")
+        raise Refused(f"{action} refused: {ctx.node}'s state directory {ctx.releases} {what}: its lock "
+                      f"{path.name} cannot be taken, and nothing was changed; make it writable (remount it "
+                      "read-write, or fix its permissions), then run the command again") from None
 
 
 def lock_directory(path) -> int | None:

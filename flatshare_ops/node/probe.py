@@ -10,6 +10,7 @@ reading it never takes the lock.
 from __future__ import annotations
 
 import os
+from pathlib import Path
 
 from ..errors import NodeStateError
 from .context import NodeContext
@@ -60,10 +61,11 @@ def node_identity(ctx: NodeContext) -> str | None:
     machine's id (:data:`MACHINE_ID`) with the device and inode of the node's state directory (one machine may
     hold several nodes, as the sandbox's does). ``"MACHINE:DEV:INODE"``; None when the state directory cannot
     be read (then only the SSH host key tells nodes apart)."""
-    try:
-        with open(MACHINE_ID, encoding="ascii", errors="replace") as f:
-            machine = f.read(64).strip()
-    except OSError:
+    from ..common.files import Damaged, read_bytes
+
+    try:  # bounded and never blocking, as every file the node reads (a FIFO there is no id)
+        machine = (read_bytes(Path(MACHINE_ID), allow_symlink=True, limit=64) or b"").decode("ascii", "replace").strip()
+    except Damaged:
         machine = ""
     try:
         st = os.stat(ctx.state_dir)

@@ -65,14 +65,15 @@ def append_success(ctx: NodeContext, journal: journals.Journal, release: str) ->
     """Record ``journal``'s switch as done (once per switch id): the ``record-history`` step."""
     result = SUCCESS[journal.kind]
     hist = read_history(ctx)
-    if not hist.has(journal.switch, result):
+    if not hist.has(journal.switch, result, journal.kind):
         histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True, hist=hist),
-                         ctx.node)
+                         ctx.node, compact_first=True)
 
 
 def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reason: str, verdict: bool = False,
                    **extra) -> None:
-    """Record ``journal``'s switch as failed at ``step`` (once per switch id); ``verdict``: the failure says the
+    """Record ``journal``'s switch as failed at ``step`` (once per switch id and kind: an automatic rollback's own
+    failure is recorded beside the failed release's); ``verdict``: the failure says the
     release does not serve (node/runner.py), so it is no rollback target until it serves again.
 
     Raises:
@@ -80,9 +81,10 @@ def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reaso
             have said).
     """
     hist = read_history(ctx)
-    if not hist.has(journal.switch, "failed"):
+    if not hist.has(journal.switch, "failed", journal.kind):
         histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, hist=hist,
-                                                  verdict=verdict, **extra), ctx.node)
+                                                  verdict=verdict, **extra), ctx.node,
+                         compact_first=True)
 
 
 def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOutput, why: str) -> None:
@@ -93,7 +95,7 @@ def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOu
     hist = read_history(ctx)
     if pending.switch is None or not hist.has(pending.switch, "abandoned"):
         histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist, verdict=False),
-                         ctx.node)
+                         ctx.node, compact_first=True)
 
 
 def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:

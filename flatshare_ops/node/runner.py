@@ -11,7 +11,8 @@ The one early-end rule (:func:`early_end`): whatever ends a switch early (a
 failed step, any OSError at any write, Ctrl-C, SIGTERM), the voice drain is
 ended; the gateway is started again if this switch stopped it and the engine
 answers /health (waiting, bounded by what is left of the start budget, for an
-engine still loading); the failure is recorded (or printed, if even that write
+engine still loading, and starting one this switch stopped but had not started
+again); the failure is recorded (or printed, if even that write
 fails); and the journal stays as last written. The lock is released by the
 caller's ``with``.
 
@@ -264,6 +265,8 @@ def give_back(sw: Switch) -> str:
         return "; ".join(said) or "given back"
     url = sw.serving["engine"]["url"] + "/health"
     status = http_get(url, HTTP_TIMEOUT_S)[0]
+    if status != 200 and sw.engine_stopped and not _engine_starting(sw):
+        _start_engine_again(sw)
     left = (sw.engine_deadline - time.monotonic()) if sw.engine_deadline is not None else 0.0
     if status != 200 and left > 0 and _engine_starting(sw):
         out.line(f"  the engine is still starting: waiting for {url} (up to {left:.0f} s, what is left of its "
@@ -280,6 +283,22 @@ def give_back(sw: Switch) -> str:
             return "; ".join([*said, f"{GATEWAY_UNIT} could not be started again: {err}"])
     out.line(f"  {GATEWAY_UNIT} left stopped: the engine does not answer {url}")
     return "; ".join([*said, f"{GATEWAY_UNIT} left stopped: the engine did not answer {url}"])
+
+
+def _start_engine_again(sw: Switch) -> None:
+    """The switch ended between the engine's stop and its start (a signal, a stop that failed): start the engine
+    as its unit now stands, its start budget counted from now, so that the early end can wait for it and give
+    calls back; a start systemd refuses is said, and the gateway then stays stopped."""
+    start_s = float(sw.serving["engine"]["start_timeout_s"])
+    sw.out.line(f"  {ENGINE_UNIT} was stopped by this switch and is not running: starting it again (up to "
+                f"{start_s:g} s, its start budget) so that calls can be given back")
+    sw.engine_deadline = time.monotonic() + start_s
+    sw.engine_stopped = False
+    try:
+        systemd.job(sw.ctx.address, "start", ENGINE_UNIT, start_s, sw.progress(f"the start job on {ENGINE_UNIT}", start_s))
+    except SystemdError as err:
+        sw.engine_deadline = None
+        sw.out.line(f"  could not start {ENGINE_UNIT} again: {err}")
 
 
 def _engine_starting(sw: Switch) -> bool:

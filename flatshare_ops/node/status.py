@@ -26,7 +26,8 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     Returns:
         ``{"state": ...}``: ``recorded`` with the history ``record`` (released, failed...),
         ``switching`` (its journal is there and the lock is held), ``interrupted``
-        (its journal is there, nobody holds the lock), ``ended`` with the ``outcome`` the
+        (its journal is there, nobody holds the lock, and the part it journals is not recorded: an automatic
+        rollback interrupted after the failed release it follows was recorded is ``interrupted``), ``ended`` with the ``outcome`` the
         switch command kept (refused, nothing to do: no switch ran; node/outcomes.py), or
         ``unknown`` (none of these: the command never began on the node).
     """
@@ -50,10 +51,12 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         holder = 0
     if pending is not None and pending.switch == switch_id and holder is not None:
         return {"state": "switching", "journal": journals.journal_summary(pending), "pid": holder}
+    if pending is not None and pending.switch == switch_id and not any(r.get("kind") == pending.kind for r in records):
+        # Its journal is a part not recorded yet: an automatic rollback interrupted after the failure it follows
+        # was recorded (one switch id, two parts) is that rollback, never only the failure before it.
+        return {"state": "interrupted", "journal": journals.journal_summary(pending)}
     if records:
         return {"state": "recorded", "record": records[-1]}
-    if pending is not None and pending.switch == switch_id:
-        return {"state": "interrupted", "journal": journals.journal_summary(pending)}
     if holder is not None:
         return {"state": "switching", "journal": None, "pid": holder}
     try:

@@ -66,6 +66,9 @@ class Switch:
             start job began (the early end waits for an engine still loading until then); None again
             once the engine was seen exiting during that start (systemd would only run the same
             command line again: the early end does not wait for it).
+        engine_stopped: this switch stopped (or was stopping) the engine and had not yet asked systemd to start it:
+            the early end starts it again, within its start budget (a node is never left out of service by a
+            switch ended between the engine's stop and its start).
         engine_output_mark: where the engine's output stood when this switch started it
             (:func:`common.unit_output.output_mark`): a failed start quotes only what came after.
         readmit: decides the admission to drain again (node/refusals.py ``admit_to_drain`` for this switch's
@@ -81,6 +84,7 @@ class Switch:
     drain: drain.VoiceDrain | None = None
     gateway_stopped: bool = False
     engine_deadline: float | None = None
+    engine_stopped: bool = False
     engine_output_mark: object = None
     notes: list[str] = field(default_factory=list)
     readmit: Callable[[], None] | None = None
@@ -189,6 +193,7 @@ def restart_engine(sw: Switch) -> None:
     start_s = float(engine["start_timeout_s"])
     stop_s = float(engine.get("stop_timeout_s", DEFAULT_STOP_TIMEOUT_S))
     before = _invocation(sw)
+    sw.engine_stopped = True  # from here until its start job is queued, an early end starts it again
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
     from ..common.unit_output import output_mark
 
@@ -198,7 +203,9 @@ def restart_engine(sw: Switch) -> None:
     try:
         sw.job("start", ENGINE_UNIT, start_s)
     except SystemdError as err:
+        sw.engine_stopped = False
         raise _failed_start(sw, str(err)) from None
+    sw.engine_stopped = False
     if _invocation(sw) == before:
         raise StepError(f"{ENGINE_UNIT}: InvocationID did not change; the engine was not restarted")
     url = engine["url"] + "/health"

@@ -20,6 +20,9 @@ this file wraps the package's functions in the node-side process only
   filled, or became read-only, after the failed switch was recorded).
 - ``{"signal_in_auto_rollback_step": STEP, "signal": SIGNAL}``: the node's switch is sent SIGNAL as an automatic
   rollback's STEP begins.
+- ``{"signal_after_job": "VERB UNIT", "signal": SIGNAL}``: the node's switch is sent SIGNAL as soon as its
+  switch's systemd job VERB on UNIT is done (``stop flatshare-engine.service``: between the engine's stop and
+  its start).
 - ``{"signal_at_auto_rollback": SIGNAL}``: the node's switch is sent SIGNAL as it hands over to its automatic
   rollback (after the failed switch is recorded, before the rollback's first write).
 """
@@ -117,6 +120,18 @@ def _install(spec: dict) -> None:
             begin(sw)
 
         object.__setattr__(target, "run", signalled_step)
+
+    if "signal_after_job" in spec:
+        verb_unit = spec["signal_after_job"]
+        job = steps.Switch.job
+        after = getattr(signal, spec.get("signal", "SIGTERM"))
+
+        def job_then_signal(self, verb, unit, timeout_s):
+            job(self, verb, unit, timeout_s)
+            if f"{verb} {unit}" == verb_unit:
+                os.kill(os.getpid(), after)
+
+        steps.Switch.job = job_then_signal
 
     if "sleep_in_step" in spec:
         step = steps.STEP_BY_NAME[spec["sleep_in_step"]]
