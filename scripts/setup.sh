@@ -2,7 +2,7 @@
 # Install what flatshare-ops and its tests need on a fresh Debian machine, as root:
 # Debian packages (pystemd builds against libsystemd; the sandbox runs systemd and sshd; tests/test_lock.py
 # reads the release lock on a loop-mounted btrfs, made with btrfs-progs)
-# and a venv in .venv: every dependency from requirements-dev.lock (exact versions, hashes
+# and a venv in .venv: uv (from requirements-setup.lock), then with uv every dependency from requirements-dev.lock (exact versions, hashes
 # checked: the same pins a node installs from requirements.lock), then the project itself
 # in editable mode.
 set -euo pipefail
@@ -46,10 +46,15 @@ if [ ! -x .venv/bin/python ]; then
   "$PYTHON" -m venv .venv
 fi
 stamp=.venv/.flatshare-installed
-want=$(cat pyproject.toml requirements.lock requirements-dev.lock | sha256sum | cut -d' ' -f1)
+want=$(cat pyproject.toml requirements-setup.lock requirements.lock requirements-dev.lock | sha256sum | cut -d' ' -f1)
 if [ ! -f "$stamp" ] || [ "$(cat "$stamp")" != "$want" ]; then
-  pip() { .venv/bin/pip install -q "$@" 2> >(grep -v 'Location .* is ignored' >&2); }
-  pip --require-hashes -r requirements-dev.lock
-  pip --no-deps -e .
+  # pip installs uv (requirements-setup.lock), uv the rest: the same locks, hashes checked, in seconds.
+  .venv/bin/pip install -q --require-hashes -r requirements-setup.lock 2> >(grep -v 'Location .* is ignored' >&2)
+  .venv/bin/uv pip install -q --python .venv/bin/python --require-hashes -r requirements-dev.lock
+  .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
   echo "$want" > "$stamp"
 fi
+
+# The wheels `flatshare node bootstrap` installs on a node, built here once per requirements.lock and
+# platform (flatshare_ops/control/wheels.py; pystemd compiles: about 30 s the first time, nothing later).
+.venv/bin/python -m flatshare_ops.control.wheels

@@ -176,7 +176,7 @@ def vllm_parse_many(python: Path, argvs: list[list[str]], timeout_s: float = 600
 BLOCKS = {
     0: "conftest", 1: "test_sandbox", 2: "test_sandbox", 3: "test_release", 11: "test_release_changes",
     13: "test_variants", 17: "test_production_path", 19: "test_production_path", 21: "test_production_path",
-    51: "test_node_state", 61: "test_fleet_safety", 71: "test_real_engine", 73: "test_traffic",
+    51: "test_node_state", 59: "test_node_state", 61: "test_fleet_safety", 71: "test_real_engine", 73: "test_traffic",
     76: "test_monitoring", 79: "test_lock", 80: "test_leftovers", 81: "test_node_damage", 82: "test_canary",
     83: "test_rollout_strategy",
 }

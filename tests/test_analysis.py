@@ -440,19 +440,36 @@ def test_a_baseline_with_too_few_requests_is_inconclusive():
     assert m.verdict == Verdict.INCONCLUSIVE
 
 
-def test_an_unreadable_baseline_is_an_error_unless_the_canary_fails_on_its_own():
+def test_an_unreadable_baseline_is_inconclusive_unless_the_canary_fails_on_its_own():
     c = Engine()
     start = c.scrape("cyan", T0)
     c.serve({0.05: 40})
     broken = (FailedScrape("peacock", T0, "did not answer within 10 s"),
               FailedScrape("peacock", T0 + 30, "did not answer within 10 s"))
     m = measure(1, settings(), (start, c.scrape("cyan", T0 + 30)), broken)
-    assert m.verdict == Verdict.ERROR
-    assert m.reasons == ("baseline peacock not measured: did not answer within 10 s",)
+    assert m.verdict == Verdict.INCONCLUSIVE
+    assert m.reasons == ("baseline peacock not measured: did not answer within 10 s: no comparison",)
     middle = c.scrape("cyan", T0 + 30)
     c.serve({3.0: 40})
     failing = measure(2, settings(), (middle, c.scrape("cyan", T0 + 60)), broken)
     assert failing.verdict == Verdict.FAIL
+
+
+def test_a_baseline_that_stops_answering_for_the_whole_analysis_never_rolls_back_a_healthy_canary():
+    # Every measurement: the canary serves well, the baseline node answers nothing (drained, down, cut off).
+    # Were a missing baseline an error, consecutive_error_limit 4 would roll back the healthy canary.
+    c = Engine()
+    scrapes = [c.scrape("cyan", T0)]
+    measurements = []
+    for n in range(1, 5):
+        c.serve({0.05: 40})
+        scrapes.append(c.scrape("cyan", T0 + 30 * n))
+        lost = (FailedScrape("peacock", T0 + 30 * (n - 1), "refused"), FailedScrape("peacock", T0 + 30 * n, "refused"))
+        measurements.append(measure(n, settings(), (scrapes[-2], scrapes[-1]), lost))
+    for inconclusive, action in (("pause", Action.PAUSE), ("pass", Action.CONTINUE)):
+        result = assess(measurements, settings(inconclusive=inconclusive), canary="cyan", baseline="peacock")
+        assert result.tally == {"pass": 0, "fail": 0, "inconclusive": 4, "error": 0}
+        assert (result.phase, result.action) == (Phase.INCONCLUSIVE, action)
 
 
 def test_without_a_baseline_node_only_the_fixed_rules_judge_and_the_line_says_so():

@@ -166,6 +166,17 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     assert _since(fleet, "peacock", start["peacock"]) == [] and fleet.current("peacock") == left["peacock"]
     recorded = fleet.history("cyan")[start["cyan"] + 1]["analysis"]
     assert recorded["phase"] == "failed" and len(recorded["measurements"]) >= 1
+    # `flatshare releases` gives the analysis back: each measurement's line as the rollout printed it, and whole
+    # as JSON (what history.jsonl on the node holds, read here from the file).
+    printed = [line for line in result.stdout.splitlines() if line.startswith("measurement ")]
+    shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--measurements",
+                            "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert [line.strip() for line in shown.stdout.splitlines() if line.startswith("    ")][-len(printed):] == printed
+    as_json = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--json",
+                              "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
+    assert as_json.returncode == 0, as_json.stdout + as_json.stderr
+    assert json.loads(as_json.stdout)["cyan"]["records"][-2]["analysis"] == recorded
     for name in NODES:
         fleet.settled(name)
 

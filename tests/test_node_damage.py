@@ -976,7 +976,39 @@ def shipped_zip(node: Node) -> bytes:
     return base64.b64decode(node.bundle()["switcher"]["zip_b64"])
 
 
-@pytest.mark.parametrize("damage", ["truncated", "edited", "bytecode added", "truncated, its zip too"])
+def with_crc32(edited: bytes, at: int, want: int) -> bytes:
+    """``edited`` with its 4 bytes at ``at`` chosen so that its CRC-32 is ``want`` (CRC-32 is affine over GF(2):
+    the effect of each of those 32 bits on the checksum is computed with zlib, and the needed combination solved
+    by elimination). A tree checked only by size and CRC-32 cannot tell the result from the file it replaces."""
+    import zlib
+
+    base = bytearray(edited)
+    base[at:at + 4] = bytes(4)
+    zero = zlib.crc32(bytes(len(base)))
+    pivots: dict[int, tuple[int, int]] = {}
+    for k in range(32):
+        bit = bytearray(len(base))
+        bit[at + k // 8] = 1 << (k % 8)
+        v, mask = zlib.crc32(bytes(bit)) ^ zero, 1 << k
+        while v:
+            top = v.bit_length() - 1
+            if top not in pivots:
+                pivots[top] = (v, mask)
+                break
+            v, mask = v ^ pivots[top][0], mask ^ pivots[top][1]
+    need, chosen = zlib.crc32(bytes(base)) ^ want, 0
+    while need:
+        v, mask = pivots[need.bit_length() - 1]
+        need, chosen = need ^ v, chosen ^ mask
+    for k in range(32):
+        if chosen >> k & 1:
+            base[at + k // 8] ^= 1 << (k % 8)
+    assert zlib.crc32(bytes(base)) == want
+    return bytes(base)
+
+
+@pytest.mark.parametrize("damage", ["truncated", "edited", "edited, its size and CRC-32 kept", "bytecode added",
+                                    "truncated, its zip too"])
 @pytest.mark.parametrize("by", ["status", "switch"])
 def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan, damage, by):
     data = shipped_zip(cyan)
@@ -989,6 +1021,15 @@ def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan
         status.write_bytes(status.read_bytes()[:400])  # a SyntaxError if it ran
     if damage == "edited":
         cli.write_bytes(cli.read_bytes() + b"\nraise SystemExit(99)\n")
+    if damage == "edited, its size and CRC-32 kept":
+        import zlib
+
+        original = cli.read_bytes()
+        payload = b"raise SystemExit(99)\n#"
+        edited = payload + bytes(4) + b"\n" + original[len(payload) + 5:]
+        forged = with_crc32(edited, len(payload), zlib.crc32(original))
+        assert len(forged) == len(original) and forged != original
+        cli.write_bytes(forged)
     if damage == "bytecode added":
         (cli.parent / "__pycache__").mkdir(exist_ok=True)
         (cli.parent / "__pycache__" / f"cli.cpython-{sys.version_info[0]}{sys.version_info[1]}.pyc").write_bytes(

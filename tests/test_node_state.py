@@ -1595,3 +1595,31 @@ def test_a_node_left_serving_by_an_interrupted_switch_asks_admission_once_for_it
     assert "may not drain now" in result.stdout and not re.search(r"step \d+/\d+ drain-voice", text), text
     assert not fleet.calls_problems()
     fleet.finish()
+
+
+def test_a_first_release_that_does_not_serve_has_nothing_to_return_to_and_stays_failed_saying_so(tmp_path_factory):
+    # A node with no release that ever served (its first release): the automatic rollback has nowhere to go.
+    # The plan says so before the drain, the switch ends early (calls given back, nothing half-switched), the
+    # history records the failure, and no rollback is claimed.
+    addresses = loopback_pair(59)
+    with scratch_sandbox(tmp_path_factory, "first", addresses, release=False) as (_, checkout, base):
+        node = SandboxNode(CYAN, addresses[CYAN], base)
+        quick_stand_in(node.profile)
+        node.profile.write_text(_replaced(node.profile.read_text(), SLOW_START))
+        result = node_switch(base / "fleet.toml", checkout, CYAN, None)
+        text = text_of(result)
+        assert "Traceback" not in text and "None" not in text, text
+        assert result.returncode == 1, text  # a release failed mid-switch (README, "Exit codes"): not 9
+        assert re.search(r"^cyan: automatic rollback: none possible \(no earlier release that served is stored\)",
+                         result.stdout, re.MULTILINE), result.stdout
+        assert "rolled back automatically" not in result.stdout, result.stdout
+        history = [json.loads(line) for line in (node.state_dir / "releases/history.jsonl").read_text().splitlines()]
+        assert [(r["result"], r["served"], r.get("auto")) for r in history] == [("failed", False, None)], history
+        assert not (node.run_dir / "voice.drain").exists()  # the drain ended: nothing left half-done
+
+
+def _replaced(text: str, replacements: dict[str, str]) -> str:
+    for old, new in replacements.items():
+        assert old in text, old
+        text = text.replace(old, new)
+    return text

@@ -186,6 +186,15 @@ def test_a_venv_whose_vllm_cannot_infer_its_device_is_refused_before_any_drain(f
     assert "Failed to infer device type" in result.stdout, result.stdout
 
 
+def test_a_scheduler_class_the_module_does_not_define_is_refused_before_any_drain(fleet):
+    # vLLM's parser takes any dotted name for --scheduler-cls; the engine core imports it only at start.
+    before = fleet.invocations("cyan")
+    with fleet.node_profile("cyan", {"engine.scheduler_cls": "flatshare_make_room_serve.NoSuchScheduler"}):
+        result = fleet.release("--node", "cyan")
+    _refused_before_draining(fleet, "cyan", result, before)
+    assert "NoSuchScheduler" in result.stdout and "the scheduler class" in result.stdout, result.stdout
+
+
 REFUSAL = "make_room.decode_hold_tokens must be an integer from 0 to the engine's max_model_len (512), got 100000"
 
 

@@ -88,20 +88,31 @@ def status(
 
 
 @app.command("releases")
-def releases(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+def releases(node: NodesOption = None, inventory: InventoryOption = None,
+             measurements: Annotated[bool, typer.Option(
+                 "--measurements", help="Under each canary analysis, each of its measurements' lines: the window, "
+                                        "the verdict and why, the canary's and the baseline's values.")] = False,
+             as_json: Annotated[bool, typer.Option(
+                 "--json", help="Print each node's records as JSON, analyses whole (releases/README.md).")] = False,
+             ) -> None:
     """The release history of each node (default: every node): what ran, what failed, what was rolled back.
 
     Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
+    import json as _json
+
     from ..common.text import one_line
     from ..control import commands
     from ..control.answers import history_line
 
-    unknown = False
-    for name, answer in fleet_answers(node, inventory, lambda t: commands.history(t.spec)).items():
+    answers = fleet_answers(node, inventory, lambda t: commands.history(t.spec))
+    unknown = any("error" in answer for answer in answers.values())
+    if as_json:
+        typer.echo(_json.dumps(answers, indent=2, sort_keys=True))
+        raise typer.Exit(1 if unknown else 0)
+    for name, answer in answers.items():
         typer.echo(f"{name}:")
         if "error" in answer:
             typer.echo(f"  UNKNOWN: {one_line(answer['error'])}")
-            unknown = True
             continue
         for note in answer.get("skipped", []):
             typer.echo(f"  note: {one_line(note)}")
@@ -109,5 +120,21 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None) -> Non
             typer.echo(f"  damaged: {one_line(str(answer['disorder']))}: a rollback of {name} is refused until the "
                        "lines are in order (or the file is moved aside)")
         for r in answer.get("records", []):
-            typer.echo(f"  {history_line(r if isinstance(r, dict) else {})}")
+            record = r if isinstance(r, dict) else {}
+            typer.echo(f"  {history_line(record)}")
+            if measurements:
+                for line in _measurement_lines(record):
+                    typer.echo(f"    {line}")
     raise typer.Exit(1 if unknown else 0)
+
+
+def _measurement_lines(record: dict) -> list[str]:
+    """An analysis record's measurement lines as the rollout printed them (none for other records)."""
+    from ..common.text import one_line
+
+    analysis = record.get("analysis")
+    found = analysis.get("measurements") if isinstance(analysis, dict) else None
+    if not isinstance(found, list):
+        return []
+    return [one_line(m["line"]) if isinstance(m, dict) and isinstance(m.get("line"), str)
+            else f"measurement {n}: its line was not recorded" for n, m in enumerate(found, 1)]

@@ -547,7 +547,8 @@ def measure(number: int, settings: Settings, canary: tuple[ScrapeResult, ScrapeR
       interval: with the baseline's p95 in ``(bl, bu]`` the limit lies in ``(f*bl + m, f*bu + m]``; pass when
       the canary's upper bound is at most the limit's lower end, fail when the canary's lower bound is at or
       above the limit's upper end, else inconclusive. A baseline with fewer than ``min_requests`` first tokens
-      is inconclusive; one that could not be measured is an error; no baseline node at all: no such check.
+      is inconclusive, and so is one that could not be measured (the canary's own rules still judge: a baseline
+      that stopped answering never rolls back a healthy canary); no baseline node at all: no such check.
 
     The fixed threshold and the baseline both count: the measurement's verdict is the worst of its checks'
     (fail > error > inconclusive > pass), so it fails when any rule fails, passes only when every rule passes,
@@ -608,7 +609,11 @@ def _error_check(settings: Settings, canary: Window) -> Check:
 
 def _baseline_check(settings: Settings, canary: Quantile, baseline: Window | MissingWindow) -> Check:
     if isinstance(baseline, MissingWindow):
-        return Check("baseline", Verdict.ERROR, f"baseline {baseline.node} not measured: {baseline.reason}")
+        # The canary was measured; only the comparison is missing. An error here would let a baseline node that
+        # stopped answering (drained, down, its network cut) roll back a healthy canary after
+        # consecutive_error_limit measurements: the same missing comparison as a quiet baseline, inconclusive.
+        return Check("baseline", Verdict.INCONCLUSIVE,
+                     f"baseline {baseline.node} not measured: {baseline.reason}: no comparison")
     if baseline.first_tokens < settings.min_requests:
         return Check("baseline", Verdict.INCONCLUSIVE,
                      f"baseline {baseline.node} had {baseline.first_tokens} first tokens, fewer than "

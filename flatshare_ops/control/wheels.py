@@ -70,15 +70,13 @@ def project_dir(root: Path) -> Path:
     raise FlatshareError("bootstrap needs a flatshare-ops checkout (pyproject.toml) to build the node's wheels")
 
 
-def build(root: Path, echo=print) -> Wheels:
-    """Build the wheels a node installs: the dependencies' (cached per lock and platform) and
-    flatshare-ops' own (built fresh from the checkout each time, a few seconds).
+def dependencies(root: Path, echo=print) -> Path:
+    """The directory of the dependencies' wheels for the checkout's requirements.lock on this platform, built
+    once per lock and platform (pystemd compiles: about 30 s on 2 CPUs) and cached in :data:`CACHE`.
 
     Raises:
         FlatshareError: no lock, or pip failed (its last line is in the message).
     """
-    import os
-
     project = project_dir(root)
     lock = project / "requirements.lock"
     if not lock.is_file():
@@ -98,16 +96,29 @@ def build(root: Path, echo=print) -> Wheels:
         except BaseException:
             shutil.rmtree(scratch, ignore_errors=True)
             raise
+    return deps
+
+
+def build(root: Path, echo=print) -> Wheels:
+    """Build the wheels a node installs: the dependencies' (:func:`dependencies`, cached per lock and platform)
+    and flatshare-ops' own (built fresh from the checkout each time, a few seconds).
+
+    Raises:
+        FlatshareError: no lock, or pip failed (its last line is in the message).
+    """
+    import os
+
+    deps = dependencies(root, echo)
     target = Path(tempfile.mkdtemp(prefix=".node.", dir=CACHE))
     for wheel in deps.glob("*.whl"):
         os.link(wheel, target / wheel.name)
-    _pip(["wheel", "--no-deps", str(project), "-w", str(target)])
+    _pip(["wheel", "--no-deps", str(project_dir(root)), "-w", str(target)])
     node_lock = _node_lock(target)
     (target / "requirements.node.lock").write_text(node_lock)
     (target / "requirements.self.lock").write_text(
         "\n".join(l for l in node_lock.splitlines() if l.startswith(("#", "flatshare-ops=="))) + "\n")
     files = tuple(sorted(p.name for p in target.glob("*.whl")))
-    return Wheels(target, files, here)
+    return Wheels(target, files, local_platform())
 
 
 def _pip(args: list[str]) -> None:
@@ -129,3 +140,10 @@ def _node_lock(directory: Path) -> str:
         sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
         lines.append(f"{name.replace('_', '-').lower()}=={version} --hash=sha256:{sha}")
     return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":  # scripts/setup.sh: build the dependencies' wheels ahead of a first bootstrap
+    try:
+        dependencies(Path.cwd(), echo=lambda line: print(f"setup: {line.strip()}"))
+    except FlatshareError as err:
+        raise SystemExit(f"setup: {err}") from None

@@ -224,14 +224,16 @@ def _kept_zip(target: Path) -> bytes | None:
 
 def _tree_matches(target: Path, archive: zipfile.ZipFile) -> bool:
     """Whether the unpacked tree at ``target`` is exactly the archive: every member a regular file of its
-    size and CRC-32 (read without blocking, links never followed), and nothing else but empty directories
-    and the kept zip (a ``__pycache__`` file counts as something else: switchers run without bytecode)."""
+    size and sha256 (the archive's member hashed here: the zip itself is checked against its digest, so a
+    file changed on purpose to keep its CRC-32 is caught too; read without blocking, links never followed),
+    and nothing else but empty directories and the kept zip (a ``__pycache__`` file counts as something
+    else: switchers run without bytecode)."""
     import stat
-    import zlib
 
     from flatshare_ops.common.files import open_regular
 
-    expected = {i.filename: (i.file_size, i.CRC) for i in archive.infolist() if not i.is_dir()}
+    expected = {i.filename: (i.file_size, hashlib.sha256(archive.read(i)).digest())
+                for i in archive.infolist() if not i.is_dir()}
     found = 0
     try:
         for top, dirs, names in os.walk(target):
@@ -245,17 +247,17 @@ def _tree_matches(target: Path, archive: zipfile.ZipFile) -> bool:
                     continue
                 if relative not in expected:
                     return False
-                size, crc = expected[relative]
+                size, digest = expected[relative]
                 fd = open_regular(Path(path))
                 try:
                     if os.fstat(fd).st_size != size:
                         return False
-                    value = 0
+                    value = hashlib.sha256()
                     while block := os.read(fd, 1 << 20):
-                        value = zlib.crc32(block, value)
+                        value.update(block)
                 finally:
                     os.close(fd)
-                if value != crc:
+                if value.digest() != digest:
                     return False
                 found += 1
     except OSError:
