@@ -15,6 +15,7 @@ from __future__ import annotations
 import json
 import re
 import subprocess
+import time
 import urllib.request
 from pathlib import Path
 
@@ -23,7 +24,7 @@ import pytest
 from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.config.profile import load_profile
-from flatshare_ops.sandbox.node_profile import engine_venv
+from flatshare_ops.sandbox.node_profile import VOICE_PORT, engine_venv
 from release_fleet import ENGINE, Fleet
 
 pytestmark = pytest.mark.real_engine
@@ -303,16 +304,26 @@ def test_every_vllm_name_the_alert_rules_and_dashboard_read_is_in_the_real_engin
 
 
 def test_a_turn_hint_reaches_the_real_scheduler(fleet):
+    # A call placed at cyan's voice worker: each user turn sends its one-token hint to the engine, then its reply
+    # through the gateway. The real module counts the hints it was announced; serving-check reads that count.
     def turns() -> float:
         report = run_checks(fleet.node("cyan").state_dir, "cyan", fleet.node("cyan").manager.runtime_dir)
         assert {f.check: f.status for f in report.findings}["turn_hints"] == "OK"
         return report.perfdata["turns_announced"]
 
+    voice = f"http://{ADDRESSES['cyan']}:{VOICE_PORT}"
     before = turns()
-    body = json.dumps({"model": "flatshare-chat", "prompt": "w1 w2", "max_tokens": 1,
-                       "vllm_xargs": {"flatshare_turn_hint": 1}}).encode()
-    request = urllib.request.Request(f"http://{ADDRESSES['cyan']}:8000/v1/completions", body,
-                                     {"Content-Type": "application/json"})
-    with urllib.request.urlopen(request, timeout=30) as answer:
-        assert json.load(answer)["usage"]["completion_tokens"] == 1
-    assert turns() == before + 1
+    start = urllib.request.Request(f"{voice}/calls/start?seconds=1&turns=2&tokens=4", data=b"", method="POST")
+    with urllib.request.urlopen(start, timeout=30) as answer:
+        call = json.load(answer)["call"]
+    deadline = time.monotonic() + 120
+    while True:
+        with urllib.request.urlopen(f"{voice}/calls", timeout=30) as answer:
+            (record,) = [r for r in json.load(answer)["calls"] if r["call"] == call]
+        if record["ended_at"] is not None or time.monotonic() > deadline:
+            break
+        time.sleep(0.5)
+    assert record["ended_at"] is not None, record
+    assert [t["hint"]["status"] for t in record["turns"]] == [200, 200], record
+    assert all(t["reply"]["done"] for t in record["turns"]), record
+    assert turns() == before + 2
