@@ -1147,6 +1147,24 @@ def test_a_read_only_state_directory_is_named_read_only_and_nothing_changes(cyan
     assert held_by(cyan.releases / ".lock") is None and not cyan.calls_problems()
 
 
+def test_a_fresh_nodes_read_only_state_directory_is_named_read_only_not_damaged(cyan):
+    # A node with no releases/ yet (a fresh node) whose state directory is read-only: releases/ cannot be made.
+    state = cyan.releases.parent
+    aside = state / "releases.aside-for-test"
+    os.rename(cyan.releases, aside)
+    try:
+        run = cyan.switch(cyan.fresh(), wrap=read_only(state))
+        held = subprocess.run(read_only(state) + cyan.node_argv("hold", "--acquire", "E2 benchmark"),
+                              capture_output=True, text=True, timeout=BOUND_S, stdin=subprocess.DEVNULL)
+        made = cyan.releases.exists()
+    finally:
+        os.rename(aside, cyan.releases)
+    for code, text in ((run.code, run.text), (held.returncode, held.stdout + held.stderr)):
+        assert code == 3 and "Traceback" not in text, text  # refused (nothing changed), not damage (5)
+        assert one_line_naming(text, re.escape(str(state)), r"[Rr]ead-only file ?system"), text
+    assert not made and not cyan.calls_problems()
+
+
 def test_an_immutable_releases_directory_refuses_the_release_and_changes_nothing(cyan):
     bundle = cyan.fresh()
     if subprocess.run(["chattr", "+i", str(cyan.releases)], capture_output=True).returncode != 0:

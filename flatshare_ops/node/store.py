@@ -29,7 +29,7 @@ from ..common import durable
 from ..common.files import what_is
 from ..common.node_files import CURRENT, RELEASES
 from ..common.release_files import release_id  # noqa: F401  (the id's one definition; node and tests use it here)
-from ..errors import NodeStateError
+from ..errors import NodeStateError, Refused
 
 from ..common.current_link import RELEASE_ID, CurrentLinkError, read_current  # noqa: F401 (RELEASE_ID: node/bundle.py)
 #: What release_id makes (and so the name of every release this node stored): 16 hex digits.
@@ -45,15 +45,25 @@ def ensure_releases_dir(state_dir: Path) -> Path:
     """``STATE_DIR/releases``, made when missing.
 
     Raises:
+        Refused: it cannot be made because the state directory takes no writes (a read-only filesystem, its
+            permissions): no damage, and nothing was changed.
         NodeStateError: something other than a directory is there (a file, a FIFO, a link...), or it cannot be
-            made (a read-only disk): named, with what to do.
+            made otherwise: named, with what to do.
     """
+    import errno
+
     root = releases_dir(state_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         pass
     except OSError as err:
+        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
+            what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS
+                    else f"takes no writes ({errno.errorcode[err.errno]}: {err.strerror})")
+            raise Refused(f"refused: the state directory {state_dir} {what}: {root} cannot be made, and nothing "
+                          "was changed; make it writable (remount it read-write, or fix its permissions), then "
+                          "run the command again") from None
         raise NodeStateError(f"{root}: cannot be made ({err.strerror or err}); fix the state directory "
                              f"{state_dir}, then run the command again") from None
     try:
