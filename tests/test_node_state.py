@@ -222,11 +222,7 @@ class Fleet:
         """Edit the node's own profile (sandbox-only values) for the block; restored after."""
         path = self.node(name).profile
         original = path.read_text()
-        text = original
-        for old, new in replacements.items():
-            assert old in text, f"{path} has no {old!r}"
-            text = text.replace(old, new)
-        path.write_text(text)
+        path.write_text(_replaced(original, replacements, path))
         try:
             yield
         finally:
@@ -1605,7 +1601,7 @@ def test_a_first_release_that_does_not_serve_has_nothing_to_return_to_and_stays_
     with scratch_sandbox(tmp_path_factory, "first", addresses, release=False) as (_, checkout, base):
         node = SandboxNode(CYAN, addresses[CYAN], base)
         quick_stand_in(node.profile)
-        node.profile.write_text(_replaced(node.profile.read_text(), SLOW_START))
+        node.profile.write_text(_replaced(node.profile.read_text(), SLOW_START, node.profile))
         result = node_switch(base / "fleet.toml", checkout, CYAN, None)
         text = text_of(result)
         assert "Traceback" not in text and "None" not in text, text
@@ -1618,8 +1614,9 @@ def test_a_first_release_that_does_not_serve_has_nothing_to_return_to_and_stays_
         assert not (node.run_dir / "voice.drain").exists()  # the drain ended: nothing left half-done
 
 
-def _replaced(text: str, replacements: dict[str, str]) -> str:
+def _replaced(text: str, replacements: dict[str, str], path: Path) -> str:
+    """``text`` (of ``path``) with each key replaced by its value; each key must be there."""
     for old, new in replacements.items():
-        assert old in text, old
+        assert old in text, f"{path} has no {old!r}"
         text = text.replace(old, new)
     return text

@@ -15,7 +15,6 @@ from __future__ import annotations
 import json
 import re
 import subprocess
-import time
 import urllib.request
 from pathlib import Path
 
@@ -23,6 +22,7 @@ import pytest
 
 from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
+from flatshare_ops.common.poll import poll_until
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.sandbox.node_profile import VOICE_PORT, engine_venv
 from release_fleet import ENGINE, Fleet
@@ -316,14 +316,13 @@ def test_a_turn_hint_reaches_the_real_scheduler(fleet):
     start = urllib.request.Request(f"{voice}/calls/start?seconds=1&turns=2&tokens=4", data=b"", method="POST")
     with urllib.request.urlopen(start, timeout=30) as answer:
         call = json.load(answer)["call"]
-    deadline = time.monotonic() + 120
-    while True:
+    def ended() -> dict | None:
         with urllib.request.urlopen(f"{voice}/calls", timeout=30) as answer:
-            (record,) = [r for r in json.load(answer)["calls"] if r["call"] == call]
-        if record["ended_at"] is not None or time.monotonic() > deadline:
-            break
-        time.sleep(0.5)
-    assert record["ended_at"] is not None, record
+            (found,) = [r for r in json.load(answer)["calls"] if r["call"] == call]
+        return found if found["ended_at"] is not None else None
+
+    record = poll_until(ended, 120, interval_s=0.5)
+    assert record is not None, f"call {call} at {voice} did not end within 120 s"
     assert [t["hint"]["status"] for t in record["turns"]] == [200, 200], record
     assert all(t["reply"]["done"] for t in record["turns"]), record
     assert turns() == before + 2

@@ -14,7 +14,6 @@ written in a file, and reading it never takes it (:func:`holder_pid`).
 
 from __future__ import annotations
 
-import errno
 import getpass
 import os
 import socket
@@ -124,9 +123,10 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
 def _refuse_unwritable(ctx: NodeContext, action: str, path, err: OSError) -> None:
     """Refuse (nothing changed) when ``err`` says the state directory takes no writes: a read-only disk or
     permissions are no damage, and no switch could keep its journal there."""
-    if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-        what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS else
-                f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})")
+    from .store import unwritable
+
+    what = unwritable(err)
+    if what is not None:
         raise Refused(f"{action} refused: {ctx.node}'s state directory {ctx.releases} {what}: its lock "
                       f"{path.name} cannot be taken, and nothing was changed; make it writable (remount it "
                       "read-write, or fix its permissions), then run the command again") from None

@@ -41,6 +41,19 @@ def releases_dir(state_dir: Path) -> Path:
     return Path(state_dir) / RELEASES
 
 
+def unwritable(err: OSError) -> str | None:
+    """Why ``err`` means the state directory takes no writes (a read-only filesystem, its permissions: no
+    damage), as words after the directory's name; None for any other failure."""
+    import errno
+    import getpass
+
+    if err.errno == errno.EROFS:
+        return "is on a read-only filesystem (EROFS)"
+    if err.errno in (errno.EACCES, errno.EPERM):
+        return f"is not writable by {getpass.getuser()} ({errno.errorcode[err.errno]}: {err.strerror})"
+    return None
+
+
 def ensure_releases_dir(state_dir: Path) -> Path:
     """``STATE_DIR/releases``, made when missing.
 
@@ -50,17 +63,14 @@ def ensure_releases_dir(state_dir: Path) -> Path:
         NodeStateError: something other than a directory is there (a file, a FIFO, a link...), or it cannot be
             made otherwise: named, with what to do.
     """
-    import errno
-
     root = releases_dir(state_dir)
     try:
         root.mkdir(parents=True, exist_ok=True)
     except FileExistsError:
         pass
     except OSError as err:
-        if err.errno in (errno.EROFS, errno.EACCES, errno.EPERM):
-            what = ("is on a read-only filesystem (EROFS)" if err.errno == errno.EROFS
-                    else f"takes no writes ({errno.errorcode[err.errno]}: {err.strerror})")
+        what = unwritable(err)
+        if what is not None:
             raise Refused(f"refused: the state directory {state_dir} {what}: {root} cannot be made, and nothing "
                           "was changed; make it writable (remount it read-write, or fix its permissions), then "
                           "run the command again") from None
