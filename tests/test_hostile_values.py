@@ -146,6 +146,20 @@ def test_a_hold_written_by_hand_is_shown_on_one_line(tmp_path):
     assert shown == "ops\\nSERVING-CHECK OK: a\\rb\\x1b, though hold.json has no usable since"
 
 
+
+@pytest.mark.parametrize("character", ["\ud800", "\x9b", "\u202e", "\u2066", "\u200f", "\x85"],
+                         ids=["lone surrogate", "C1 CSI", "right-to-left override", "isolate", "RLM", "NEL"])
+def test_a_value_read_from_a_file_prints_escaped_whatever_character_it_holds(character):
+    # A breaker's case: "\ud800" in a history record stopped `flatshare releases` with UnicodeEncodeError (no
+    # UTF-8 output can encode it); U+009B (an 8-bit terminal escape) and U+202E (which reorders what a
+    # terminal shows) were printed raw. Each is shown as Python's escape for it, and the line encodes.
+    from flatshare_ops.node.hold import describe
+
+    shown = describe({"who": "ops", "since": "yesterday", "message": f"a{character}b"})
+    assert character not in shown and character.encode("unicode_escape").decode() in shown
+    shown.encode("utf-8")
+
+
 PROFILE_VALUES = {
     # key, value, what the one line must say
     "a stop bound systemd would read as none": ("engine.stop_timeout_s", "1e-7", "greater than or equal to 0.001"),

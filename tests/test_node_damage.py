@@ -1008,7 +1008,8 @@ def with_crc32(edited: bytes, at: int, want: int) -> bytes:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "edited", "edited, its size and CRC-32 kept", "bytecode added",
-                                    "truncated, its zip too"])
+                                    "truncated, its zip too", "a chain of 1,200 empty directories",
+                                    "its directory a link to a copy elsewhere"])
 @pytest.mark.parametrize("by", ["status", "switch"])
 def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan, damage, by):
     data = shipped_zip(cyan)
@@ -1036,6 +1037,18 @@ def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan
             b"\x00" * 20)  # a header and no code: "bad marshal data" if Python read it
     if damage.endswith("its zip too"):
         (directory / "switcher.zip").write_bytes(b"not the zip")
+    if damage.startswith("a chain"):
+        # A breaker's case: os.walk recursed into it and every node command ended in RecursionError.
+        deep = directory / "flatshare_ops"
+        for _ in range(1200):
+            deep = deep / "a"
+            deep.mkdir()
+    if damage.startswith("its directory a link"):
+        # A breaker's case: the tree was run from wherever the link pointed, and the link kept.
+        elsewhere = directory.with_name("elsewhere-for-test")
+        shutil.copytree(directory, elsewhere, symlinks=True)
+        shutil.rmtree(directory)
+        directory.symlink_to(elsewhere)
     if by == "status":
         result = cyan.command("status")
         assert result.returncode == 0 and json.loads(result.stdout)["release"] == cyan.current(), result.stderr
@@ -1049,7 +1062,9 @@ def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan
         # nothing to check it against: said, and the installed code answers; the next release unpacks it again
         assert one_line_naming(text, re.escape(str(directory)), r"cannot be checked"), text
         assert cyan.switch(cyan.fresh()).code == 0
+    assert not switcher_dir(cyan).is_symlink()
     assert tree_is_the_zip(switcher_dir(cyan), data) == []
+    shutil.rmtree(directory.with_name("elsewhere-for-test"), ignore_errors=True)
 
 
 # --- 7. history's order, schema and node -------------------------------------------------------------------

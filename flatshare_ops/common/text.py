@@ -20,13 +20,15 @@ def control_character(value: str) -> str | None:
 
 
 def one_line(value: object) -> str:
-    """``value`` as text safe to print on one line of output: control characters (and the line
-    separators U+0085, U+2028, U+2029) shown as escapes (``\\n``, ``\\x1b``), so a value read from a
-    file can never start a line of its own or pose as a protocol line."""
+    """``value`` as text safe to print on one line of output: control characters (C0, DEL and every C1, the
+    line separators U+2028 and U+2029), the bidirectional formatting characters (which reorder what a terminal
+    shows) and lone surrogates (which no UTF-8 output can encode) shown as escapes (``\\n``, ``\\x1b``,
+    ``\\u202e``, ``\\ud800``), so a value read from a file can never start a line of its own, pose as a
+    protocol line, or stop the output."""
     return _SHOWN.sub(lambda m: m.group().encode("unicode_escape").decode(), str(value))
 
 
-_SHOWN = re.compile(r"[\x00-\x1f\x7f\x85\u2028\u2029]")
+_SHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
 def hold_message(value: str) -> str | None:

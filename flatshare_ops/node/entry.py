@@ -180,6 +180,8 @@ def _check_members(archive: zipfile.ZipFile) -> None:
 def _put_in_place(target: Path, data: bytes, archive: zipfile.ZipFile) -> Path:
     """``target`` holding exactly ``archive`` (and its zip, :data:`KEPT_ZIP`): used as it is when it already
     does, else unpacked afresh beside it and renamed into place (a damaged copy moved aside first)."""
+    from flatshare_ops.common.files import remove_tree
+
     if _tree_matches(target, archive) and _kept_zip(target) == data:
         _touch(target)
         return target
@@ -203,7 +205,7 @@ def _put_in_place(target: Path, data: bytes, archive: zipfile.ZipFile) -> Path:
             except FileNotFoundError:
                 continue
             if aside.is_dir() and not aside.is_symlink():
-                shutil.rmtree(aside, ignore_errors=True)
+                remove_tree(aside)
             else:
                 aside.unlink(missing_ok=True)
         raise OSError(errno.EEXIST, "another process keeps replacing it", str(target))
@@ -234,9 +236,15 @@ def _tree_matches(target: Path, archive: zipfile.ZipFile) -> bool:
 
     expected = {i.filename: (i.file_size, hashlib.sha256(archive.read(i)).digest())
                 for i in archive.infolist() if not i.is_dir()}
+    deepest = max((len(Path(name).parts) for name in expected), default=1)
     found = 0
     try:
+        if not stat.S_ISDIR(os.lstat(target).st_mode):
+            return False  # a link (its tree lies elsewhere), a file, anything but the directory itself
         for top, dirs, names in os.walk(target):
+            if len(Path(os.path.relpath(top, target)).parts) >= deepest:
+                if dirs:
+                    return False  # deeper than any member: not the zip's (and os.walk recurses: never far)
             for name in dirs:
                 if not stat.S_ISDIR(os.lstat(os.path.join(top, name)).st_mode):
                     return False  # a link where a directory belongs

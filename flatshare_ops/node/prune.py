@@ -47,7 +47,7 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
 def _prune_switchers(ctx: NodeContext) -> None:
     """Remove unpacked switchers no stored release names and unused for an hour (and bundles an
     interrupted entry left behind)."""
-    import shutil
+    from ..common.files import remove_tree
 
     wanted = {os.environ.get("FLATSHARE_SWITCHER")}
     for rid in stored_releases(ctx.state_dir):
@@ -62,7 +62,7 @@ def _prune_switchers(ctx: NodeContext) -> None:
         except OSError:
             continue
         if directory.name not in wanted and not recent:
-            shutil.rmtree(directory, ignore_errors=True)
+            remove_tree(directory)
     for leftover in (ctx.releases / ".incoming").glob("bundle.*.json"):
         try:
             if time.time() - leftover.stat().st_mtime > 3600:
