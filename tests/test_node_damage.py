@@ -1008,7 +1008,8 @@ def with_crc32(edited: bytes, at: int, want: int) -> bytes:
 
 
 @pytest.mark.parametrize("damage", ["truncated", "edited", "edited, its size and CRC-32 kept", "bytecode added",
-                                    "truncated, its zip too", "its directory a link to a copy elsewhere"])
+                                    "truncated, its zip too", "a chain of 1,200 empty directories",
+                                    "its directory a link to a copy elsewhere"])
 @pytest.mark.parametrize("by", ["status", "switch"])
 def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan, damage, by):
     data = shipped_zip(cyan)
@@ -1064,10 +1065,12 @@ def test_an_unpacked_switcher_is_checked_against_its_zip_and_unpacked_again(cyan
     assert not switcher_dir(cyan).is_symlink()
     assert tree_is_the_zip(switcher_dir(cyan), data) == []
     shutil.rmtree(directory.with_name("elsewhere-for-test"), ignore_errors=True)
-    # The damaged chain is moved aside and left there when it nests deeper than shutil.rmtree recurses
-    # (common/files.remove_tree): removed here, so that later tests' walks of releases/ never meet it.
+    # The damaged tree is moved aside and removed, however deep it nests (common/files.remove_tree); removed
+    # here too before asserting, so that a failure never leaves a chain for later walks of releases/ to meet.
+    left = sorted(p.name for p in directory.parent.glob(".damaged-*"))
     for aside in directory.parent.glob(".damaged-*"):
         subprocess.run(["rm", "-rf", "--", str(aside)], check=True)
+    assert not left, left
 
 
 # --- 7. history's order, schema and node -------------------------------------------------------------------

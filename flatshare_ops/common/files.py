@@ -293,17 +293,20 @@ def _raise(path: Path, form: str):
 
 
 def remove_tree(path: Path) -> bool:
-    """Remove the directory tree at ``path`` with ``shutil.rmtree`` (links never followed, errors ignored).
+    """Remove the directory tree at ``path``: ``shutil.rmtree`` (links never followed, errors ignored), and
+    coreutils' ``rm -rf --one-file-system`` where the tree nests deeper than Python's recursion allows
+    (``shutil.rmtree`` recurses on Python 3.11: a breaker's chain of 1,200 empty directories raised
+    RecursionError through it; ``rm`` walks with fts(3), without recursion, and never follows a link).
 
     Returns:
-        False when the tree nests deeper than Python's recursion allows (``shutil.rmtree`` recurses on
-        Python 3.11: a breaker's chain of 1,200 empty directories raised RecursionError through it): it is
-        then left as it is, for a person to remove (``rm -r``); True otherwise.
+        Whether ``path`` is gone afterwards.
     """
     import shutil
+    import subprocess
 
     try:
         shutil.rmtree(path, ignore_errors=True)
     except RecursionError:
-        return False
-    return True
+        subprocess.run(["rm", "-rf", "--one-file-system", "--", str(path)], stdin=subprocess.DEVNULL,
+                       stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL, check=False)
+    return not os.path.lexists(path)
