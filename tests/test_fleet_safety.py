@@ -33,6 +33,7 @@ from pathlib import Path
 
 import pytest
 from conftest import BIN, REPO, faults, loopback_pair, scratch_sandbox
+from node_processes import cmdline, pids, ppid, switch_pids
 
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.locks import held_by
@@ -62,27 +63,6 @@ DOCUMENTED = {0, 3, 4}
 
 
 # --- processes -------------------------------------------------------------------------------------
-
-
-def _cmdline(pid: int) -> list[str]:
-    try:
-        return [a.decode(errors="replace") for a in Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")[:-1]]
-    except OSError:
-        return []
-
-
-def _ppid(pid: int) -> int | None:
-    try:
-        for line in Path(f"/proc/{pid}/status").read_text().splitlines():
-            if line.startswith("PPid:"):
-                return int(line.split()[1])
-    except OSError:
-        return None
-    return None
-
-
-def _pids() -> list[int]:
-    return [int(p.name) for p in Path("/proc").iterdir() if p.name.isdigit()]
 
 
 def _alive(pid: int) -> bool:
@@ -274,7 +254,7 @@ class Fleet:
     def engine_argv(self, name: str) -> list[str]:
         with connect(self.address(name)) as bus:
             pid = unit_property(bus, ENGINE, "Service", "MainPID")
-        return _cmdline(pid)
+        return cmdline(pid)
 
     def engine_invocation(self, name: str) -> bytes:
         """The engine unit's InvocationID, from systemd (it changes at every start)."""
@@ -316,17 +296,8 @@ class Fleet:
 
     # -- processes on the node
     def switch_pids(self, name: str) -> list[int]:
-        """The node-side switch processes of this node (``flatshare-node switch`` / ``python -m flatshare_ops.node switch``)."""
-        state_dir = str(self.node(name).state_dir)
-        found = []
-        for pid in _pids():
-            argv = _cmdline(pid)
-            if "switch" in argv and state_dir in argv and any(
-                    a == "flatshare_ops.node" or a.endswith("/flatshare-node") or "flatshare_ops.node.cli" in a
-                    for a in argv):
-                found.append(pid)
-        # A switch forks a child (same command line) for each exchange with systemd: not a switch of its own.
-        return [pid for pid in found if _ppid(pid) not in found]
+        """The node-side switch processes of this node (tests/node_processes.py)."""
+        return switch_pids(self.node(name).state_dir)
 
     def session_pid(self, name: str) -> int:
         """The node's sshd session process running its release: a child of the node's sshd listener, an ancestor
@@ -336,10 +307,10 @@ class Fleet:
         assert len(switches) == 1, f"{name}: node-side switch processes {switches}"
         (switch,) = switches
         pid = switch
-        while pid and _ppid(pid) not in (listener, None, 0, 1):
-            pid = _ppid(pid)
-        assert _ppid(pid) == listener, f"switch {switch} is not under {name}'s sshd listener {listener}"
-        argv = " ".join(_cmdline(pid))
+        while pid and ppid(pid) not in (listener, None, 0, 1):
+            pid = ppid(pid)
+        assert ppid(pid) == listener, f"switch {switch} is not under {name}'s sshd listener {listener}"
+        argv = " ".join(cmdline(pid))
         assert "sshd" in argv and pid != listener, argv
         return pid
 
@@ -1169,8 +1140,8 @@ def test_rollback_all_leaves_alone_a_node_that_never_switched_in_the_rollout(fle
 def _entry_point(fleet: Fleet, name: str) -> int | None:
     """The node's ``flatshare-node switch`` entry point while it still reads the bundle (before it runs the switcher)."""
     state_dir = str(fleet.node(name).state_dir)
-    for pid in _pids():
-        argv = _cmdline(pid)
+    for pid in pids():
+        argv = cmdline(pid)
         if "switch" in argv and state_dir in argv and any(a.endswith("/flatshare-node") for a in argv):
             return pid
     return None
@@ -1215,11 +1186,11 @@ def test_a_switcher_in_use_is_not_pruned_by_another_switch(fleet, tmp_path, unpa
         second = fleet.popen(release_from_other)
         entry = _poll(lambda: _entry_point(fleet, name), 60, 0.005)
         assert entry, "the second release's entry point never started"
-        assert _poll(lambda: any("flatshare_ops.node.cli" in a for a in _cmdline(entry)) or not _alive(entry),
+        assert _poll(lambda: any("flatshare_ops.node.cli" in a for a in cmdline(entry)) or not _alive(entry),
                      60, 0.0005)
         os.kill(entry, signal.SIGSTOP)
         stopped = entry
-        assert unpacked.is_dir() and _cmdline(entry), "the second release was not caught running its switcher"
+        assert unpacked.is_dir() and cmdline(entry), "the second release was not caught running its switcher"
         go.touch()  # A goes on to its end, and its prune
         out = _finish(first, 120)
         assert first.returncode == 0, out
@@ -1896,7 +1867,7 @@ def test_a_hold_taken_while_a_release_switches_the_node_says_it_goes_on_and_stop
 def _kill_sessions_of(fleet: Fleet, name: str) -> list[int]:
     """SIGKILL every sshd session process of ``name``'s sshd listener (the operator's kept connection)."""
     listener = fleet.sandbox_state()[name]["sshd_pid"]
-    sessions = [pid for pid in _pids() if _ppid(pid) == listener]
+    sessions = [pid for pid in pids() if ppid(pid) == listener]
     for pid in sessions:
         _signal(pid, signal.SIGKILL)
     return sessions

@@ -15,7 +15,8 @@ Two builds, one per sandbox engine (``flatshare sandbox up --engine``):
   whose ``vllm_xargs`` carry ``flatshare_turn_hint``: vLLM puts them in the request's
   ``sampling_params.extra_args``), printing a line per turn with the running count. Its lines are
   what serving-check reads the turn count from (:data:`LINE_TAG`; docs/reference/vllm.md,
-  "The serve module's lines").
+  "The serve module's lines"). It also asks Linux for the AMX state at import (:data:`AMX_REQUEST`), for
+  vLLM's CPU attention on CPUs with AMX.
 - ``stand-in``: a module the stand-in engine never imports (it counts turns in its own /metrics).
 """
 
@@ -42,10 +43,27 @@ _REAL = '''"""Flatshare's make-room serve module, sandbox build for vLLM 0.32.0 
 
 vLLM imports it as ``--scheduler-cls flatshare_make_room_serve.AsyncScheduler`` in its engine core process.
 """
+import ctypes
 import json
 import os
 
 from vllm.v1.core.sched.async_scheduler import AsyncScheduler as _VllmAsyncScheduler
+
+
+def _request_amx():
+    # vLLM 0.32.0's CPU attention takes its AMX kernel for a BF16 model on a CPU with AMX (cpu_attn.py
+    # _get_attn_isa) and runs tile instructions without asking Linux for the AMX state first: the engine
+    # core died of SIGILL at its first request (tilezero, csrc/cpu/cpu_attn_amx.hpp) unless a oneDNN call
+    # had asked before. Asked here, in the engine core, before any forward pass: arch_prctl(2)
+    # ARCH_REQ_XCOMP_PERM (0x1023) for XFEATURE_XTILEDATA (18); refused harmlessly where there is no AMX.
+    try:
+        ctypes.CDLL(None, use_errno=True).syscall(158, 0x1023, 18)  # SYS_arch_prctl on x86_64
+    except (OSError, AttributeError):
+        pass
+
+
+if os.uname().machine == "x86_64":
+    _request_amx()
 
 PATCH = {patch!r}
 TAG = {tag!r}
@@ -82,6 +100,11 @@ class AsyncScheduler(_VllmAsyncScheduler):
             _say("turn", turns_announced=self.turns_announced)
         return super().add_request(request)
 '''
+
+
+#: What the real build asks of Linux at import, and why (also written in the module it builds).
+AMX_REQUEST = ("arch_prctl(ARCH_REQ_XCOMP_PERM, XFEATURE_XTILEDATA): vLLM 0.32.0's AMX attention kernel for CPUs "
+               "runs AMX instructions without asking for the AMX state, and its engine core died of SIGILL")
 
 
 def module_source(patch: str = "0", engine: str = "stand-in") -> bytes:
