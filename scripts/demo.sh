@@ -28,5 +28,8 @@ case $code in
   *) exit $code ;;
 esac
 [ "$calls_code" -eq 0 ] || { echo "demo: a call did not end with [DONE] during the release"; exit 1; }
-step "serving-check on both nodes, over SSH" && $bin/flatshare check --all --inventory "$inv" || exit $?
+step "a voice call at each node's voice worker: each user turn sends its one-token hint to the engine (the serve module counts it), then its reply through the gateway"
+$bin/python -m flatshare_ops.sandbox.voice_call --inventory "$inv" --turns 2 | sed 's/^/  /'
+[ "${PIPESTATUS[0]}" -eq 0 ] || { echo "demo: a voice call's turn was not answered"; exit 1; }
+step "serving-check on both nodes, over SSH (turns_announced counts the voice calls' turn hints)" && $bin/flatshare check --all --inventory "$inv" || exit $?
 step "status" && $bin/flatshare status --inventory "$inv"

@@ -22,9 +22,9 @@ import pytest
 
 from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
-from flatshare_ops.common.poll import poll_until
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.sandbox.node_profile import VOICE_PORT, engine_venv
+from flatshare_ops.sandbox.voice_call import place
 from release_fleet import ENGINE, Fleet
 
 pytestmark = pytest.mark.real_engine
@@ -311,18 +311,8 @@ def test_a_turn_hint_reaches_the_real_scheduler(fleet):
         assert {f.check: f.status for f in report.findings}["turn_hints"] == "OK"
         return report.perfdata["turns_announced"]
 
-    voice = f"http://{ADDRESSES['cyan']}:{VOICE_PORT}"
     before = turns()
-    start = urllib.request.Request(f"{voice}/calls/start?seconds=1&turns=2&tokens=4", data=b"", method="POST")
-    with urllib.request.urlopen(start, timeout=30) as answer:
-        call = json.load(answer)["call"]
-    def ended() -> dict | None:
-        with urllib.request.urlopen(f"{voice}/calls", timeout=30) as answer:
-            (found,) = [r for r in json.load(answer)["calls"] if r["call"] == call]
-        return found if found["ended_at"] is not None else None
-
-    record = poll_until(ended, 120, interval_s=0.5)
-    assert record is not None, f"call {call} at {voice} did not end within 120 s"
+    record = place(f"http://{ADDRESSES['cyan']}:{VOICE_PORT}", seconds=1, turns=2, tokens=4)
     assert [t["hint"]["status"] for t in record["turns"]] == [200, 200], record
     assert all(t["reply"]["done"] for t in record["turns"]), record
     assert turns() == before + 2
