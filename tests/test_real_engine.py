@@ -196,6 +196,24 @@ def test_a_scheduler_class_the_module_does_not_define_is_refused_before_any_drai
     assert "NoSuchScheduler" in result.stdout and "the scheduler class" in result.stdout, result.stdout
 
 
+@pytest.mark.parametrize("file", ["tokenizer.json", "tokenizer_config.json"])
+def test_a_damaged_tokenizer_file_is_refused_before_any_drain_and_named(fleet, file):
+    # A breaker's case: vLLM reads the tokenizer in its API server before the engine core starts; with
+    # tokenizer.json cut short, the engine died at start on the drained node, and again in the automatic
+    # rollback (the same model directory). Any engine change will do: the hold one higher.
+    model = Path(load_profile(fleet.node("cyan").profile).profile.engine.model)
+    damaged, saved = model / file, (model / file).read_bytes()
+    before = fleet.invocations("cyan")
+    try:
+        damaged.write_bytes(saved[:12])
+        with fleet.node_profile("cyan", {HOLD: (int(fleet.hold("cyan")) + 1) % 512}):
+            result = fleet.release("--node", "cyan")
+    finally:
+        damaged.write_bytes(saved)
+    _refused_before_draining(fleet, "cyan", result, before)
+    assert f"{damaged}: JSONDecodeError" in result.stdout and "the tokenizer" in result.stdout, result.stdout
+
+
 REFUSAL = "make_room.decode_hold_tokens must be an integer from 0 to the engine's max_model_len (512), got 100000"
 
 

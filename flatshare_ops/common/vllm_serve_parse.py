@@ -30,7 +30,8 @@ preflight
     "config" runs AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=
     OPENAI_API_SERVER), as vllm/entrypoints/launchers/api_server/entry.py does at start (the model's
     config.json is read: --max-model-len above its positions, a speculative draft model that is not
-    there); "scheduler" imports --scheduler-cls as the engine core does
+    there); "tokenizer" builds vLLM's renderer (the tokenizer's files, read by the API server before the
+    engine core starts) and reads the generation config; "scheduler" imports --scheduler-cls as the engine core does
     (vllm_config.scheduler_config.get_scheduler_cls()). `checked` names the stages passed.
 options
     stdin : ignored.
@@ -625,6 +626,16 @@ def preflight(words: list[str]) -> dict:
     except Exception as e:  # noqa: BLE001 - pydantic's ValidationError, ValueError, RuntimeError, ...
         return failed(f"{type(e).__name__}: {_first_lines(str(e))}")
     passed()
+    stage = "tokenizer"
+    try:
+        from vllm.renderers import renderer_from_config
+
+        renderer_from_config(config)  # the tokenizer's files, as AsyncLLM reads them before the engine core starts
+        config.model_config.get_diff_sampling_param()  # generation_config.json, as the OpenAI server reads it
+    except Exception as e:  # noqa: BLE001 - JSONDecodeError, OSError, ValueError from transformers or tokenizers
+        where = _unreadable_tokenizer_file(config.model_config.tokenizer) or f"the tokenizer at {config.model_config.tokenizer}"
+        return failed(f"{where}: {type(e).__name__}: {_first_lines(str(e))}")
+    passed()
     stage = "scheduler"
     try:
         config.scheduler_config.get_scheduler_cls()
@@ -632,6 +643,21 @@ def preflight(words: list[str]) -> dict:
         return failed(f"{type(e).__name__}: {e}")
     passed()
     return {"ok": True, "checked": checked, "seconds": seconds, "release": release[0]}
+
+
+def _unreadable_tokenizer_file(tokenizer: str) -> str | None:
+    """The first of a local tokenizer directory's JSON files (transformers' names) that is not JSON, else None:
+    transformers' JSONDecodeError does not say which file it read."""
+    for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "added_tokens.json"):
+        path = os.path.join(tokenizer, name)
+        try:
+            with open(path, "rb") as f:
+                json.loads(f.read(64 << 20))
+        except FileNotFoundError:
+            continue
+        except (OSError, ValueError):
+            return path
+    return None
 
 
 def _first_lines(text: str, count: int = 4) -> str:

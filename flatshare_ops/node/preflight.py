@@ -13,7 +13,8 @@ So, before anything is drained, on the node itself:
   ``ENGINE_VENV/bin/python flatshare_ops/common/vllm_serve_parse.py preflight``: vLLM's own parser
   (which builds vLLM's config defaults, so a venv whose platform cannot be inferred is refused here),
   ``AsyncEngineArgs.from_cli_args(args).create_engine_config()`` (the model's config.json: a
-  ``--max-model-len`` above its positions, a draft model that is not there) and the import of
+  ``--max-model-len`` above its positions, a draft model that is not there), vLLM's renderer (the
+  tokenizer's files, which the API server reads before the engine core starts) and the import of
   ``--scheduler-cls`` as the engine core imports it. Any refusal refuses the release with vLLM's
   own message. What needs the device is not checked, and the plan says so (:data:`NOT_CHECKED`).
 
@@ -40,7 +41,8 @@ NOT_CHECKED = ("loading the weights", "the attention backend and kernels on the 
                "built now is imported)")
 #: vLLM's stages (vllm_serve_parse.py preflight) as the plan names them.
 STAGES = {"parser": "vLLM's parser", "parse": "the command line", "validate": "vLLM's post-parse checks",
-          "config": "the engine's configuration", "scheduler": "the scheduler class"}
+          "config": "the engine's configuration", "tokenizer": "the tokenizer",
+          "scheduler": "the scheduler class"}
 #: The parse script, run by the engine venv's interpreter.
 PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
 
@@ -196,6 +198,8 @@ def run(serving: dict, progress=None) -> Outcome:
             found.append(f"vLLM {release} in {venv} rejects the engine's command line: {answer['error']}")
         elif stage == "config":
             found.append(f"vLLM {release} in {venv} refuses the engine's configuration: {answer['error']}")
+        elif stage == "tokenizer":
+            found.append(f"vLLM {release} in {venv} cannot load the tokenizer: {answer['error']}")
         elif stage == "scheduler":
             found.append(f"vLLM {release} in {venv} cannot import the scheduler class "
                          f"({engine.get('environment', {}).get('PYTHONPATH', 'no PYTHONPATH')} on PYTHONPATH): "
