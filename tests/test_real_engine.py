@@ -22,6 +22,7 @@ import pytest
 
 from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
+from flatshare_ops.common.poll import poll_until
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.sandbox.node_profile import VOICE_PORT, engine_venv
 from flatshare_ops.sandbox.voice_call import place
@@ -311,6 +312,33 @@ def test_with_no_calls_the_canarys_analysis_is_inconclusive_and_pauses_as_the_pr
                         str(fleet.checkout)], capture_output=True, text=True, check=True)
     for name in ADDRESSES:
         fleet.settled(name)
+
+
+def test_an_engine_whose_core_dies_is_started_again_by_systemd(fleet):
+    # A breaker's case: with the engine core killed, vLLM's API server shut down cleanly and exited 0, which
+    # Restart=on-failure took for a stop: the node stayed without an engine until a person ran a release.
+    import os
+    import signal
+
+    from node_processes import pids, ppid
+
+    name = "peacock"
+    api = _main_pid(fleet, name)
+    (core,) = [pid for pid in pids() if ppid(pid) == api and Path(f"/proc/{pid}/comm").read_text().startswith("VLLM")]
+    os.kill(core, signal.SIGKILL)
+
+    def serving_again() -> int | None:
+        pid = _main_pid(fleet, name)
+        if pid in (0, api):
+            return None
+        try:
+            with urllib.request.urlopen(f"http://{ADDRESSES[name]}:8000/health", timeout=5) as answer:
+                return pid if answer.status == 200 else None
+        except OSError:
+            return None
+
+    assert poll_until(serving_again, 240, interval_s=1) is not None, f"{name}'s engine was not started again"
+    _ok(fleet, name)
 
 
 def test_every_vllm_name_the_alert_rules_and_dashboard_read_is_in_the_real_engines_metrics(fleet):
