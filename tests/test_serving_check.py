@@ -466,3 +466,15 @@ def test_a_serving_json_newer_than_the_check_knows_is_unknown_not_critical(tmp_p
                      program="serving-check")
     assert result.returncode == 3, result.stdout
     assert "serving.json schema 2 is newer than this serving-check knows (1)" in result.stdout
+
+
+@pytest.mark.parametrize("status, body, installed, summary", [
+    (0, b"", "0.32.0+cpu", "vLLM release unknown, profile 0.32.0"),  # a breaker's case: the API server stopped
+    (200, b'{"version": "0.33.0"}', "0.32.0", "vLLM release is not 0.32.0"),
+    (0, b"", "0.31.0", "vLLM release is not 0.32.0"),
+])
+def test_an_engine_that_gives_no_version_runs_an_unknown_release_not_another(status, body, installed, summary):
+    from flatshare_ops.check.checks import check_vllm_release
+
+    finding = check_vllm_release(status, body, installed, "0.32.0")
+    assert (finding.status, finding.summary) == ("CRITICAL", summary), finding
