@@ -478,3 +478,39 @@ def test_an_engine_that_gives_no_version_runs_an_unknown_release_not_another(sta
 
     finding = check_vllm_release(status, body, installed, "0.32.0")
     assert (finding.status, finding.summary) == ("CRITICAL", summary), finding
+
+
+@pytest.mark.parametrize("options", [[], ["-I"], ["-E"], ["-P"], ["-X", "utf8"], ["-c"]])
+def test_the_engines_search_path_is_what_python_itself_builds(tmp_path, options):
+    # Python's own sys.path for the same command line, environment and working directory is the judge.
+    from flatshare_ops.check.module_origin import search_path
+
+    script = tmp_path / "bin/engine"
+    script.parent.mkdir()
+    code = "import json, os, sys; print(json.dumps([os.path.abspath(p) for p in sys.path]))"
+    script.write_text(code + "\n")
+    argv = [sys.executable, *options, code] if options == ["-c"] else [sys.executable, *options, str(script)]
+    env = {"PYTHONPATH": f"{tmp_path}/one{os.pathsep}two", "PATH": os.environ["PATH"]}
+    python = json.loads(subprocess.run(argv, env=env, cwd=tmp_path, capture_output=True, text=True,
+                                       check=True).stdout)
+    ours = search_path(argv, env, str(tmp_path))
+    assert python[:len(ours)] == [os.path.abspath(p) for p in ours], (python, ours)
+    assert len(ours) == len(python) or not python[len(ours)].startswith(str(tmp_path)), (python, ours)
+
+
+def test_an_engine_that_imports_another_file_of_the_modules_name_is_critical(sandbox, tmp_path):
+    # A breaker's case: a PYTHONPATH drop-in (or a file of the module's name in the venv's bin/, the script's
+    # directory) made the engine import another module, and serving-check said the pinned file was as pinned.
+    module = Path(_serving(sandbox)["module"]["path"])
+    other = tmp_path / "alt" / module.name
+    other.parent.mkdir()
+    other.write_text('PATCH = "altered"\n')
+    drop_in = DropIn(sandbox, ENGINE, f'[Service]\nEnvironment="PYTHONPATH={other.parent}"\n')
+    try:
+        _restart(sandbox)
+        result = _check(sandbox)
+        assert result.returncode == 2, result.stdout
+        assert f"the engine imports {module.stem} from {other}, not {module}" in result.stdout, result.stdout
+    finally:
+        drop_in.remove()
+    assert _check(sandbox).returncode == 0

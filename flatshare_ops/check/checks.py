@@ -86,8 +86,9 @@ def check_vllm_release(version_status: int, version_body: bytes, installed: str 
     return Finding("vllm_release", OK, f"vLLM {expected} running and installed{also}")
 
 
-def check_module(path: Path, pin: str, started_at: float) -> Finding:
-    """The serve module's sha256 equals the pin, and it has not changed since the engine started."""
+def check_module(path: Path, pin: str, started_at: float, other: tuple[str | None, list[str]] = (None, [])) -> Finding:
+    """The serve module's sha256 equals the pin, it has not changed since the engine started, and the engine
+    imports it rather than another file of its name (``other``: check/module_origin.py's ``imported_from``)."""
     try:
         digest = sha256_file(path)
         modified = path.stat().st_mtime
@@ -96,6 +97,9 @@ def check_module(path: Path, pin: str, started_at: float) -> Finding:
     except OSError as err:
         return Finding("module", CRITICAL, f"serve module {path} is unreadable ({err.strerror or err})")
     details = []
+    if other[0]:
+        details.append(f"the engine imports {path.stem} from {other[0]}, not {path}: its sys.path has "
+                       f"{', '.join(other[1])} first")
     if digest != pin:
         details.append(f"{path}: sha256 {digest}, profile pins {pin}")
     if started_at and modified > started_at:

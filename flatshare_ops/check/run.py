@@ -30,6 +30,7 @@ from ..common.node_files import CURRENT, JOURNAL, RELEASES
 from ..common.text import one_line
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline
+from .module_origin import imported_from
 from . import checks
 from ..common.unit_output import last_lines, last_marked
 from .calls import takes_calls
@@ -284,7 +285,8 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     if not inside_release:
         _note_calls(state, serving, facts.states, health_status, stage)
     module = serving["module"]
-    findings.append(checks.check_module(Path(module["path"]), module["sha256"], facts.engine.started_at))
+    other = imported_from(facts.engine.main_pid, Path(module["path"])) if facts.engine.main_pid else (None, [])
+    findings.append(checks.check_module(Path(module["path"]), module["sha256"], facts.engine.started_at, other))
     units = checks.check_units(Path(serving["layout"]["unit_dir"]), serving["units"])
     findings.append(units)
     perf["units_differing"] = len(units.details)

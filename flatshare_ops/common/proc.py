@@ -42,3 +42,14 @@ def read_cmdline(pid: int) -> list[str]:
     """
     raw = Path(f"/proc/{pid}/cmdline").read_bytes()
     return [word.decode(errors="replace") for word in raw.split(b"\0")[:-1]]
+
+
+def read_environ(pid: int) -> dict[str, str]:
+    """A process's environment from ``/proc/PID/environ`` (as it was at exec; undecodable bytes replaced).
+
+    Raises:
+        OSError: no such process, or its environment is unreadable (another user's process).
+    """
+    raw = Path(f"/proc/{pid}/environ").read_bytes()
+    pairs = (word.decode(errors="replace").partition("=") for word in raw.split(b"\0") if word)
+    return {key: value for key, _, value in pairs}

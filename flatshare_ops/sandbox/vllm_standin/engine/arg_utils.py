@@ -4,7 +4,8 @@
 device, the two things a stand-in model can say: ``--max-model-len`` above the model's
 ``max_position_embeddings`` (its config.json) and a speculative draft model path that does not
 exist, with vLLM's own wording; ``scheduler_config.get_scheduler_cls()`` imports ``--scheduler-cls``
-as vLLM's ``resolve_obj_by_qualname`` does.
+as vLLM's ``resolve_obj_by_qualname`` does; ``model_config.tokenizer`` is the model's directory, for the
+preflight's tokenizer stage (``vllm_standin/renderers``).
 """
 
 import importlib
@@ -22,9 +23,18 @@ class _SchedulerConfig:
         return getattr(importlib.import_module(module), name)
 
 
+class _ModelConfig:
+    def __init__(self, model):
+        self.tokenizer = model
+
+    def get_diff_sampling_param(self):
+        return {}
+
+
 class _VllmConfig:
-    def __init__(self, scheduler_cls):
+    def __init__(self, scheduler_cls, model):
         self.scheduler_config = _SchedulerConfig(scheduler_cls)
+        self.model_config = _ModelConfig(model)
 
 
 class AsyncEngineArgs:
@@ -53,4 +63,4 @@ class AsyncEngineArgs:
         draft = speculative.get("model") if isinstance(speculative, dict) else None
         if isinstance(draft, str) and draft.startswith("/") and not os.path.exists(draft):
             raise ValueError(f"Invalid repository ID or local directory specified: '{draft}'")
-        return _VllmConfig(a.get("scheduler_cls"))
+        return _VllmConfig(a.get("scheduler_cls"), model)
