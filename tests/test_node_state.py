@@ -1431,20 +1431,27 @@ def _records_of(fleet: Fleet, start: int) -> list[tuple]:
 
 @ROLLBACKS
 @pytest.mark.parametrize("fault", ["the engine never answers /health within its start budget",
-                                   "serving-check is CRITICAL after the switch (the module is not the pinned one)"])
+                                   "serving-check is CRITICAL after the switch (the module is not the pinned one)",
+                                   "the engine answers /health 200 and no call (its first token never comes)"])
 def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_itself(fleet, fault):
+    # The last: a breaker froze a real engine's core; /health still answered 200 and serving-check said OK.
     left = fleet.current()
     left_invocation = fleet.engine()[1]
     start = len(fleet.history())
-    edits = SLOW_START if fault.startswith("the engine") else {
+    edits = SLOW_START if fault.startswith("the engine never") else {
+        'FLATSHARE_STANDIN_LOAD_S = "0.2"': 'FLATSHARE_STANDIN_LOAD_S = "0.2"\nFLATSHARE_STANDIN_TTFT_S = "600"'
+    } if fault.startswith("the engine answers") else {
         '\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
     with fleet.profile_edit(CYAN, edits):
         failed = fleet.fresh()
         result = fleet.operator_release()
     assert result.returncode == 9, text_of(result)  # its own code: rolled back automatically
     assert "Traceback" not in text_of(result)
-    step = "restart-engine" if fault.startswith("the engine") else "serving-check"
+    step = "restart-engine" if fault.startswith("the engine never") else "serving-check"
     assert re.search(rf"^cyan: rolled back automatically: {step} failed: ", result.stdout, re.MULTILINE), result.stdout
+    if fault.startswith("the engine answers"):
+        assert re.search(r"^cyan: rolled back automatically: serving-check failed: a call through its gateway \S+ "
+                         r"failed \(no answer", result.stdout, re.MULTILINE), result.stdout
     # The truth: the node runs what it left (a new engine process of it), serves, no journal.
     assert fleet.current() == left and fleet.engine()[1] != left_invocation
     fleet.settled()

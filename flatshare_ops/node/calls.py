@@ -181,15 +181,18 @@ CALL_TIMEOUT_S = 10.0
 #: The probe call's request id prefix (``X-Request-Id``; vLLM answers ``cmpl-`` + it): its requests are told
 #: apart from callers' in the engine's and the gateway's logs.
 PROBE_REQUEST_ID = "flatshare-admission-probe"
+#: The request id prefix of the call the switch's serving-check step places through its own node's gateway.
+SWITCH_CHECK_REQUEST_ID = "flatshare-switch-check"
 
 
-def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S) -> str | None:
+def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S, request_id: str = PROBE_REQUEST_ID) -> str | None:
     """Place one call through the gateway as a caller would: a streamed completion of one token
     (common/completions.py; no ``model``: vLLM answers with its served model), read to ``[DONE]``.
 
     Args:
         gateway: the gateway's base URL (``http://HOST:PORT``).
         timeout_s: the bound of the whole call (seconds).
+        request_id: the request id's prefix (``X-Request-Id``), which tells the call from callers' in the logs.
 
     Returns:
         None when it streamed a token and ended with ``[DONE]`` and no error event; else what the caller met,
@@ -199,7 +202,7 @@ def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S) -> str | None:
 
     from ..common.completions import post_completion, request_body
 
-    outcome = post_completion(gateway, request_body("w1", 1), f"{PROBE_REQUEST_ID}-{uuid.uuid4().hex[:12]}",
+    outcome = post_completion(gateway, request_body("w1", 1), f"{request_id}-{uuid.uuid4().hex[:12]}",
                               timeout_s)
     if outcome.error is None and outcome.done and outcome.tokens >= 1:
         return None

@@ -368,11 +368,16 @@ VERDICT_PAUSE_S = 2.0
 
 
 def serving_check(sw: Switch) -> None:
-    """Run serving-check against the new release; CRITICAL or UNKNOWN at each of :data:`VERDICT_CHECKS` runs,
+    """Run serving-check against the new release, then place one call through the node's gateway as a caller
+    would (node/calls.py ``call_problem``: a streamed one-token completion, read to ``[DONE]``): an engine whose
+    ``/health`` answers 200 while it answers no call (a breaker froze the engine core; serving-check said OK) is
+    no engine that serves. CRITICAL or UNKNOWN, or a failed call, at each of :data:`VERDICT_CHECKS` attempts,
     :data:`VERDICT_PAUSE_S` apart, fails the step (the verdict an automatic rollback acts on)."""
     from ..check.report import CRITICAL, UNKNOWN
     from ..check.run import run_checks
+    from .calls import SWITCH_CHECK_REQUEST_ID, call_problem
 
+    gateway = sw.serving["gateway"].get("url")
     for attempt in range(1, VERDICT_CHECKS + 1):
         report = run_checks(sw.ctx.state_dir, sw.ctx.node, sw.ctx.address.runtime_dir, inside_release=True)
         for finding in report.findings:
@@ -380,15 +385,20 @@ def serving_check(sw: Switch) -> None:
                 sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")
                 for detail in finding.details:
                     sw.out.line(f"      {detail}")
+        problem = None
         if report.status not in (CRITICAL, UNKNOWN):
-            break
+            problem = call_problem(gateway, request_id=SWITCH_CHECK_REQUEST_ID) if isinstance(gateway, str) else None
+            if problem is None:
+                break
+            sw.out.line(f"  {problem}")
+        verdict = problem or f"serving-check is {report.status}"
         if attempt == VERDICT_CHECKS:
-            raise StepError(f"serving-check is {report.status} after the switch ({VERDICT_CHECKS} checks "
-                            f"{VERDICT_PAUSE_S:g} s apart)")
-        sw.out.line(f"  serving-check {report.status}: checking again in {VERDICT_PAUSE_S:g} s ({attempt + 1} of "
-                    f"{VERDICT_CHECKS}: a verdict is never one measurement)")
+            raise StepError(f"{verdict} after the switch ({VERDICT_CHECKS} checks {VERDICT_PAUSE_S:g} s apart)")
+        sw.out.line(f"  {'the call failed' if problem else f'serving-check {report.status}'}: checking again in "
+                    f"{VERDICT_PAUSE_S:g} s ({attempt + 1} of {VERDICT_CHECKS}: a verdict is never one measurement)")
         time.sleep(VERDICT_PAUSE_S)
-    sw.out.line(f"  serving-check {report.status}")
+    sw.out.line(f"  serving-check {report.status}" + (", and a call through the gateway streamed to [DONE]"
+                                                        if isinstance(gateway, str) else ""))
 
 
 def record_history(sw: Switch) -> None:
@@ -434,7 +444,8 @@ STEPS: tuple[Step, ...] = (
     Step("apply-units", "restart or start the other changed units; start and enable flatshare.target and the check timer",
          (TARGET_UNIT, CHECK_TIMER), apply_units),
     Step("switch-current", "point releases/current at the new release", ("releases/current",), switch_current),
-    Step("serving-check", "run serving-check against the new release", (), serving_check),
+    Step("serving-check", "run serving-check against the new release, then place one call through the gateway",
+         (), serving_check),
     Step("record-history", "append to releases/history.jsonl (then the journal is removed)",
          ("releases/history.jsonl", "releases/switching.json"), record_history),
 )
