@@ -14,6 +14,7 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import tomllib
 from dataclasses import dataclass, field
 from pathlib import Path, PurePosixPath
 from typing import Annotated, Any, Literal
@@ -434,6 +435,20 @@ def _dotted(key: str) -> str:
     return ".".join(part.strip().strip('"') for part in key.split("."))
 
 
+#: tomlkit's bound on how deep a TOML value nests (its ParseError "TOML value nested more than 100 levels deep");
+#: the standard library's parser has none.
+TOML_DEPTH = 100
+
+
+def _depth(value: Any, level: int = 0) -> int:
+    """How deep ``value`` (tomllib's data) nests, every table and array a level (tomlkit counts only values, so
+    this is never less than its count); stops past :data:`TOML_DEPTH`."""
+    if level > TOML_DEPTH or not isinstance(value, (dict, list)):
+        return level
+    items = value.values() if isinstance(value, dict) else value
+    return max((_depth(item, level + 1) for item in items), default=level + 1)
+
+
 def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tuple[dict[str, Any], str]:
     """Parse a TOML file (or ``text`` standing for it) into plain Python data.
 
@@ -446,14 +461,31 @@ def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tup
     if text is None:
         text = _read_text(path, kind)
     try:
+        # The standard library's parser reads a well-formed file several times faster than tomlkit (a release
+        # reads about a dozen); tomlkit, which names the line of what it cannot read, says what is wrong.
+        data = tomllib.loads(text)
+        if _depth(data) <= TOML_DEPTH:
+            return data, text
+        decode_error = None  # as deep as tomlkit's bound, perhaps deeper: tomlkit decides
+    except tomllib.TOMLDecodeError as err:
+        decode_error = err
+    except RecursionError:  # nested past Python's recursion limit, far beyond tomlkit's
+        decode_error = None
+    try:
         document = tomlkit.parse(text)
-        return document.unwrap(), text
     except tomlkit.exceptions.ParseError as err:
         raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err)}") from None
     except tomlkit.exceptions.TOMLKitError as err:
         # Semantic errors (a key or table defined twice) carry no line: find the key's first line.
         line = _line_of_repeated_key(text, str(err))
         raise ProfileError(f"{path}:{line}: malformed TOML: {err}" if line else f"{path}: malformed TOML: {err}") from None
+    if decode_error is None:
+        return document.unwrap(), text
+    # What only the standard library refuses: its message, with the line it gives.
+    found = re.search(r"\(at line (\d+), column \d+\)$", str(decode_error))
+    reason = re.sub(r" \(at (?:line \d+, column \d+|end of document)\)$", "", str(decode_error))
+    raise ProfileError(f"{path}:{found.group(1)}: malformed TOML: {reason}" if found
+                       else f"{path}: malformed TOML: {reason}") from None
 
 
 def _read_text(path: Path, kind: str = "profile") -> str:
