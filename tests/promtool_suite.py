@@ -125,6 +125,29 @@ def suite(fleet: Fleet, rules_file: Path) -> dict:
         fresh(peacock), {"series": f'{last_run}{{node="{cyan}"}}', "values": f"_ _ {2 * I}+{I}x10"}],
         "alert_rule_test": [_check(name, step(4), [])]})
 
+    # serving-check's textfile as node_exporter sees it: its modification time older than 3 intervals, for one.
+    name = "FlatshareServingCheckTextfileStale"
+    mtime = "node_textfile_mtime_seconds"
+    ours = "/var/lib/prometheus/node-exporter/serving_check.prom"
+    tests.append({"interval": f"{I}s", "input_series": [
+        {"series": f'{mtime}{{file="{ours}",instance="{cyan}:9100",job="node"}}', "values": f"0+{I}x5 {5 * I}x20"},
+        # An older node_exporter names the file alone; this one's file comes back before an interval passed.
+        {"series": f'{mtime}{{file="serving_check.prom",instance="{peacock}:9100",job="node"}}',
+         "values": f"0+{I}x5 {5 * I}x3 {10 * I}+{I}x10"},
+        # Another file of the directory, as old: not serving-check's.
+        {"series": f'{mtime}{{file="/var/lib/prometheus/node-exporter/other.prom",instance="{cyan}:9100",job="node"}}',
+         "values": "0x25"},
+    ], "alert_rule_test": [
+        _check(name, step(8), []),   # 3 intervals old: at the threshold
+        _check(name, step(9), []),   # older, not yet for an interval
+        _check(name, step(10), [_alert(
+            {"severity": "warning", "instance": f"{cyan}:9100", "job": "node", "file": ours},
+            f"serving-check's textfile on {cyan}:9100 is {5 * I} s old",
+            f"node_exporter on {cyan}:9100 serves {ours}, last written {5 * I} s ago, more than 3 of serving-check's "
+            f"{I} s intervals: serving-check no longer replaces it (its timer does not run it, or it cannot write "
+            "there).", url(name))]),
+    ]})
+
     # node_exporter's textfile collector failing.
     name = "FlatshareTextfileCollectorError"
     tests.append({"interval": f"{I}s", "input_series": [

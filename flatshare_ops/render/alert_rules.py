@@ -44,6 +44,10 @@ TAKES_CALLS = "flatshare_serving_check_takes_calls"
 ACTIVE_RELEASE = "flatshare_serving_check_active_release_info"
 SWITCH_STARTED = "flatshare_serving_check_switch_started_timestamp_seconds"
 TEXTFILE_ERROR = "node_textfile_scrape_error"
+TEXTFILE_MTIME = "node_textfile_mtime_seconds"
+#: The file serving-check writes in node_exporter's textfile directory (check/report.py ``write_textfile``), as
+#: node_exporter's ``file`` label names it (the whole path, or the name alone in older node_exporters).
+TEXTFILE_NAME = "serving_check.prom"
 
 #: serving-check has not run when its last run is older than this many intervals.
 STALE_RUNS = 3
@@ -168,7 +172,17 @@ def _serving_check_alerts(a: _Alerts, watches: dict[str, Watch]) -> None:
               f"Prometheus has had no {LAST_RUN} from the inventory's node {{{{ $labels.node }}}} for {held} s: "
               f"its textfile is missing, node_exporter does not read its directory, or serving-check names the "
               f"node otherwise.")
-    held = 2 * max(w.interval_s for w in watches.values())
+    # node_exporter's own reading of the same: the file's modification time (its series carry no node label).
+    longest = max(w.interval_s for w in watches.values())
+    stale = STALE_RUNS * longest
+    a.add("ServingCheckTextfileStale",
+          f'time() - {TEXTFILE_MTIME}{{file=~"(.*/)?{TEXTFILE_NAME.replace(".", "[.]")}"}} > {stale}',
+          seconds(longest), "warning",
+          "serving-check's textfile on {{ $labels.instance }} is {{ $value | printf \"%.0f\" }} s old",
+          f"node_exporter on {{{{ $labels.instance }}}} serves {{{{ $labels.file }}}}, last written "
+          f"{{{{ $value | printf \"%.0f\" }}}} s ago, more than {STALE_RUNS} of serving-check's {longest} s "
+          f"intervals: serving-check no longer replaces it (its timer does not run it, or it cannot write there).")
+    held = 2 * longest
     a.add("TextfileCollectorError", f"{TEXTFILE_ERROR} == 1", seconds(held), "warning",
           "node_exporter on {{ $labels.instance }} cannot read a textfile",
           f"{TEXTFILE_ERROR} has been {{{{ $value }}}} on {{{{ $labels.instance }}}} for {held} s: "
