@@ -140,6 +140,15 @@ if kind == "overlayfs":
     run("mount", "-t", "overlay", "overlay", "-o",
         f"lowerdir={lower},upperdir={top}/upper,workdir={top}/work,xino=off", str(mnt))
     state = mnt / "state"
+elif kind == "xfs":
+    # an xfs on a loop device (sparse: mkfs.xfs wants more than 300 MB); stat() and the lock table agree there
+    image = scratch / "xfs.img"
+    with open(image, "wb") as f:
+        f.truncate(320 << 20)
+    run("mkfs.xfs", "-q", str(image))
+    run("mount", "-o", "loop", str(image), str(mnt))
+    state = mnt / "state"
+    (state / "releases").mkdir(parents=True)
 else:
     # a btrfs on a loop device; the state directory in a subvolume, whose st_dev is its own
     image = scratch / "btrfs.img"
@@ -175,25 +184,30 @@ print(json.dumps(answer))
 """
 
 
-@pytest.mark.parametrize("kind", ["overlayfs", "btrfs"])
+@pytest.mark.parametrize("kind", ["overlayfs", "btrfs", "xfs"])
 def test_the_lock_reads_right_where_stat_and_the_lock_table_name_the_file_differently(kind, tmp_path):
     """On overlayfs (layers on two filesystems, xino off) a lower-layer file's ``st_dev`` is its layer's; on a
     btrfs subvolume every ``st_dev`` is the subvolume's: the lock table names the superblock's device. A
-    reading by ``stat()`` says "free" there for a held lock; this one must find the holder."""
+    reading by ``stat()`` says "free" there for a held lock; this one must find the holder. On xfs (a node's
+    filesystem as often as ext4) the two agree, and the holder is found all the same."""
     if os.geteuid() != 0:
         pytest.skip("mounting a filesystem in a mount namespace needs root here")
-    if kind == "btrfs" and not shutil.which("mkfs.btrfs"):
-        pytest.skip("mkfs.btrfs is not installed (Debian's btrfs-progs; scripts/setup.sh installs it)")
+    tool, package = {"btrfs": ("mkfs.btrfs", "btrfs-progs"), "xfs": ("mkfs.xfs", "xfsprogs")}.get(kind, (None, None))
+    if tool and not shutil.which(tool):
+        pytest.skip(f"{tool} is not installed (Debian's {package}; scripts/setup.sh installs it)")
     result = subprocess.run(["unshare", "--mount", "--propagation", "private", sys.executable, "-c", IN_NAMESPACE,
                              str(REPO), kind, str(tmp_path), HOLDER], capture_output=True, text=True, timeout=120)
     if result.returncode != 0 and ("mount" in result.stderr or "unshare" in result.stderr):
         pytest.skip(f"this machine does not allow a {kind} mount here: {result.stderr.strip()[-300:]}")
     assert result.returncode == 0, result.stderr
     seen = json.loads(result.stdout)
-    differing = "lock" if kind == "overlayfs" else "state"
-    # The case is real: what stat() says is not how the kernel's table names the file, which it does name.
-    assert seen["stat"][differing] != seen["key"][differing]
-    assert seen["stat"][differing] not in seen["table"] and seen["key"][differing] in seen["table"]
+    if kind == "xfs":
+        assert seen["stat"] == seen["key"] and seen["key"]["state"] in seen["table"]
+    else:
+        differing = "lock" if kind == "overlayfs" else "state"
+        # The case is real: what stat() says is not how the kernel's table names the file, which it does name.
+        assert seen["stat"][differing] != seen["key"][differing]
+        assert seen["stat"][differing] not in seen["table"] and seen["key"][differing] in seen["table"]
     assert any(line for lines in seen["kernel"].values() for line in lines)  # the holder's own view: it locks
     assert seen["release_holder"] == seen["pid"]
     assert seen["lock_file_holder"] == seen["pid"]
