@@ -264,16 +264,73 @@ def test_a_dry_run_analysis_measures_and_reports_and_decides_nothing(fleet):
     fleet.cli("release", "--all", "--analysis", "skip")  # cyan back to the checkout's render without the slow engine
 
 
-def test_an_empty_metrics_page_is_a_measurement_not_taken_and_enough_of_them_fail_the_analysis(fleet):
+@pytest.mark.parametrize("page", ["empty", "malformed"])
+def test_a_metrics_page_without_vllms_series_is_a_measurement_not_taken_and_enough_of_them_fail_the_analysis(
+        fleet, page):
+    # The stand-in engine serves an empty page, or a page that is not Prometheus' text format.
     start = len(fleet.history("cyan"))
     fleet.new_hold()
     analysis = {**FAST_ANALYSIS, "consecutive_error_limit": 2}
-    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_METRICS": "empty"}, analysis=analysis), fleet.calls():
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_METRICS": page}, analysis=analysis), fleet.calls():
         result = fleet.cli("release", "--all")
     assert result.returncode == 10, result.stdout + result.stderr
     assert re.search(r"measurement 1 of 3, .*: error", result.stdout), result.stdout
     assert "2 measurements in a row could not be taken" in result.stdout, result.stdout
+    assert "Traceback" not in result.stdout + result.stderr
     assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
+
+
+def test_a_canary_whose_requests_end_in_error_fails_once_more_measurements_fail_than_failure_limit(fleet):
+    # Half of cyan's new engine's requests end in error (vLLM's finished_reason="error"): over error_share_max in
+    # every measurement that judges, and the analysis fails once failure_limit (1: one flaky measurement is
+    # tolerated) is exceeded, not at the first.
+    start = len(fleet.history("cyan"))
+    fleet.new_hold()
+    analysis = {**FAST_ANALYSIS, "count": 4, "min_requests": 2, "failure_limit": 1, "inconclusive_limit": 2,
+                "error_share_max": 0.1}
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_ERROR_SHARE": "0.5"}, analysis=analysis), fleet.calls():
+        result = fleet.cli("release", "--all", "--json")
+    assert result.returncode == 10, result.stdout + result.stderr
+    (doc,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    verdicts = [m["verdict"] for m in doc["measurements"]]
+    failed = [i for i, v in enumerate(verdicts) if v == "fail"]
+    assert len(failed) == 2 and "pass" not in verdicts[: failed[-1]], verdicts  # the second failure decided
+    for i in failed:
+        rules = {c["rule"]: c["verdict"] for c in doc["measurements"][i]["checks"]}
+        assert rules.get("error_share_max") == "fail", doc["measurements"][i]
+    assert re.search(rf"measurement {failed[0] + 1} of 4, .*: fail \(.*error_share_max", result.stdout), result.stdout
+    assert "more than failure_limit 1" in result.stdout, result.stdout
+    assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
+
+
+def test_counters_the_canarys_engine_reset_during_the_analysis_count_from_zero_and_say_so(fleet):
+    # The stand-in engine's counters and histograms go back to zero in the middle of the analysis, as after an
+    # engine restart (its /flatshare-standin/reset): that window counts from zero, says the engine restarted,
+    # and a harmless change still passes.
+    import threading
+    import urllib.request
+
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    reset = urllib.request.Request(f"http://{ADDRESSES['cyan']}:8000/flatshare-standin/reset", method="POST", data=b"")
+    done: list = []
+
+    def on_line(line: str) -> None:
+        if line.startswith("measurement 1 of ") and not done:  # between the second scrape and the third
+            with urllib.request.urlopen(reset, timeout=10) as answer:
+                done.append(answer.status)
+
+    with fleet.node_profile("cyan", analysis={**FAST_ANALYSIS, "interval_s": 2}), fleet.calls():
+        code, text = fleet.release_reading(on_line)
+    assert done == [200], text
+    assert code == 0, text
+    windows = [line for line in text.splitlines() if line.startswith("measurement ")]
+    assert "the engine restarted in the window (counts since its start)" in windows[1], windows
+    assert all("engine restarted" not in line for line in windows[:1] + windows[2:]), windows
+    assert re.search(r"analysis of canary cyan against baseline peacock: passed", text), text
+    assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
+    for name in NODES:
+        fleet.settled(name)
 
 
 def test_a_skipped_analysis_is_recorded_in_the_canarys_history(fleet):

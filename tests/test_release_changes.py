@@ -394,3 +394,20 @@ def test_a_venv_whose_vllm_carries_a_local_label_releases_and_checks_on_the_stan
     assert fleet.release("--node", name).returncode == 0  # back to the node's own venv
     assert fleet.current(name) == served
     fleet.settled(name)
+
+
+def test_a_speculative_draft_model_that_is_not_on_the_node_is_refused_before_any_drain(fleet, tmp_path):
+    # vLLM's parser takes any path for the draft model; the engine would fail at start, after the drain.
+    name = "cyan"
+    synced = fleet.release("--node", name)  # on the checkout's own release first (an earlier case may leave another)
+    assert synced.returncode in (0, 4), synced.stdout + synced.stderr
+    served, before, start = fleet.current(name), fleet.invocations(name), _log_size(fleet, name)
+    draft = tmp_path / "no-such-draft"
+    with fleet.node_profile(name, {"engine.speculative.enabled": True, "engine.speculative.model": str(draft)}):
+        result = fleet.release("--node", name)
+    assert result.returncode == 3, result.stdout + result.stderr  # refused, nothing changed
+    assert "refused before draining" in result.stdout, result.stdout
+    assert f"the speculative draft model path {draft} does not exist on this node" in result.stdout, result.stdout
+    assert fleet.invocations(name) == before and fleet.current(name) == served  # the gateway never stopped
+    assert "drained" not in _log_since(fleet, name, start)  # no voice drain began
+    fleet.settled(name)

@@ -165,6 +165,11 @@ def test_a_stopped_engine_is_critical(sandbox):
         result = _check(sandbox, name="peacock")
         assert result.returncode == 2
         assert "CRITICAL engine_unit: flatshare-engine.service is inactive, not running" in result.stdout
+        # Why it is not running is in the engine's own output: serving-check quotes its last line, read here from
+        # the file systemd appended the engine's output to (the node profile's layout.output).
+        log = node.output_dir / f"{ENGINE}.log"
+        last = [line for line in log.read_text(errors="replace").splitlines() if line.strip()][-1]
+        assert f"last lines ({log})" in result.stdout and last in result.stdout, (last, result.stdout)
     finally:
         with connect(ManagerAddress("user", node.manager.runtime_dir)) as bus:
             run_job(bus, "start", ENGINE, 60)
