@@ -92,8 +92,8 @@ def user_manager(tmp_path_factory):
 GROUP_SECONDS = {
     "test_real_engine": 360,
     "test_fleet_safety": 170, "test_node_state": 170, "test_node_state_damaged_logs": 130,
-    "test_fleet_safety_signals": 130, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
-    "test_fleet_safety_sessions": 110, "test_release": 100, "test_production_path_runbook": 90,
+    "test_fleet_safety_signals": 165, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
+    "test_fleet_safety_sessions": 150, "test_release": 100, "test_production_path_runbook": 90,
     "test_node_state_rollbacks": 85, "vllm_parser": 60, "test_production_path": 60, "test_release_crashes": 50,
     "session_sandbox": 45, "test_traffic": 35, "test_release_changes": 30, "test_variants": 30,
 }
