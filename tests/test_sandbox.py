@@ -8,6 +8,7 @@ import json
 import os
 import socket
 import subprocess
+import sys
 import threading
 import time
 import urllib.error
@@ -104,6 +105,39 @@ def test_ssh_reaches_each_node_with_its_host_key_checked(sandbox, node):
     finally:
         conn.close()
     assert (result.status, result.output) == (0, node)
+
+
+def test_each_nodes_ssh_sessions_have_a_home_of_their_own_and_this_pythons_path(sandbox):
+    # bash reads ~/.bashrc for every command sshd runs: the node's own, not this machine user's.
+    home = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).root / "home"
+    (home / ".bashrc").write_text("export FLATSHARE_HOME_MARK=cyan-home\n")
+    try:
+        conn = SSHConnection(_target(sandbox, "cyan"))
+        try:
+            result = conn.run(["sh", "-c", 'printf "%s|%s|%s" "$HOME" "$FLATSHARE_HOME_MARK" "$(command -v python3)"'])
+        finally:
+            conn.close()
+    finally:
+        (home / ".bashrc").unlink()
+    assert result.output.split("|") == [str(home), "cyan-home", str(Path(sys.base_prefix) / "bin/python3")]
+
+
+def test_sandbox_up_starts_sshd_again_on_an_sshd_config_it_rewrote(sandbox):
+    before = json.loads((sandbox / "state.json").read_text())["nodes"]
+    config = sandbox / "peacock/ssh/sshd_config"
+    written = config.read_text()
+    config.write_text(written.replace("PasswordAuthentication no", "PasswordAuthentication yes"))
+    up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _l: None)
+    after = json.loads((sandbox / "state.json").read_text())["nodes"]
+    assert config.read_text() == written
+    assert after["cyan"]["sshd_pid"] == before["cyan"]["sshd_pid"]
+    assert after["peacock"]["sshd_pid"] != before["peacock"]["sshd_pid"]
+    assert str(config) in Path(f"/proc/{after['peacock']['sshd_pid']}/cmdline").read_text()
+    conn = SSHConnection(_target(sandbox, "peacock"))
+    try:
+        assert conn.run(["sh", "-c", 'printf %s "$FLATSHARE_NODE"']).output == "peacock"
+    finally:
+        conn.close()
 
 
 def test_a_changed_host_key_is_refused(sandbox, tmp_path):

@@ -63,6 +63,12 @@ ENGINE_PORT = 8000  # the production profile's engine port, kept in the sandbox
 GATEWAY_PORT = node_profile.GATEWAY_PORT
 VOICE_PORT = node_profile.VOICE_PORT
 SSHD = "/usr/sbin/sshd"
+#: The PATH of a sandbox node's SSH sessions: this Python's own bin directory (the node's python3 is the
+#: operator's, as bootstrap requires), then sshd's default (OpenSSH's _PATH_STDPATH). Each node's sessions
+#: also get a HOME of their own (DIR/NODE/home, through sshd_config's SetEnv, which OpenSSH applies after
+#: its own HOME and PATH): bash reads ~/.bashrc when sshd runs it (bash(1), INVOCATION), and the
+#: operator's (on this machine kind, pyenv's init: 0.1 s for every command) is not the node's.
+NODE_PATH = f"{Path(sys.base_prefix) / 'bin'}:/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin"
 
 
 @dataclass(frozen=True)
@@ -315,8 +321,12 @@ def _keygen(path: Path, comment: str) -> None:
         subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-C", comment, "-f", str(path)], check=True)
 
 
-def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
-    """Generate host keys and the client key; write authorized_keys, known_hosts and each sshd_config."""
+def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> set[str]:
+    """Generate host keys and the client key; write authorized_keys, known_hosts and each sshd_config.
+
+    Returns the names of the nodes whose sshd_config changed (a running sshd reads it only at start).
+    """
+    changed: set[str] = set()
     client_key = base / "ssh/id_ed25519"
     _keygen(client_key, "flatshare-sandbox-operator")
     _write_if_changed(base / "ssh/authorized_keys", client_key.with_suffix(".pub").read_bytes(), 0o600)
@@ -333,6 +343,8 @@ def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> None:
         if not node.bare:
             known.append(f"[{node.address}]:{SSH_PORT} {kind} {blob}\n")
         system_bus = f" DBUS_SYSTEM_BUS_ADDRESS=unix:path={node.bus}" if node.scope == "system" else ""
+        home = node.root / "home"
+        home.mkdir(mode=0o700, parents=True, exist_ok=True)
         config = f"""# sshd for sandbox node {node.name} (written by flatshare sandbox up)
 ListenAddress {node.address}:{SSH_PORT}
 HostKey {host_key}
@@ -344,11 +356,13 @@ PasswordAuthentication no
 KbdInteractiveAuthentication no
 UsePAM no
 StrictModes no
-SetEnv FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}{system_bus}
+SetEnv HOME={home} PATH={NODE_PATH} FLATSHARE_NODE={node.name} FLATSHARE_INVENTORY={base / "fleet.toml"}{system_bus}
 Subsystem sftp internal-sftp
 """
-        _write_if_changed(node.ssh_dir / "sshd_config", config.encode())
+        if _write_if_changed(node.ssh_dir / "sshd_config", config.encode()):
+            changed.add(node.name)
     _write_if_changed(base / "ssh/known_hosts", "".join(known).encode())
+    return changed
 
 
 def write_inventory(base: Path, sandbox_nodes: list[SandboxNode]) -> Path:
@@ -788,7 +802,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
         if node.engine == "vllm":
             _copy_model(models, node.model)
         _write_if_changed(node.state_dir / "step-time/rtx-5060-ti.json", b'{"stand_in": true}\n')
-    write_ssh_files(base, sandbox_nodes)
+    sshd_changed = write_ssh_files(base, sandbox_nodes)
     inventory = write_inventory(base, sandbox_nodes)
 
     state = _read_state(base)
@@ -797,6 +811,10 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
         record.scope, record.bare, record.engine = node.scope, node.bare, node.engine
         manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
         sshd_ok = _owns_sshd(node, record.sshd_pid)
+        if sshd_ok and node.name in sshd_changed:  # started again on the sshd_config just written
+            os.kill(record.sshd_pid, signal.SIGTERM)
+            _wait_gone(record.sshd_pid)
+            sshd_ok = False
         if not manager_ok and not sshd_ok:
             _refuse_taken_ports(node)
         if not manager_ok:
