@@ -250,23 +250,62 @@ def test_an_unfinished_switch_is_a_warning(sandbox):
         journal.unlink()
 
 
-def test_calls_without_turn_hints_are_a_warning(sandbox):
-    node = _node(sandbox, "peacock")
+def _voice_environment(sandbox: Path, name: str) -> dict[str, str]:
+    """The running voice worker's environment, read from /proc by its MainPID as systemd gives it."""
+    from flatshare_ops.node.systemd import unit_property
+
+    with connect(ManagerAddress("user", _node(sandbox, name).manager.runtime_dir)) as bus:
+        pid = int(unit_property(bus, "flatshare-voice.service", "Service", "MainPID"))
+    entries = Path(f"/proc/{pid}/environ").read_bytes().split(b"\0")
+    return dict(e.decode().partition("=")[::2] for e in entries if e)
+
+
+def test_a_voice_worker_started_with_turn_hints_off_is_a_warning_with_no_call_needed(sandbox):
     drop_in = DropIn(sandbox, "flatshare-voice.service", '[Service]\nEnvironment="FLATSHARE_TURN_HINTS=0"\n', name="peacock")
     try:
         _restart(sandbox, "flatshare-voice.service", name="peacock")
-        _restart(sandbox, ENGINE, name="peacock")  # a fresh engine: its turn counter starts at 0
-        # One turn whose reply streams for about 3 s (300 tokens at the stand-in's 0.01 s a token): a request
-        # runs on the engine while serving-check looks.
-        request = urllib.request.Request(f"http://{node.address}:8090/calls/start?seconds=3&turns=1&tokens=300",
-                                         method="POST", data=b"")
-        urllib.request.urlopen(request, timeout=5).read()
+        assert _voice_environment(sandbox, "peacock")["FLATSHARE_TURN_HINTS"] == "0"  # the drop-in reached it
         result = _check(sandbox, name="peacock")
         assert result.returncode == 1, result.stdout
-        assert "no voice turn announced since the engine started" in result.stdout
+        assert re.search(r"^WARNING turn_hints: the voice worker runs with FLATSHARE_TURN_HINTS=0, its release's unit "
+                         r"gives FLATSHARE_TURN_HINTS=1", result.stdout, re.MULTILINE), result.stdout
     finally:
         drop_in.remove()  # restarts the voice worker with hints on
-        _restart(sandbox, ENGINE, name="peacock")  # and forget the cut call's running request
+    assert _voice_environment(sandbox, "peacock")["FLATSHARE_TURN_HINTS"] == "1"
+    result = _check(sandbox, name="peacock")
+    assert result.returncode == 0 and re.search(r"^OK turn_hints:", result.stdout, re.MULTILINE), result.stdout
+
+
+def test_agents_requests_alone_with_no_voice_turn_announced_are_ok(sandbox):
+    # A breaker's case: right after a release, a node serving only the gateway's agent sessions (no voice call
+    # yet) was WARNING "requests running but no voice turn announced": agents announce none.
+    import threading
+
+    from flatshare_ops.common.completions import post_completion, request_body
+
+    node = _node(sandbox, "peacock")
+    _restart(sandbox, ENGINE, name="peacock")  # a fresh engine: its turn counter starts at 0
+    outcome = []
+    agent = threading.Thread(target=lambda: outcome.append(post_completion(
+        f"http://{node.address}:8080", request_body("an agent's step", 800), "agent-1", 60)))
+    agent.start()
+    try:
+        def engine_metrics() -> dict[str, float]:
+            text = urllib.request.urlopen(f"http://{node.address}:8000/metrics", timeout=5).read().decode()
+            return {line.split("{")[0].split()[0]: float(line.split()[-1]) for line in text.splitlines()
+                    if line.startswith(("vllm:num_requests_running", "flatshare:make_room_turns_announced_total"))}
+
+        deadline = time.monotonic() + 10
+        while engine_metrics().get("vllm:num_requests_running", 0) < 1 and time.monotonic() < deadline:
+            time.sleep(0.05)
+        seen = engine_metrics()
+        result = _check(sandbox, name="peacock")
+        assert seen["vllm:num_requests_running"] >= 1 and seen["flatshare:make_room_turns_announced_total"] == 0, seen
+        assert result.returncode == 0, result.stdout
+        assert re.search(r"^OK turn_hints: 0 voice turns announced", result.stdout, re.MULTILINE), result.stdout
+    finally:
+        agent.join(90)
+    assert outcome and outcome[0].done, outcome
 
 
 def test_textfile_is_written_for_node_exporter(sandbox, tmp_path):

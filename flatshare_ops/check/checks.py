@@ -166,21 +166,37 @@ def check_services(states: dict[str, str], drain_file: Path, inside_release: boo
     return Finding("services", OK, f"{len(states)} managed services active; voice worker not drained")
 
 
-def check_turn_hints(running: float, turns: float | None, source: str = "the engine's metrics") -> Finding:
-    """Calls running but no voice turn ever announced: the hints do not reach the engine.
+def check_turn_hints(running: float, turns: float | None, source: str = "the engine's metrics",
+                     hints: tuple[str | None, str | None] | None = None) -> Finding:
+    """Whether the voice worker announces turns to make-room as its release says.
+
+    Requests running with no turn announced are not, alone, a sign: the gateway's agent sessions
+    announce none, and a node may serve only them for hours. What turns hints off is the voice
+    worker's ``FLATSHARE_TURN_HINTS`` (FACTS: the variable overrides the profile), so that is what is
+    compared: the value the running worker was started with against its release's unit.
 
     Args:
         running: ``vllm:num_requests_running``.
         turns: the voice turns make-room counted since the engine started (None: not found).
         source: where ``turns`` was read, for the message (the stand-in's /metrics, or the engine's
             output, where the real serve module prints its count).
+        hints: (the release's voice unit's value, the running worker's value) of
+            ``FLATSHARE_TURN_HINTS``, each None where it assigns none; None when the worker's
+            environment could not be read (it is not running: the services finding says so).
     """
+    if hints is not None and hints[0] != hints[1]:
+        def said(value: str | None) -> str:
+            return f"FLATSHARE_TURN_HINTS={value}" if value is not None else "no FLATSHARE_TURN_HINTS"
+
+        return Finding(
+            "turn_hints", WARNING,
+            f"the voice worker runs with {said(hints[1])}, its release's unit gives {said(hints[0])}: "
+            "turn hints do not reach make-room as the profile says (a drop-in or an override set it; "
+            "see the drop_ins finding)",
+        )
     if turns is None:
         return Finding("turn_hints", WARNING, f"no make-room turn count in {source}")
     if running > 0 and turns == 0:
-        return Finding(
-            "turn_hints", WARNING,
-            f"{running:g} request(s) running but no voice turn announced since the engine started: "
-            "turn hints are not reaching make-room (check FLATSHARE_TURN_HINTS on the voice worker)",
-        )
+        return Finding("turn_hints", OK, f"0 voice turns announced since the engine started ({running:g} request(s) "
+                       "running: agents' sessions announce none)")
     return Finding("turn_hints", OK, f"{turns:g} voice turn(s) announced")

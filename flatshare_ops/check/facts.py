@@ -14,6 +14,7 @@ from pathlib import Path
 
 from ..common.locks import read_holder
 from ..common.node_files import LOCK_HOLDER
+from ..common.units import VOICE_UNIT
 
 
 class EngineFacts:
@@ -161,12 +162,15 @@ class SystemdFacts:
         drop_ins: unit -> every drop-in path systemd applies (``DropInPaths``) or will read at the
             next daemon-reload (found on disk where systemd looks, common.drop_ins).
         need_reload: unit -> ``NeedDaemonReload``.
+        voice_pid: the voice unit's ``MainPID`` (0: not running, or not one of the release's services).
     """
 
-    __slots__ = ("engine", "states", "drop_ins", "need_reload")
+    __slots__ = ("engine", "states", "drop_ins", "need_reload", "voice_pid")
 
-    def __init__(self, engine: EngineFacts, states: dict, drop_ins: dict, need_reload: dict) -> None:
+    def __init__(self, engine: EngineFacts, states: dict, drop_ins: dict, need_reload: dict,
+                 voice_pid: int = 0) -> None:
         self.engine, self.states, self.drop_ins, self.need_reload = engine, states, drop_ins, need_reload
+        self.voice_pid = voice_pid
 
 
 def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> SystemdFacts:
@@ -188,6 +192,8 @@ def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> 
     queries += [(u, "Unit", "ActiveState") for u in serving["services"]]
     queries += [(engine, "Unit", "LoadState"), (engine, "Unit", "ActiveState"), (engine, "Service", "MainPID"),
                 (engine, "Service", "ExecMainStartTimestamp"), ("", "Manager", "UnitPath")]
+    if VOICE_UNIT in serving["services"]:
+        queries.append((VOICE_UNIT, "Service", "MainPID"))
     found = systemd.properties(systemd.ManagerAddress(scope, runtime_dir), queries, timeout_s)
     search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
     drop_ins = {u: sorted(set(found[f"{u}/DropInPaths"]) | {str(p) for p in on_disk(u, search)}) for u in units}
@@ -197,7 +203,46 @@ def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> 
         {u: found[f"{u}/ActiveState"] for u in serving["services"]},
         {u: paths for u, paths in drop_ins.items() if paths},
         {u: bool(found[f"{u}/NeedDaemonReload"]) for u in units},
+        int(found.get(f"{VOICE_UNIT}/MainPID", 0)),
     )
+
+
+def unit_environment(unit_text: str, variable: str) -> str | None:
+    """``variable``'s value in a unit's ``Environment=`` assignments (the last one wins, as in
+    systemd.exec(5)), or None when the unit assigns none or cannot be read as systemd would."""
+    from ..common.unit_file import UnitSyntaxError, meaning
+
+    try:
+        assignments = meaning(unit_text).get(("Service", "Environment"), ())
+    except UnitSyntaxError:
+        return None
+    value = None
+    for words in assignments:
+        for word in words:
+            name, equals, rest = word.partition("=")
+            if equals and name == variable:
+                value = rest
+    return value
+
+
+def process_environment(pid: int, variable: str) -> tuple[bool, str | None]:
+    """``variable`` in the environment process ``pid`` was started with (``/proc/PID/environ``, proc(5)).
+
+    Returns:
+        (readable, value): readable False when the process is gone or its environment cannot be read;
+        value None when readable and the variable is not set.
+    """
+    try:
+        raw = Path(f"/proc/{pid}/environ").read_bytes() if pid > 0 else None
+    except OSError:
+        raw = None
+    if raw is None:
+        return False, None
+    prefix = variable.encode() + b"="
+    for entry in raw.split(b"\0"):
+        if entry.startswith(prefix):
+            return True, entry[len(prefix):].decode(errors="replace")
+    return True, None
 
 
 def active_release(releases: Path) -> str | None:

@@ -27,6 +27,7 @@ from ..common.http import http_get
 from ..common.locks import LockTableError, release_holder
 from ..common.current_link import CurrentLinkError, read_current
 from ..common.node_files import CURRENT, JOURNAL, RELEASES
+from ..common.units import TURN_HINTS_VARIABLE, VOICE_UNIT
 from ..common.text import one_line
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline
@@ -35,7 +36,7 @@ from . import checks
 from ..common.unit_output import last_lines, last_marked
 from .calls import takes_calls
 from .facts import (MODULE_LINE_TAG, active_release, installed_vllm, lock_holder_record, parse_metrics,
-                    switch_started_at, systemd_facts, turns_announced)
+                    process_environment, switch_started_at, systemd_facts, turns_announced, unit_environment)
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
@@ -271,7 +272,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
                 stage[0] = "reading the engine's output"
                 tail = last_marked(serving["layout"], engine["unit"], MODULE_LINE_TAG)
                 turns, source = turns_announced(tail.lines, facts.engine.main_pid), tail.source
-            findings.append(checks.check_turn_hints(running, turns, source))
+            findings.append(checks.check_turn_hints(running, turns, source, _turn_hints(releases, facts.voice_pid)))
             perf["requests_running"] = running
             perf["turns_announced"] = turns or 0.0
         else:
@@ -306,6 +307,17 @@ def _explained_by_release(findings: list[Finding], first: int, releases: Path) -
         if finding.status == CRITICAL:
             finding.status = WARNING
             finding.summary += " (a release in progress explains this)"
+
+
+def _turn_hints(releases: Path, voice_pid: int) -> tuple[str | None, str | None] | None:
+    """(the active release's voice unit's FLATSHARE_TURN_HINTS, the running voice worker's), or None when
+    either cannot be read (no worker running, or no such unit in the release: other findings say so)."""
+    readable, running = process_environment(voice_pid, TURN_HINTS_VARIABLE)
+    try:
+        text = (releases / CURRENT / "units" / VOICE_UNIT).read_text(errors="replace")
+    except OSError:
+        return None
+    return (unit_environment(text, TURN_HINTS_VARIABLE), running) if readable else None
 
 
 def _note_release(state: NodeState, releases: Path, serving: dict) -> None:

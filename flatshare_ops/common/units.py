@@ -14,6 +14,8 @@ VOICE_STATUS_VARIABLE = "FLATSHARE_DRAIN_STATUS"
 #: Their names, in the profile's ``layout.run_dir`` (render/units.py): a path of another name is never one of them.
 VOICE_DRAIN_NAME, VOICE_STATUS_NAME = "voice.drain", "voice.status"
 VOICE_UNIT = "flatshare-voice.service"
+#: The voice unit's switch of turn hints (the profile's voice.turn_hints, "1" or "0"; FACTS: it overrides the profile).
+TURN_HINTS_VARIABLE = "FLATSHARE_TURN_HINTS"
 TARGET_UNIT = "flatshare.target"
 CHECK_SERVICE = "serving-check.service"
 CHECK_TIMER = "serving-check.timer"

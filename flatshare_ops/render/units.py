@@ -12,7 +12,8 @@ import jinja2
 
 from ..common.unit_output import output_file
 from ..common.units import (CHECK_SERVICE, ENGINE_UNIT, GATEWAY_UNIT, GATEWAY_URL_VARIABLE, UNIT_NAMES, VOICE_DRAIN_NAME,
-                             VOICE_DRAIN_VARIABLE, VOICE_STATUS_NAME, VOICE_STATUS_VARIABLE, VOICE_UNIT)
+                             VOICE_DRAIN_VARIABLE, TURN_HINTS_VARIABLE, VOICE_STATUS_NAME, VOICE_STATUS_VARIABLE,
+                             VOICE_UNIT)
 from ..config.profile import Profile
 from . import systemd_escape
 from .engine import engine_argv
@@ -76,7 +77,7 @@ def _context(profile: Profile) -> dict:
     voice_env = [
         *common,
         (GATEWAY_URL_VARIABLE, profile.gateway.url),  # a call's turns stream through the node's gateway
-        ("FLATSHARE_TURN_HINTS", "1" if profile.voice.turn_hints else "0"),
+        (TURN_HINTS_VARIABLE, "1" if profile.voice.turn_hints else "0"),
         ("FLATSHARE_ENDPOINTING_MIN_S", systemd_escape.number(profile.voice.endpointing_min_s)),
         ("FLATSHARE_ENDPOINTING_MAX_S", systemd_escape.number(profile.voice.endpointing_max_s)),
         (VOICE_DRAIN_VARIABLE, drain_file(profile)),
