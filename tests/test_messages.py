@@ -155,6 +155,47 @@ def test_messages_built_from_lock_json_name_what_it_lacks(node, holder):
     assert not failures, "\n".join(failures)
 
 
+UNDOING_HOLDER = r"""
+import sys
+from pathlib import Path
+sys.path.insert(0, sys.argv[1])
+from flatshare_ops.node.context import NodeContext
+from flatshare_ops.node.lock import node_lock
+from flatshare_ops.node.systemd import ManagerAddress
+ctx = NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", Path(sys.argv[3])))
+with node_lock(ctx, None, action="rollback", mode=sys.argv[4]) as decided:
+    print("locked", flush=True)
+    sys.stdin.readline()
+    decided("feedfacecafe0002")
+    print("decided", flush=True)
+    sys.stdin.read()
+"""
+
+
+@pytest.mark.parametrize("mode, words", [("rollback", "a rollback"), ("undo-rollout", "a rollout's undo")])
+def test_messages_about_a_rollback_holding_the_lock_name_it_and_its_target_once_decided(node, mode, words):
+    # A breaker's case: "cyan is being released by root@vm pid 22485, release rollback, since ...": a rollback's
+    # target is decided under the lock, and lock.json held the word "rollback" where a release id belongs.
+    child = subprocess.Popen([sys.executable, "-c", UNDOING_HOLDER, str(REPO), str(node.state_dir),
+                              str(node.address.runtime_dir), mode], stdin=subprocess.PIPE, stdout=subprocess.PIPE,
+                             text=True)
+    try:
+        assert child.stdout.readline().strip() == "locked"
+        before = lock_messages(node)
+        child.stdin.write("go\n")
+        child.stdin.flush()
+        assert child.stdout.readline().strip() == "decided"
+        after = lock_messages(node)
+    finally:
+        child.stdin.close()
+        child.wait(10)
+    failures = [m for m in before if f"pid {child.pid}" not in m or f"{words}, its target not yet decided" not in m]
+    failures += [m for m in after if f"pid {child.pid}" not in m or f"{words} to release feedfacecafe0002" not in m]
+    failures += [m for m in before + after if re.search(r"release (rollback|undo-rollout)\b", m) or
+                 PLACEHOLDERS.search(m) or "lock.json has no" in m]
+    assert not failures, "\n".join(failures)
+
+
 def test_the_status_of_a_switch_in_progress_says_its_holder_once_in_one_plain_sentence(node, holder):
     """Issue 21: ``IN PROGRESS (root@vm pid 32766 (release effc0f..., since ...)): switch ... by root@vm pid 32766``."""
     journal = {"schema": 2, "switch": "s1", "from": "a" * 16, "to": "b" * 16, "node": "cyan", "host": "hostvm7",

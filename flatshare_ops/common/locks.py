@@ -44,7 +44,7 @@ def read_holder(path: Path) -> tuple[dict, str | None]:
         record = read_json_object(path) or {}
     except Damaged as err:
         return {}, f"{Path(path).name}: {err.form}"
-    fields = {"host": str, "pid": int, "user": str, "release": str, "started_at": (int, float)}
+    fields = {"host": str, "pid": int, "user": str, "mode": str, "release": str, "started_at": (int, float)}
     for key, kind in fields.items():
         if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool)):
             return {}, f"{Path(path).name}: {key} is {type(record[key]).__name__} (the wrong shape)"

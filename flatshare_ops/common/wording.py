@@ -77,8 +77,9 @@ def holder_phrase(record: Mapping, pid: int | None, damage: str | None = None, s
     """Who holds a node's release lock, for "being released by ...": the kernel's ``pid`` first, then what
     ``lock.json`` (``record``, its ``damage``) says of it, or that it is missing, damaged or another process's.
 
-    ``root@vm pid 123, release 3f2a..., since 2026-12-01T08:33:23Z`` when all is known; ``pid 6590, whose
-    record lock.json is missing`` when there is none.
+    ``root@vm pid 123, release 3f2a..., since 2026-12-01T08:33:23Z`` when all is known (``a rollback to
+    release 3f2a...`` for a rollback, whose target is decided under the lock: ``a rollback, its target not
+    yet decided`` before); ``pid 6590, whose record lock.json is missing`` when there is none.
     """
     if pid is None:
         process = "a process the kernel no longer shows holding the lock"
@@ -94,14 +95,18 @@ def holder_phrase(record: Mapping, pid: int | None, damage: str | None = None, s
     if pid and recorded_pid is not None and recorded_pid != pid:
         return f"{process}, whose record {source} is another process's (it names pid {recorded_pid})"
     user, host, release = text_field(record, "user"), text_field(record, "host"), text_field(record, "release")
-    since = time_field(record, "started_at")
+    mode, since = text_field(record, "mode"), time_field(record, "started_at")
     who = who_phrase(user, host)
     parts = [f"{who} {process}" if who else process]
-    if release:
+    undoing = {"rollback": "a rollback", "undo-rollout": "a rollout's undo"}.get(mode)
+    if undoing:  # its target is decided under the lock: until then lock.json has none, and that is no gap
+        parts.append(f"{undoing} to release {release}" if release else f"{undoing}, its target not yet decided")
+    elif release:
         parts.append(f"release {release}")
     if since:
         parts.append(f"since {since}")
-    missing = [k for k, v in (("user", user), ("host", host), ("release", release), ("started_at", since)) if v is None]
+    recorded = (("user", user), ("host", host), ("release", release or undoing), ("started_at", since))
+    missing = [k for k, v in recorded if v is None]
     return ", ".join(parts) + not_recorded(source, missing)
 
 

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from contextlib import contextmanager
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
@@ -56,8 +56,13 @@ def lock_reading(ctx: NodeContext) -> tuple[bool, str | None]:
 
 
 @contextmanager
-def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterator[None]:
-    """Hold the node's release lock, with the holder's details beside it.
+def node_lock(ctx: NodeContext, release: str | None, action: str = "release",
+              mode: str = "release") -> Iterator[Callable[[str], None]]:
+    """Hold the node's release lock, with the holder's details beside it (``lock.json``: host, pid, user,
+    ``mode`` (``release``, ``rollback``, ``undo-rollout``), ``release`` once known, ``started_at``).
+
+    Yields a function that records the release the holder switches to, once it is known (a rollback's
+    target is decided under the lock), in ``lock.json``.
 
     First ``flock(LOCK_EX | LOCK_NB)`` on the state directory (the lock), then on ``releases/.lock`` (what a
     switcher from before adr/0011 takes, opened without blocking on what is there), both with filelock's
@@ -107,9 +112,10 @@ def node_lock(ctx: NodeContext, release: str, action: str = "release") -> Iterat
         except BaseException:
             os.close(compat)
             raise
+        started_at = time.time()
         try:
-            _write_holder(ctx, release)
-            yield
+            _write_holder(ctx, release, mode, started_at)
+            yield lambda target: _write_holder(ctx, target, mode, started_at)
         finally:
             try:
                 durable.remove(ctx.holder_path)  # before letting go: the next holder's record is never removed
@@ -170,9 +176,9 @@ def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> None:
                   "wait for it to finish")
 
 
-def _write_holder(ctx: NodeContext, release: str) -> None:
-    holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(),
-              "release": release, "started_at": time.time()}
+def _write_holder(ctx: NodeContext, release: str | None, mode: str, started_at: float) -> None:
+    holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "mode": mode,
+              **({"release": release} if release is not None else {}), "started_at": started_at}
     try:
         durable.write_atomic(ctx.holder_path, (dumps(holder) + "\n").encode())
     except OSError:

@@ -146,8 +146,8 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
     began = time.time()
     if request.dry_run:
         return _run(ctx, request, out, admit, began)
-    with node_lock(ctx, (request.bundle or {}).get("id", request.mode), action=request.action):
-        return _run(ctx, request, out, admit, began)
+    with node_lock(ctx, (request.bundle or {}).get("id"), action=request.action, mode=request.mode) as holder:
+        return _run(ctx, request, out, admit, began, holder)
 
 
 def _analyses(hist, switch: str | None):
@@ -182,7 +182,8 @@ def failed_analysis(hist, switch: str | None) -> str | None:
     return failed[-1].get("rollout") if isinstance(failed[-1].get("rollout"), str) else "an earlier rollout"
 
 
-def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float) -> Done:
+def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float,
+         holder=lambda _target: None) -> Done:
     state = None
     with _calls_given_back_on_refusal(ctx, request, out, lambda: state):
         hold.refuse_if_held(ctx, request.action)
@@ -199,6 +200,8 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             owed = failed_analysis(state.hist, unjudged)
             return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current, unjudged=unjudged,
                         detail={"analysis_failed_in": owed} if owed else {})
+        if request.mode != "release":  # a rollback's target is decided just now: lock.json names it from here on
+            holder(work.new.id)
         _refuse(ctx, request, out, work, admit)
         if request.dry_run:
             out.line("dry run: nothing changed")
