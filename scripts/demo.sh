@@ -10,8 +10,8 @@ step() { printf '\n== %s\n' "$*"; }
 
 step "render: the checkout's files match the profile" && $bin/flatshare profiles render || exit $?
 step "verify: systemd-analyze verify prints nothing for the units" && $bin/flatshare profiles verify || exit $?
-step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstrapped (no release yet)" && $bin/flatshare sandbox up || exit $?
-step "release: both nodes, one at a time, over SSH (the first time: each node's first release, a real switch), while calls stream through both gateways"
+step "sandbox: cyan and peacock, each its own systemd manager and sshd, bootstrapped (a new one has no release yet)" && $bin/flatshare sandbox up || exit $?
+step "release: both nodes, one at a time, over SSH (on a new sandbox each node's first release, a real switch; later, what the checkout changed, cyan first as the canary), while calls stream through both gateways"
 calls=$(mktemp)
 # A call waits (bounded) while no gateway answers yet: on the first run no node has a release until cyan's first switch ends.
 # --spread: one seat dials cyan first, the other peacock first, so the canary and its baseline both have

@@ -486,6 +486,7 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
         # The canary's first release: nothing to compare with or go back to, so no analysis (and no wait for
         # calls that a fresh fleet has none of); the skip is in cyan's history.
         assert "canary analysis skipped: cyan had no release before" in released.stdout, released.stdout
+        assert "roll back to); recorded in its history" in released.stdout, released.stdout  # one canary: its own
         records = [json.loads(line) for line in
                    (base / "cyan/var/lib/flatshare/releases/history.jsonl").read_text().splitlines()]
         assert [r.get("analysis", {}).get("skipped") for r in records if r.get("result") == "analysed"] == [True]

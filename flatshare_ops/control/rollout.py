@@ -336,8 +336,9 @@ class Rollout:
                 self.analysed[target.name] = "analysis skipped: its first release"
                 record(self, target, self.switch_ids[target.name],
                        {"schema": 1, "skipped": True, "summary": why, "canary": target.name, "measurements": []})
+            whose = "its" if len(switched) == 1 else "each one's"
             self.out.line(f"canary analysis skipped: {', '.join(t.name for t in switched)} had no release before "
-                          "(a node's first release has nothing to compare with or roll back to); recorded in their "
+                          f"(a node's first release has nothing to compare with or roll back to); recorded in {whose} "
                           "history")
             return None
         if self.analysis == "skip":
