@@ -157,11 +157,13 @@ def test_a_second_release_at_once_is_refused_with_the_first_ones_details(fleet):
     name = "cyan"
     fleet.set_hold(48 if fleet.hold(name) == "0" else 0)
     node = fleet.node(name)
-    # A call in progress keeps the first release waiting in its voice drain.
+    # A call in progress keeps the first release waiting in its voice drain: 15 s, inside the sandbox's voice
+    # drain_timeout_s (20), and long enough for the second release's start on a loaded machine (with 6 s, a
+    # loaded CI run saw the first release end before the second asked: "nothing to do").
     import urllib.request
 
     urllib.request.urlopen(urllib.request.Request(
-        f"http://{node.address}:8090/calls/start?seconds=6&turns=1", method="POST", data=b""), timeout=5).read()
+        f"http://{node.address}:8090/calls/start?seconds=15&turns=1", method="POST", data=b""), timeout=5).read()
     first = subprocess.Popen(
         [str(BIN / "flatshare"), "release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout)],
         stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env={**os.environ, "FLATSHARE_NODE": name})
