@@ -225,26 +225,6 @@ def unit_environment(unit_text: str, variable: str) -> str | None:
     return value
 
 
-def process_environment(pid: int, variable: str) -> tuple[bool, str | None]:
-    """``variable`` in the environment process ``pid`` was started with (``/proc/PID/environ``, proc(5)).
-
-    Returns:
-        (readable, value): readable False when the process is gone or its environment cannot be read;
-        value None when readable and the variable is not set.
-    """
-    try:
-        raw = Path(f"/proc/{pid}/environ").read_bytes() if pid > 0 else None
-    except OSError:
-        raw = None
-    if raw is None:
-        return False, None
-    prefix = variable.encode() + b"="
-    for entry in raw.split(b"\0"):
-        if entry.startswith(prefix):
-            return True, entry[len(prefix):].decode(errors="replace")
-    return True, None
-
-
 def active_release(releases: Path) -> str | None:
     """The active release's id: the name ``releases/current`` points at (releases/README.md), or None
     when it is not a link to a release beside it (no release, or damage the ``release`` check names:

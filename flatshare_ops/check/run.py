@@ -30,13 +30,13 @@ from ..common.node_files import CURRENT, JOURNAL, RELEASES
 from ..common.units import TURN_HINTS_VARIABLE, VOICE_UNIT
 from ..common.text import one_line
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
-from ..common.proc import read_cmdline
+from ..common.proc import read_cmdline, read_environ
 from .module_origin import imported_from
 from . import checks
 from ..common.unit_output import last_lines, last_marked
 from .calls import takes_calls
 from .facts import (MODULE_LINE_TAG, active_release, installed_vllm, lock_holder_record, parse_metrics,
-                    process_environment, switch_started_at, systemd_facts, turns_announced, unit_environment)
+                    switch_started_at, systemd_facts, turns_announced, unit_environment)
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 
 #: serving.json schemas this serving-check knows (a newer one is UNKNOWN, not CRITICAL).
@@ -312,12 +312,14 @@ def _explained_by_release(findings: list[Finding], first: int, releases: Path) -
 def _turn_hints(releases: Path, voice_pid: int) -> tuple[str | None, str | None] | None:
     """(the active release's voice unit's FLATSHARE_TURN_HINTS, the running voice worker's), or None when
     either cannot be read (no worker running, or no such unit in the release: other findings say so)."""
-    readable, running = process_environment(voice_pid, TURN_HINTS_VARIABLE)
+    if voice_pid <= 0:
+        return None
     try:
+        running = read_environ(voice_pid).get(TURN_HINTS_VARIABLE)
         text = (releases / CURRENT / "units" / VOICE_UNIT).read_text(errors="replace")
     except OSError:
         return None
-    return (unit_environment(text, TURN_HINTS_VARIABLE), running) if readable else None
+    return unit_environment(text, TURN_HINTS_VARIABLE), running
 
 
 def _note_release(state: NodeState, releases: Path, serving: dict) -> None:

@@ -812,8 +812,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
         manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
         sshd_ok = _owns_sshd(node, record.sshd_pid)
         if sshd_ok and node.name in sshd_changed:  # started again on the sshd_config just written
-            os.kill(record.sshd_pid, signal.SIGTERM)
-            _wait_gone(record.sshd_pid)
+            _stop(record.sshd_pid)
             sshd_ok = False
         if not manager_ok and not sshd_ok:
             _refuse_taken_ports(node)
@@ -971,8 +970,7 @@ def down(base: Path, echo=print) -> None:
         for name, record in state.nodes.items():
             node = SandboxNode(name, "", base)
             if _owns_sshd(node, record.sshd_pid):
-                os.kill(record.sshd_pid, signal.SIGTERM)
-                _wait_gone(record.sshd_pid)
+                _stop(record.sshd_pid)
                 echo(f"{name}: sshd stopped (pid {record.sshd_pid})")
             elif record.sshd_pid:
                 echo(f"{name}: sshd pid {record.sshd_pid} is gone or no longer ours; not touched")
@@ -981,6 +979,12 @@ def down(base: Path, echo=print) -> None:
             echo(f"{name}: systemd user manager and its units stopped"
                  + (f" (pid {record.manager_pid})" if owned else " (its cgroup swept)"))
         (base / "state.json").unlink(missing_ok=True)
+
+
+def _stop(pid: int) -> None:
+    """SIGTERM to ``pid``, then wait for it to be gone (SIGKILL after 10 s)."""
+    os.kill(pid, signal.SIGTERM)
+    _wait_gone(pid)
 
 
 def _wait_gone(pid: int, timeout_s: float = 10.0) -> None:
