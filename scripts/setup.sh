@@ -1,14 +1,15 @@
 #!/usr/bin/env bash
 # Install what flatshare-ops and its tests need on a fresh Debian machine, as root:
 # Debian packages (pystemd builds against libsystemd; the sandbox runs systemd and sshd; tests/test_lock.py
-# reads the release lock on a loop-mounted btrfs and xfs, made with btrfs-progs and xfsprogs)
+# reads the release lock on a loop-mounted btrfs and xfs, made with btrfs-progs and xfsprogs; the machines
+# tier boots Debian 12 machines, built with mmdebstrap and booted with systemd-nspawn from systemd-container)
 # and a venv in .venv: uv (from requirements-setup.lock), then with uv every dependency from requirements-dev.lock (exact versions, hashes
 # checked: the same pins a node installs from requirements.lock), then the project itself
 # in editable mode.
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
-packages=(systemd dbus libsystemd-dev pkg-config gcc python3-dev python3-venv openssh-server openssh-client curl make util-linux btrfs-progs xfsprogs)
+packages=(systemd dbus libsystemd-dev pkg-config gcc python3-dev python3-venv openssh-server openssh-client curl make util-linux btrfs-progs xfsprogs systemd-container mmdebstrap)
 missing=()
 for p in "${packages[@]}"; do
   dpkg-query -W -f='${Status}' "$p" 2>/dev/null | grep -q "install ok installed" || missing+=("$p")

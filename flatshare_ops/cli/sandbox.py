@@ -30,11 +30,26 @@ def sandbox_up(
     engine: Annotated[Optional[str], typer.Option(
         "--engine", help="vllm (vLLM 0.32.0's real CPU engine, .venv-vllm; the default for a new sandbox) or "
                          "stand-in (starts in a second); default: what the sandbox was brought up with.")] = None,
+    machines: Annotated[bool, typer.Option(
+        "--machines", help="Each node a Debian 12 machine booted by systemd-nspawn (systemd as PID 1, production's "
+                           "layout and units, the real engine), with step 1 of PRODUCTION.md's runbook only: "
+                           "bootstrap them. Default addresses cyan=127.0.60.2,peacock=127.0.60.3.")] = False,
 ) -> None:
     """Bring the sandbox up (idempotent): managers, sshd, each node's layout and profile, bootstrapped with no
     release: the first release is the real one ('flatshare release --all --inventory DIR/fleet.toml')."""
     from ..render.checkout import DEFAULT_PROFILE
     from ..sandbox.fleet import parse_addresses, up
+
+    if machines:
+        from ..sandbox import machines as machine_nodes
+
+        if system_scope or bare or engine not in (None, "vllm"):
+            raise typer.BadParameter("--machines runs production's layout and the real engine, from a bare machine: "
+                                     "it takes none of --system-scope, --bare, --engine stand-in")
+        inventory = machine_nodes.up(directory, root.resolve(), root / (profile or DEFAULT_PROFILE),
+                                     parse_addresses(addresses), echo=typer.echo)
+        typer.echo(f"sandbox up: inventory {inventory}")
+        return
 
     if engine is None and not (directory / "state.json").exists():
         engine = "vllm"
@@ -51,8 +66,19 @@ def sandbox_status(
     """What runs on each sandbox node (exit 1 if anything is down)."""
     import json
 
+    from ..sandbox import machines
     from ..sandbox.fleet import status
 
+    if (directory / "machines.json").exists():
+        report = machines.status(directory)
+        if as_json:
+            typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        for node, entry in report.items():
+            units = ", ".join(f"{name} {state}" for name, state in entry["units"].items()) or "no units"
+            if not as_json:
+                typer.echo(f"{node}: machine {entry['system']}, sshd {'up' if entry['sshd'] else 'DOWN'}; {units}")
+        healthy = bool(report) and all(e["system"] == "running" and e["sshd"] for e in report.values())
+        raise typer.Exit(0 if healthy else 1)
     report = status(directory)
     if as_json:
         typer.echo(json.dumps(report, indent=2, sort_keys=True))
@@ -77,16 +103,29 @@ def sandbox_reboot(
     node: Annotated[str, typer.Option("--node", help="The sandbox node to reboot.")],
     directory: SandboxDir = Path(".sandbox"),
 ) -> None:
-    """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up."""
+    """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up.
+    A machine is rebooted for real ('systemctl reboot' in it; it boots again)."""
     from ..sandbox.fleet import reboot
+
+    if (directory / "machines.json").exists():
+        from ..sandbox import machines
+
+        machines.reboot(directory, node, echo=typer.echo)
+        return
 
     reboot(directory, node, echo=typer.echo)
 
 
 @sandbox_app.command("down")
 def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
-    """Stop every process the sandbox started (by process id)."""
+    """Stop every process the sandbox started (by process id); machines are shut down."""
+    from ..sandbox import machines
     from ..sandbox.fleet import down
+
+    if (directory / "machines.json").exists():
+        machines.down(directory, echo=typer.echo)
+        typer.echo("sandbox down")
+        return
 
     down(directory, echo=typer.echo)
     typer.echo("sandbox down")

@@ -26,7 +26,10 @@ preflight
     What `vllm serve` runs before it touches the device, in this process's environment (the caller
     gives it the engine unit's own: VLLM_TARGET_DEVICE is NOT defaulted here): stage "parser" builds
     vLLM's serve parser (it builds vLLM's config defaults, so a venv whose platform cannot be inferred
-    fails here: "RuntimeError: Failed to infer device type"); "parse" and "validate" as for `parse`;
+    fails here: "RuntimeError: Failed to infer device type"); "cache" makes vLLM's cache directory
+    (vllm.envs.VLLM_CACHE_ROOT: $VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm or ~/.cache/vllm) and writes a
+    file in it, as the engine core does at start (run as the engine's user, this says whether it can);
+    "parse" and "validate" as for `parse`;
     "config" runs AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=
     OPENAI_API_SERVER), as vllm/entrypoints/launchers/api_server/entry.py does at start (the model's
     config.json is read: --max-model-len above its positions, a speculative draft model that is not
@@ -603,6 +606,11 @@ def preflight(words: list[str]) -> dict:
         return failed(f"{type(e).__name__}: {e}")
     release.append(sp.release)
     passed()
+    stage = "cache"
+    problem = _unwritable_cache_root()
+    if problem:
+        return failed(problem)
+    passed()
     stage = "parse"
     parsed = sp.parse(words)  # argparse's own messages, as `parse` gives them
     if not parsed["ok"]:
@@ -643,6 +651,30 @@ def preflight(words: list[str]) -> dict:
         return failed(f"{type(e).__name__}: {e}")
     passed()
     return {"ok": True, "checked": checked, "seconds": seconds, "release": release[0]}
+
+
+def _unwritable_cache_root() -> str | None:
+    """Why vLLM's cache directory cannot be made or written by this process, or None.
+
+    vLLM 0.32.0's engine core writes there at start (its model info cache, torch.compile's cache):
+    without it the engine core fails (``PermissionError`` on a home that does not exist).
+    """
+    import os
+    import pwd
+    import tempfile
+
+    import vllm.envs as envs
+
+    root = envs.VLLM_CACHE_ROOT
+    try:
+        os.makedirs(root, exist_ok=True)
+        tempfile.TemporaryFile(dir=root).close()
+    except OSError as e:
+        who = pwd.getpwuid(os.geteuid()).pw_name
+        return (f"{root} (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm or $HOME/.cache/vllm; HOME is "
+                f"{os.environ.get('HOME', 'not set')}) cannot be made or written by {who}: "
+                f"{type(e).__name__}: {e.strerror or e}")
+    return None
 
 
 def _unreadable_tokenizer_file(tokenizer: str) -> str | None:

@@ -30,8 +30,25 @@ import paramiko
 
 from ..errors import Exit, FlatshareError, TransportError
 from . import known_hosts as known_hosts_file
+from ..render.units import engine_home, service_user
 from .ssh import SSHConnection, SSHTarget
 from .targets import NodeTarget
+
+#: node_exporter's textfile directory's mode: group-writable for the service user's group, and sticky (a member
+#: may replace only the files it owns; chmod(1), "RESTRICTED DELETION FLAG").
+TEXTFILE_MODE = 0o1775
+#: A shared library vLLM's extension modules link against -> the Debian package that provides it.
+SYSTEM_LIBRARIES = {"libnuma.so.1": "libnuma1", "libgomp.so.1": "libgomp1", "libstdc++.so.6": "libstdc++6"}
+
+
+def textfile_directory(check_command: list[str]) -> str | None:
+    """The directory serving-check's command writes its textfile to (``--textfile DIR`` or ``--textfile=DIR``)."""
+    for i, word in enumerate(check_command):
+        if word == "--textfile" and i + 1 < len(check_command):
+            return check_command[i + 1]
+        if word.startswith("--textfile="):
+            return word.split("=", 1)[1]
+    return None
 
 #: Read on the node by its own python3 (standard library only): what bootstrap needs to know.
 FACTS = r"""
@@ -67,6 +84,53 @@ try:
     user_exists = bool(user)
 except KeyError:
     user_exists = False
+def missing_libraries(venv):
+    # The shared libraries vLLM's extension modules link against that neither the system (ldd) nor the venv
+    # (torch/lib, auditwheel's PKG.libs: found at import, not by ldd) provides.
+    import glob, subprocess
+    sites = glob.glob(os.path.join(venv, "lib/python*/site-packages"))
+    if not sites:
+        return []
+    site, own, dirs = sites[0], set(), []
+    for path, _, files in os.walk(site):
+        found = [f for f in files if ".so" in f]
+        own.update(found)
+        if found:
+            dirs.append(path)
+    missing = set()
+    env = {"PATH": "/usr/sbin:/usr/bin:/sbin:/bin", "LD_LIBRARY_PATH": ":".join(dirs)}
+    for so in sorted(glob.glob(os.path.join(site, "vllm", "*.so"))):
+        try:
+            out = subprocess.run(["ldd", so], capture_output=True, text=True, timeout=60, env=env).stdout
+        except (OSError, subprocess.SubprocessError):
+            continue
+        for line in out.splitlines():
+            name, _, where = line.strip().partition(" => ")
+            if where.strip() == "not found" and name not in own:
+                missing.add(name)
+    return sorted(missing)
+def directory(path):
+    import grp, stat, subprocess
+    try:
+        st = os.stat(path)
+    except OSError:
+        return None
+    try:
+        group = grp.getgrgid(st.st_gid).gr_name
+    except KeyError:
+        group = str(st.st_gid)
+    try:
+        dpkg = subprocess.run(["dpkg-query", "-S", path], capture_output=True, timeout=30).returncode == 0
+    except (OSError, subprocess.SubprocessError):
+        dpkg = False
+    return {"uid": st.st_uid, "group": group, "mode": stat.S_IMODE(st.st_mode), "dpkg": dpkg}
+def group_exists(name):
+    import grp
+    try:
+        grp.getgrnam(name)
+        return True
+    except KeyError:
+        return False
 build = want["build"]
 print(json.dumps({
     "platform": {"os": release.get("ID", "?"), "os_version": release.get("VERSION_ID", "?"),
@@ -80,6 +144,9 @@ print(json.dumps({
     "user_exists": user_exists,
     "installed_lock": lock(os.path.join(want["ops"], "requirements.lock")),
     "entry": os.access(os.path.join(want["ops"], ".venv/bin/flatshare-node"), os.X_OK),
+    "missing_libraries": missing_libraries(want["venv"]),
+    "textfile": directory(want["textfile"]) if want["textfile"] else None,
+    "journal_group": group_exists("systemd-journal"),
 }))
 """
 
@@ -234,10 +301,10 @@ class Bootstrap:
 
     def _facts(self) -> dict | None:
         p = self.profile
-        want = {"dirs": [p.layout.state_dir, p.layout.unit_dir, p.module.directory, str(self.ops)],
+        want = {"dirs": [p.layout.state_dir, p.layout.unit_dir, p.module.directory, engine_home(p), str(self.ops)],
                 "model": p.engine.model, "venv": p.engine.venv, "build": p.module.build_command[0],
-                "module": p.module.path,
-                "user": p.layout.service_user if p.layout.scope == "system" else None, "ops": str(self.ops)}
+                "module": p.module.path, "user": service_user(p), "ops": str(self.ops),
+                "textfile": textfile_directory(p.check.command)}
         status, output = self._run(["python3", "-c", FACTS, json.dumps(want)])
         try:
             return json.loads(output)
@@ -274,7 +341,7 @@ class Bootstrap:
                           f"created {', '.join(missing)}" if status == 0 else output.strip()[-200:])
         else:
             self.line("ok", "layout", "state, unit and module directories exist")
-        user = p.layout.service_user if p.layout.scope == "system" else None
+        user = service_user(p)
         if not user:
             self.line("ok", "service user", f"scope {p.layout.scope}: the services run as the manager's user")
             return
@@ -288,12 +355,54 @@ class Bootstrap:
                           f"created system user {user}" if status == 0 else output.strip()[-200:])
         else:
             self.line("ok", "service user", f"{user} exists")
+        owned = f"{p.module.directory} (the engine builds its module there) and {engine_home(p)} (the engine's " \
+                "HOME: vLLM's caches)"
         if self.dry_run:
-            self.line("would", "ownership", f"give {p.module.directory} to {user} (the engine builds its module there)")
+            self.line("would", "ownership", f"give {user} {owned}")
         else:
-            status, output = self._run(["chown", "-R", f"{user}:", p.module.directory])
+            status, output = self._run(["chown", "-R", f"{user}:", p.module.directory, engine_home(p)])
             self.line("done" if status == 0 else "FAIL", "ownership",
-                      f"{p.module.directory} belongs to {user}" if status == 0 else output.strip()[-200:])
+                      f"{user} owns {owned}" if status == 0 else output.strip()[-200:])
+        self._textfile(facts, user)
+        if facts.get("journal_group"):
+            self.line("ok", "journal", f"serving-check runs as {user} in the group systemd-journal (its unit's "
+                      "SupplementaryGroups=): it reads the engine's lines from the journal")
+        else:
+            self.line("FAIL", "journal", "the node has no group systemd-journal, which serving-check's unit joins "
+                      "to read the engine's lines: is systemd's journald installed (Debian's systemd package)?")
+
+    def _textfile(self, facts: dict, user: str) -> None:
+        """node_exporter's textfile directory, where serving-check (as ``user``) writes serving_check.prom: owned
+        by root, its group ``user``'s, mode 1775 (group-writable and sticky: the user may add files and replace
+        its own, never another's). A directory a Debian package owns (prometheus-node-exporter makes it root:root
+        0755) gets it through ``dpkg-statoverride``, which package upgrades keep."""
+        directory = textfile_directory(self.profile.check.command)
+        if directory is None:
+            self.line("ok", "textfile", "serving-check's command writes no textfile (no --textfile)")
+            return
+        found = facts.get("textfile")
+        if found and found["uid"] == 0 and found["group"] == user and found["mode"] == TEXTFILE_MODE:
+            self.line("ok", "textfile", f"{directory} is root:{user} {TEXTFILE_MODE:o}: serving-check writes there "
+                      "as " + user)
+            return
+        if found is None:
+            what, argv = "create", ["install", "-d", "-o", "root", "-g", user, "-m", f"{TEXTFILE_MODE:o}", directory]
+        elif found["dpkg"]:
+            what = "override (dpkg-statoverride)"
+            argv = ["sh", "-c", "dpkg-statoverride --list \"$1\" >/dev/null && dpkg-statoverride --remove \"$1\"; "
+                    "dpkg-statoverride --update --add root \"$2\" \"$3\" \"$1\"", "sh", directory, user,
+                    f"{TEXTFILE_MODE:o}"]
+        else:
+            what = "set"
+            argv = ["sh", "-c", 'chown root:"$2" "$1" && chmod "$3" "$1"', "sh", directory, user, f"{TEXTFILE_MODE:o}"]
+        if self.dry_run:
+            self.line("would", "textfile", f"{what} {directory} as root:{user} {TEXTFILE_MODE:o} (node_exporter's "
+                      f"textfile directory; serving-check writes there as {user})")
+            return
+        status, output = self._run(argv)
+        self.line("done" if status == 0 else "FAIL", "textfile",
+                  f"{what} {directory} as root:{user} {TEXTFILE_MODE:o}: serving-check writes there as {user}"
+                  if status == 0 else f"{directory}: {output.strip()[-200:]}")
 
     # --- 4. flatshare-ops on the node -----------------------------------------------------------------
 
@@ -352,13 +461,27 @@ class Bootstrap:
     # --- 5. the engine, 6. the module -------------------------------------------------------------------
 
     def _engine(self, facts: dict) -> None:
+        from ..check.vllm_release import same_release
+
         e = self.profile.engine
-        if facts["vllm"] == e.vllm_release:
-            self.line("ok", "engine venv", f"{e.venv} holds vLLM {e.vllm_release}")
+        if facts["vllm"] and same_release(facts["vllm"], e.vllm_release):
+            self.line("ok", "engine venv", f"{e.venv} holds vLLM {facts['vllm']} (release {e.vllm_release})")
         else:
             self.line("FAIL", "engine venv", f"{e.venv} holds vLLM {facts['vllm'] or 'nothing'}, the profile needs "
                       f"{e.vllm_release}: install it ({e.venv}/bin/pip install vllm=={e.vllm_release}), then build "
                       "make-room against it")
+        missing = facts.get("missing_libraries") or []
+        if missing:
+            packages = sorted({SYSTEM_LIBRARIES.get(name, "") for name in missing} - {""})
+            unknown = [name for name in missing if name not in SYSTEM_LIBRARIES]
+            how = (f"apt-get install {' '.join(packages)}" if packages else "") + \
+                (("; " if packages else "") + f"install the packages that provide {', '.join(unknown)} "
+                 "(apt-file search NAME)" if unknown else "")
+            self.line("FAIL", "engine libraries", f"vLLM in {e.venv} links against {', '.join(missing)}, which this "
+                      f"node lacks: {how}")
+        else:
+            self.line("ok", "engine libraries", f"every shared library vLLM's extension modules in {e.venv} link "
+                      "against is on the node (ldd)")
         if facts["model"]:
             self.line("ok", "model", f"{e.model} exists")
         else:
@@ -382,7 +505,7 @@ class Bootstrap:
         if self.dry_run:
             self.line("would", "module", f"run {shlex.join(m.build_command)} once and report the module's sha256")
             return
-        user = self.profile.layout.service_user if self.profile.layout.scope == "system" else None
+        user = service_user(self.profile)
         command = (["runuser", "-u", user, "--"] if user else []) + list(m.build_command)
         env = ["env", f"PYTHONPATH={m.directory}"]
         status, output = self._run([*env, *command], timeout_s=600)

@@ -6,12 +6,15 @@ So, before anything is drained, on the node itself:
 
 - the model path exists (when it is a path), and the speculative draft model's;
 - the serve module's build command exists and is executable;
-- in the node's own engine venv, with the engine's own environment (serving.json's
+- in the node's own engine venv, as the engine's user (serving.json's ``engine.user``: the unit's ``User=``,
+  when the switch runs as root; its home is made first if missing, as systemd's ``StateDirectory=`` makes
+  it at the engine's start), with the engine's own environment (serving.json's
   ``engine.environment``: the unit's ``Environment=``, ``PYTHONPATH`` included, and no ``VLLM_*`` or
   ``HF_*`` variable of the switch's own; ``HF_HUB_OFFLINE=1``, a node fetches nothing), what
   ``vllm serve`` runs before it touches the device:
   ``ENGINE_VENV/bin/python flatshare_ops/common/vllm_serve_parse.py preflight``: vLLM's own parser
   (which builds vLLM's config defaults, so a venv whose platform cannot be inferred is refused here),
+  vLLM's cache directory (``VLLM_CACHE_ROOT`` as vLLM resolves it: made and written as that user),
   ``AsyncEngineArgs.from_cli_args(args).create_engine_config()`` (the model's config.json: a
   ``--max-model-len`` above its positions, a draft model that is not there), vLLM's renderer (the
   tokenizer's files, which the API server reads before the engine core starts) and the import of
@@ -40,7 +43,7 @@ NOT_CHECKED = ("loading the weights", "the attention backend and kernels on the 
                "memory for the weights and the KV cache", "the serve module the start builds (the one "
                "built now is imported)")
 #: vLLM's stages (vllm_serve_parse.py preflight) as the plan names them.
-STAGES = {"parser": "vLLM's parser", "parse": "the command line", "validate": "vLLM's post-parse checks",
+STAGES = {"parser": "vLLM's parser", "cache": "vLLM's cache directory", "parse": "the command line", "validate": "vLLM's post-parse checks",
           "config": "the engine's configuration", "tokenizer": "the tokenizer",
           "scheduler": "the scheduler class"}
 #: The parse script, run by the engine venv's interpreter.
@@ -48,7 +51,7 @@ PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_p
 
 
 def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S, progress=None,
-                    mode: str = "parse", env: dict[str, str] | None = None) -> dict:
+                    mode: str = "parse", env: dict[str, str] | None = None, user: str | None = None) -> dict:
     """Parse ``vllm serve WORDS`` with the vLLM installed in ``venv`` (or run its preflight).
 
     Args:
@@ -59,6 +62,8 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
             takes several).
         mode: ``parse`` or ``preflight`` (vllm_serve_parse.py's modes).
         env: the script's environment (default: this process's, with ``VLLM_LOGGING_LEVEL=ERROR``).
+        user: run the script as this user, with its primary group and no other (as systemd runs a unit's
+            ``User=``); None runs it as this process's user.
 
     Returns:
         The script's result: ``{"ok": True, "namespace": {...}}`` or ``{"ok": False, "error": MESSAGE}``;
@@ -73,12 +78,23 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
     from ..common.poll import poll_until
 
     env = env if env is not None else {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
+    credentials = {}
+    if user is not None:
+        import pwd
+
+        try:
+            entry = pwd.getpwnam(user)
+        except KeyError:
+            return {"ok": False, "preflight": True, "error": f"the engine's user {user} does not exist on this node "
+                    "(flatshare node bootstrap makes it)"}
+        credentials = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": [], "cwd": "/"}
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
         try:
             process = subprocess.Popen([str(python), str(PARSE_SCRIPT), mode], stdin=subprocess.PIPE,
-                                       stdout=stdout, stderr=stderr, text=True, env=env)
+                                       stdout=stdout, stderr=stderr, text=True, env=env, **credentials)
         except OSError as err:
-            return {"ok": False, "preflight": True, "error": f"cannot run {python}: {err.strerror or err}"}
+            as_user = f" as {user}" if user else ""
+            return {"ok": False, "preflight": True, "error": f"cannot run {python}{as_user}: {err.strerror or err}"}
         try:
             process.stdin.write(json.dumps(words))
             process.stdin.close()
@@ -117,6 +133,35 @@ def engine_environment(serving: dict) -> dict[str, str]:
         own = {"PYTHONPATH": os.path.dirname(module)} if isinstance(module, str) else {}
     kept = {k: v for k, v in os.environ.items() if k != "PYTHONPATH" and not k.startswith(("VLLM_", "HF_"))}
     return {**kept, **{str(k): str(v) for k, v in own.items()}, "HF_HUB_OFFLINE": "1", "VLLM_LOGGING_LEVEL": "ERROR"}
+
+
+def engine_user(serving: dict) -> str | None:
+    """The user the preflight runs vLLM as: the engine unit's ``User=`` (serving.json ``engine.user``) when
+    this process may become it (it runs as root) and it is another user; None runs it as this process."""
+    user = serving.get("engine", {}).get("user")
+    if not isinstance(user, str) or not user or user == "root" or os.geteuid() != 0:
+        return None
+    return user
+
+
+def make_engine_home(serving: dict, user: str) -> str | None:
+    """Make the engine's ``HOME`` (serving.json's ``engine.environment``) when it is missing, owned by ``user``
+    with mode 0755: what systemd's ``StateDirectory=`` makes at the engine's start (systemd.exec(5)), made
+    now so that the preflight can run as the engine will. Returns why it could not, or None.
+    """
+    import pwd
+
+    home = (serving.get("engine", {}).get("environment") or {}).get("HOME")
+    if not isinstance(home, str) or not home.startswith("/") or os.path.lexists(home):
+        return None
+    try:
+        entry = pwd.getpwnam(user)
+        os.makedirs(os.path.dirname(home), mode=0o755, exist_ok=True)
+        os.mkdir(home, 0o755)
+        os.chown(home, entry.pw_uid, entry.pw_gid)
+    except (KeyError, OSError) as err:
+        return f"cannot make the engine's home {home} for {user}: {getattr(err, 'strerror', None) or err}"
+    return None
 
 
 @dataclass
@@ -181,7 +226,13 @@ def run(serving: dict, progress=None) -> Outcome:
     build = (serving.get("module") or {}).get("build_command") or []
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")
-    answer = parse_with_venv(venv, words, progress=progress, mode="preflight", env=engine_environment(serving))
+    user = engine_user(serving)
+    if user is not None:
+        made = make_engine_home(serving, user)
+        if made:
+            found.append(made)
+    answer = parse_with_venv(venv, words, progress=progress, mode="preflight", env=engine_environment(serving),
+                             user=user)
     outcome.checked = [STAGES.get(stage, stage) for stage in answer.get("checked", []) if stage in STAGES]
     if not answer.get("ok"):
         stage = answer.get("stage")
@@ -198,6 +249,9 @@ def run(serving: dict, progress=None) -> Outcome:
             found.append(f"vLLM {release} in {venv} rejects the engine's command line: {answer['error']}")
         elif stage == "config":
             found.append(f"vLLM {release} in {venv} refuses the engine's configuration: {answer['error']}")
+        elif stage == "cache":
+            found.append(f"vLLM {release} in {venv} cannot keep its caches as the engine's user "
+                         f"({user or 'this user'}): {answer['error']}")
         elif stage == "tokenizer":
             found.append(f"vLLM {release} in {venv} cannot load the tokenizer: {answer['error']}")
         elif stage == "scheduler":

@@ -195,6 +195,7 @@ def restart_engine(sw: Switch) -> None:
     before = _invocation(sw)
     sw.engine_stopped = True  # from here until its start job is queued, an early end starts it again
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
+    _old_engine_gone(sw, stop_s)
     from ..common.unit_output import output_mark
 
     sw.engine_output_mark = output_mark(sw.serving["layout"], ENGINE_UNIT)
@@ -223,6 +224,42 @@ def restart_engine(sw: Switch) -> None:
         raise _failed_start(sw, f"{url} did not answer 200 within the engine's start budget of {start_s:g} s "
                                 f"({heard})")
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
+
+
+def _old_engine_gone(sw: Switch, bound_s: float) -> None:
+    """Wait (within ``bound_s``) until none of the stopped engine's processes remain in its control group
+    (systemd's ``GetUnitProcesses``) and, on a node with ``nvidia-smi``, no process holds GPU memory: the new
+    engine starts on a free card (vLLM issue 55510; node/gpu.py).
+
+    Raises:
+        StepError: processes or GPU memory still held at the bound, named (pid, command line or MiB).
+    """
+    from ..common.poll import poll_until
+    from . import gpu
+
+    left: list = []
+
+    def cgroup_empty() -> bool:
+        left[:] = systemd.unit_processes(sw.ctx.address, ENGINE_UNIT)
+        return not left
+
+    if poll_until(cgroup_empty, bound_s, 0.1, sw.progress(f"the old engine's processes to end", bound_s)) is None:
+        named = "; ".join(f"pid {pid} {cmd[:80]}" for pid, cmd in left[:4])
+        raise StepError(f"{ENGINE_UNIT}: {len(left)} of the stopped engine's processes remain after {bound_s:g} s "
+                        f"({named}); the new engine is not started on their memory")
+    try:
+        if gpu.compute_processes() is None:
+            sw.out.line("  GPU memory: not checked (no nvidia-smi on this node)")
+            return
+        if poll_until(lambda: not gpu.compute_processes(), bound_s, 0.5,
+                      sw.progress("the GPU's memory to be free", bound_s)) is None:
+            held = gpu.compute_processes() or []
+            named = ", ".join(f"pid {pid} {mib} MiB" for pid, mib in held[:4])
+            raise StepError(f"the GPU's memory is still held after {bound_s:g} s ({named or 'by processes gone since'}); "
+                            "the new engine is not started: it would run out of memory")
+    except gpu.GpuUnreadable as err:
+        raise StepError(f"the GPU's memory cannot be read: {err}") from None
+    sw.out.line("  GPU memory: free (nvidia-smi lists no compute process)")
 
 
 #: How often the start's wait asks systemd whether the engine's process is still the one started (seconds).

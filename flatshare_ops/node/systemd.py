@@ -385,6 +385,30 @@ def unit_path(address: ManagerAddress, timeout_s: float = SYSTEMD_TIMEOUT_S) -> 
     return _in_child(address, lambda bus: manager_property(bus, "UnitPath"), timeout_s, "UnitPath", wrappers=False)
 
 
+def unit_processes(address: ManagerAddress, unit: str, timeout_s: float = SYSTEMD_TIMEOUT_S) -> list[tuple[int, str]]:
+    """The processes in a unit's control group, as systemd lists them (``GetUnitProcesses``,
+    org.freedesktop.systemd1(5): ``a(sus)``, control group path, pid, command line): none once it stopped.
+
+    Returns:
+        ``[(pid, command line), ...]``; empty for a unit that runs nothing or is not loaded.
+
+    Raises:
+        SystemdError: no answer within ``timeout_s``.
+    """
+    def work(bus):
+        apply_signature = dbuslib().apply_signature
+        try:
+            found = bus.raw.call_method(b"org.freedesktop.systemd1", _MANAGER_PATH, _MANAGER_IFACE,
+                                        b"GetUnitProcesses", apply_signature(b"s", [unit.encode()])).body
+        except Exception as err:  # noqa: BLE001 - pystemd's DBusError: the unit is not loaded, so it runs nothing
+            if b"NoSuchUnit" in str(err).encode() or "not loaded" in str(err):
+                return []
+            raise
+        return [(int(pid), _text(cmdline)) for _cgroup, pid, cmdline in (found[0] if found else [])]
+
+    return _in_child(address, work, timeout_s, f"processes of {unit}", wrappers=False)
+
+
 def reload(address: ManagerAddress, timeout_s: float = 60.0) -> None:
     """``daemon-reload``, bounded.
 

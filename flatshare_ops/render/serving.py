@@ -12,7 +12,7 @@ from ..common.hashing import sha256_text
 from ..common.units import ENGINE_UNIT, SERVICE_UNITS
 from ..config.profile import LoadedProfile
 from .engine import engine_argv
-from .units import drain_file, drain_status_file, engine_environment, engine_url
+from .units import drain_file, drain_status_file, engine_environment, engine_url, service_user
 
 SERVING_SCHEMA = 1
 
@@ -39,6 +39,7 @@ def render_serving(loaded: LoadedProfile, units: dict[str, str]) -> str:
             "url": engine_url(profile),
             "venv": profile.engine.venv,
             "environment": engine_environment(profile),
+            "user": service_user(profile),
             "start_timeout_s": profile.engine.start_timeout_s,
             "stop_timeout_s": profile.engine.stop_timeout_s,
         },

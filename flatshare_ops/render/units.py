@@ -61,11 +61,46 @@ def check_argv(profile: Profile) -> list[str]:
     return [*profile.check.command, "--state-dir", profile.layout.state_dir]
 
 
+#: The engine's home, below the node's state directory (:func:`engine_home`).
+ENGINE_HOME_NAME = "engine"
+
+
+def engine_home(profile: Profile) -> str:
+    """The engine's ``HOME`` on a node: ``STATE_DIR/engine`` (``/var/lib/flatshare/engine`` in production).
+
+    vLLM keeps its caches under ``$HOME/.cache/vllm`` (``VLLM_CACHE_ROOT``'s default, vllm/envs.py), its
+    compile cache among them: what makes a restart with torch.compile fast. The service user made by
+    bootstrap has no home of its own (``useradd --system --no-create-home``), and vLLM 0.32.0's engine
+    core fails at start without a writable one (docs/reference/systemd.md, "The engine's home").
+    """
+    return str(PurePosixPath(profile.layout.state_dir) / ENGINE_HOME_NAME)
+
+
+def engine_state_directory(profile: Profile) -> str | None:
+    """The engine unit's ``StateDirectory=`` (relative to ``/var/lib``), or None.
+
+    Only the system manager's state root is ``/var/lib`` (systemd.exec(5), ``StateDirectory=``): a
+    system-scope node whose state directory lies below it gets the engine's home made by systemd at every
+    start, owned by the unit's ``User=``, and kept across restarts and reboots. Elsewhere bootstrap makes it.
+    """
+    home = PurePosixPath(engine_home(profile))
+    if profile.layout.scope != "system" or not home.is_relative_to("/var/lib"):
+        return None
+    return str(home.relative_to("/var/lib"))
+
+
+def service_user(profile: Profile) -> str | None:
+    """The services' ``User=``: the layout's service user on a system-scope node, else None (the manager's)."""
+    return profile.layout.service_user if profile.layout.scope == "system" else None
+
+
 def engine_environment(profile: Profile) -> dict[str, str]:
-    """The engine unit's ``Environment=``: the profile's ``engine.environment`` and ``PYTHONPATH`` (the serve
-    module's directory, where ``--scheduler-cls`` is imported from), sorted by name. serving.json carries
-    it, so the node's preflight runs vLLM with the environment the engine will have."""
-    return dict(sorted({**profile.engine.environment, "PYTHONPATH": profile.module.directory}.items()))
+    """The engine unit's ``Environment=``: ``HOME`` (:func:`engine_home`, unless the profile sets one), the
+    profile's ``engine.environment`` and ``PYTHONPATH`` (the serve module's directory, where ``--scheduler-cls``
+    is imported from), sorted by name. serving.json carries it, so the node's preflight runs vLLM with the
+    environment the engine will have."""
+    return dict(sorted({"HOME": engine_home(profile), **profile.engine.environment,
+                        "PYTHONPATH": profile.module.directory}.items()))
 
 
 def _context(profile: Profile) -> dict:
@@ -83,7 +118,7 @@ def _context(profile: Profile) -> dict:
         (VOICE_DRAIN_VARIABLE, drain_file(profile)),
         (VOICE_STATUS_VARIABLE, drain_status_file(profile)),
     ]
-    user = profile.layout.service_user if profile.layout.scope == "system" else None
+    user = service_user(profile)
     return {
         "profile": profile,
         "scope": profile.layout.scope,
@@ -92,6 +127,7 @@ def _context(profile: Profile) -> dict:
         "gateway_env": gateway_env,
         "voice_env": voice_env,
         "engine_argv": engine_argv(engine),
+        "engine_state_directory": engine_state_directory(profile),
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
         "check_argv": check_argv(profile),

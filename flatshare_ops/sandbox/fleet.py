@@ -848,9 +848,18 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
 
 
 def _models(base: Path, sandbox_nodes: list[SandboxNode], echo) -> Path | None:
-    """The tiny model, made once per sandbox (``BASE/models/tiny-llama``) when a node runs the real engine."""
+    """The tiny model (:func:`tiny_model`) when a node runs the real engine, else None."""
     if not any(n.engine == "vllm" for n in sandbox_nodes):
         return None
+    return tiny_model(base, echo)
+
+
+def tiny_model(base: Path, echo=print) -> Path:
+    """The tiny model, made once per sandbox (``BASE/models/tiny-llama``) by the real engine venv's Python.
+
+    Raises:
+        SandboxError: making it failed.
+    """
     made = base / "models" / node_profile.TINY_MODEL
     if not (made / "model.safetensors").is_file():
         python = node_profile.engine_venv() / "bin/python"
