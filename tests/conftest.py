@@ -90,7 +90,7 @@ def user_manager(tmp_path_factory):
 # they start) goes first and keeps one process for the whole run; the other processes share the rest.
 
 GROUP_SECONDS = {
-    "test_real_engine": 360,
+    "test_machines": 420, "test_real_engine": 360,
     "test_fleet_safety": 170, "test_node_state": 170, "test_node_state_damaged_logs": 130,
     "test_fleet_safety_signals": 165, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
     "test_fleet_safety_sessions": 150, "test_release": 100, "test_production_path_runbook": 90,
@@ -178,7 +178,7 @@ BLOCKS = {
     13: "test_variants", 17: "test_production_path", 19: "test_production_path", 21: "test_production_path",
     51: "test_node_state", 59: "test_node_state", 61: "test_fleet_safety", 71: "test_real_engine", 73: "test_traffic",
     76: "test_monitoring", 79: "test_lock", 80: "test_leftovers", 81: "test_node_damage", 82: "test_canary",
-    83: "test_rollout_strategy",
+    83: "test_rollout_strategy", 84: "test_machines",
 }
 LANES = Path("/tmp/flatshare-test-lanes")
 _lane: list = []  # [lane number, its open lock file], once taken

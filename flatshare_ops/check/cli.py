@@ -30,6 +30,16 @@ class _Parser(argparse.ArgumentParser):
         sys.exit(3)
 
 
+class _Version(argparse.Action):
+    """``-V/--version``: the version, exit 3 (UNKNOWN), as the monitoring-plugins guidelines ask of a plugin."""
+
+    def __call__(self, parser, namespace, values, option_string=None):
+        from .. import version
+
+        print(f"serving-check (flatshare-ops {version()})")
+        sys.exit(3)
+
+
 def _seconds(text: str) -> float:
     """--deadline: a finite number of seconds above 0, at most an hour (the check runs every minute)."""
     try:
@@ -65,6 +75,7 @@ def _parser() -> argparse.ArgumentParser:
     parser.add_argument("--deadline", type=_seconds, default=10.0, metavar="SECONDS",
                         help="the whole run's bound (default 10 s): past it, what was checked is reported, "
                              "with an UNKNOWN finding naming the bound")
+    parser.add_argument("-V", "--version", action=_Version, nargs=0, help="print the version and exit (UNKNOWN, 3)")
     parser.add_argument("--node", action="append", default=[], metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--all", action="store_true", help=argparse.SUPPRESS)
     return parser

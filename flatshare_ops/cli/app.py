@@ -14,8 +14,23 @@ from typing import Annotated, Optional
 import typer
 
 app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
-                  rich_markup_mode=None,
+                  rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Render, release and check Flatshare's GPU serving fleet.")
+
+
+def _print_version(value: bool) -> None:
+    if value:
+        from .. import version
+        from ..common.protocol import GENERATION, VERSION
+
+        typer.echo(f"flatshare {version()} (bundle protocol {VERSION}, switcher generation {GENERATION})")
+        raise typer.Exit(0)
+
+
+@app.callback()
+def _top(version: Annotated[bool, typer.Option("--version", "-V", is_eager=True, callback=_print_version,
+                                               help="Print flatshare-ops' version and exit.")] = False) -> None:
+    """Render, release and check Flatshare's GPU serving fleet."""
 
 RootOption = Annotated[Path, typer.Option("--root", help="The checkout's top directory.")]
 ProfileOption = Annotated[

@@ -33,7 +33,8 @@ preflight
     "config" runs AsyncEngineArgs.from_cli_args(args).create_engine_config(usage_context=
     OPENAI_API_SERVER), as vllm/entrypoints/launchers/api_server/entry.py does at start (the model's
     config.json is read: --max-model-len above its positions, a speculative draft model that is not
-    there); "tokenizer" builds vLLM's renderer (the tokenizer's files, read by the API server before the
+    there); "model" reads the permissions of a local model directory's files (the weights themselves are read
+    by the engine core, on the device); "tokenizer" builds vLLM's renderer (the tokenizer's files, read by the API server before the
     engine core starts) and reads the generation config; "scheduler" imports --scheduler-cls as the engine core does
     (vllm_config.scheduler_config.get_scheduler_cls()). `checked` names the stages passed.
 options
@@ -634,6 +635,11 @@ def preflight(words: list[str]) -> dict:
     except Exception as e:  # noqa: BLE001 - pydantic's ValidationError, ValueError, RuntimeError, ...
         return failed(f"{type(e).__name__}: {_first_lines(str(e))}")
     passed()
+    stage = "model"
+    problem = _unreadable_model_files(config.model_config.model)
+    if problem:
+        return failed(problem)
+    passed()
     stage = "tokenizer"
     try:
         from vllm.renderers import renderer_from_config
@@ -651,6 +657,25 @@ def preflight(words: list[str]) -> dict:
         return failed(f"{type(e).__name__}: {e}")
     passed()
     return {"ok": True, "checked": checked, "seconds": seconds, "release": release[0]}
+
+
+def _unreadable_model_files(model: str) -> str | None:
+    """The first files of a local model directory this process cannot read (the weights are read only after
+    the engine core starts, on the device), or None. A hub name (not a directory) is vLLM's to resolve."""
+    import os
+    import pwd
+
+    if not os.path.isdir(model):
+        return None
+    unreadable = []
+    for path, dirs, files in os.walk(model):
+        unreadable += [os.path.join(path, f) for f in sorted(files) if not os.access(os.path.join(path, f), os.R_OK)]
+        unreadable += [os.path.join(path, d) for d in sorted(dirs) if not os.access(os.path.join(path, d), os.R_OK | os.X_OK)]
+    if not unreadable:
+        return None
+    who = pwd.getpwuid(os.geteuid()).pw_name
+    return (f"{len(unreadable)} of the model's files cannot be read by {who}: {', '.join(unreadable[:3])}"
+            f"{' ...' if len(unreadable) > 3 else ''} (make them readable: chmod -R a+rX {model})")
 
 
 def _unwritable_cache_root() -> str | None:

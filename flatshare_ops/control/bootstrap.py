@@ -147,6 +147,8 @@ print(json.dumps({
     "missing_libraries": missing_libraries(want["venv"]),
     "textfile": directory(want["textfile"]) if want["textfile"] else None,
     "journal_group": group_exists("systemd-journal"),
+    "compilers": [c for c in ("cc", "gcc", "g++") if __import__("shutil").which(c)],
+    "python_headers": os.path.isfile(os.path.join(__import__("sysconfig").get_paths()["include"], "Python.h")),
 }))
 """
 
@@ -482,6 +484,18 @@ class Bootstrap:
         else:
             self.line("ok", "engine libraries", f"every shared library vLLM's extension modules in {e.venv} link "
                       "against is on the node (ldd)")
+        if not e.enforce_eager:
+            # torch.compile builds kernels when the engine starts: Triton compiles its launcher with the C compiler
+            # on a GPU, inductor's C++ backend needs g++ on a CPU; both include Python.h.
+            missing = ([] if facts.get("compilers") else ["gcc", "g++"]) + \
+                ([] if facts.get("python_headers") else ["python3-dev"])
+            if missing:
+                self.line("FAIL", "compiler", "engine.enforce_eager = false: torch.compile builds kernels at the "
+                          "engine's start with the C compiler and Python's headers, which the node lacks: "
+                          f"apt-get install {' '.join(missing)}")
+            else:
+                self.line("ok", "compiler", f"{', '.join(facts['compilers'])} and Python.h for torch.compile "
+                          "(engine.enforce_eager = false) at the engine's start")
         if facts["model"]:
             self.line("ok", "model", f"{e.model} exists")
         else:

@@ -326,6 +326,11 @@ def _run(switcher: Path | None, argv: list[str]) -> None:
 def main() -> None:
     """Console-script entry point (``flatshare-node COMMAND --node ... --state-dir ...``)."""
     argv = sys.argv[1:]
+    if argv[:1] in (["--version"], ["-V"]):
+        from flatshare_ops import version
+
+        print(f"flatshare-node {version()} (bundle protocol {PROTOCOL}, oldest switcher generation {OLDEST_GENERATION})")
+        sys.exit(0)
     state_dir = _option(argv, "--state-dir")
     releases = Path(state_dir) / "releases" if state_dir else None
     if not argv or argv[0] != "switch" or releases is None or _option(argv, "--rollback") is not None \

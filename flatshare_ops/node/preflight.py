@@ -44,7 +44,7 @@ NOT_CHECKED = ("loading the weights", "the attention backend and kernels on the 
                "built now is imported)")
 #: vLLM's stages (vllm_serve_parse.py preflight) as the plan names them.
 STAGES = {"parser": "vLLM's parser", "cache": "vLLM's cache directory", "parse": "the command line", "validate": "vLLM's post-parse checks",
-          "config": "the engine's configuration", "tokenizer": "the tokenizer",
+          "config": "the engine's configuration", "model": "the model's files", "tokenizer": "the tokenizer",
           "scheduler": "the scheduler class"}
 #: The parse script, run by the engine venv's interpreter.
 PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
@@ -88,9 +88,17 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
             return {"ok": False, "preflight": True, "error": f"the engine's user {user} does not exist on this node "
                     "(flatshare node bootstrap makes it)"}
         credentials = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": [], "cwd": "/"}
-    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr:
+    with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr, \
+            tempfile.TemporaryDirectory(prefix="flatshare-preflight-") as scratch:
+        script = PARSE_SCRIPT
+        if credentials:  # the shipped switcher's directory is root's alone (0700): the user gets a copy of its own
+            import shutil
+
+            script = Path(scratch) / PARSE_SCRIPT.name
+            shutil.copyfile(PARSE_SCRIPT, script)
+            os.chown(scratch, credentials["user"], credentials["group"])
         try:
-            process = subprocess.Popen([str(python), str(PARSE_SCRIPT), mode], stdin=subprocess.PIPE,
+            process = subprocess.Popen([str(python), str(script), mode], stdin=subprocess.PIPE,
                                        stdout=stdout, stderr=stderr, text=True, env=env, **credentials)
         except OSError as err:
             as_user = f" as {user}" if user else ""
@@ -249,6 +257,8 @@ def run(serving: dict, progress=None) -> Outcome:
             found.append(f"vLLM {release} in {venv} rejects the engine's command line: {answer['error']}")
         elif stage == "config":
             found.append(f"vLLM {release} in {venv} refuses the engine's configuration: {answer['error']}")
+        elif stage == "model":
+            found.append(f"the engine's user ({user or 'this user'}) cannot read the model: {answer['error']}")
         elif stage == "cache":
             found.append(f"vLLM {release} in {venv} cannot keep its caches as the engine's user "
                          f"({user or 'this user'}): {answer['error']}")

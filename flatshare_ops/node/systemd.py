@@ -404,7 +404,7 @@ def unit_processes(address: ManagerAddress, unit: str, timeout_s: float = SYSTEM
             if b"NoSuchUnit" in str(err).encode() or "not loaded" in str(err):
                 return []
             raise
-        return [(int(pid), _text(cmdline)) for _cgroup, pid, cmdline in (found[0] if found else [])]
+        return [(int(pid), str(_text(cmdline))) for _cgroup, pid, cmdline in found]
 
     return _in_child(address, work, timeout_s, f"processes of {unit}", wrappers=False)
 

@@ -861,7 +861,10 @@ def tiny_model(base: Path, echo=print) -> Path:
         SandboxError: making it failed.
     """
     made = base / "models" / node_profile.TINY_MODEL
-    if not (made / "model.safetensors").is_file():
+    weights = made / "model.safetensors"
+    if weights.is_file() and weights.stat().st_mode & 0o004 == 0:
+        weights.chmod(0o644)  # made 0600 by an earlier flatshare-ops: the machines' engine runs as the service user
+    if not weights.is_file():
         python = node_profile.engine_venv() / "bin/python"
         script = Path(__file__).with_name("tiny_model.py")
         echo(f"making the tiny model {made} (random weights, a word-level tokenizer: nothing downloaded)")

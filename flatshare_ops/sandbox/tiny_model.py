@@ -41,6 +41,8 @@ def write(out: Path) -> None:
                          bos_token_id=1, eos_token_id=2, torch_dtype="bfloat16")
     torch.manual_seed(0)
     LlamaForCausalLM(config).to(torch.bfloat16).save_pretrained(scratch, safe_serialization=True)
+    for path in scratch.iterdir():  # safetensors writes 0600: the engine runs as the service user
+        path.chmod(0o644)
     shutil.rmtree(out, ignore_errors=True)
     os.replace(scratch, out)
 

@@ -1,0 +1,253 @@
+"""Cyan and peacock as real Debian 12 machines (systemd as PID 1, journald, the service user, a real reboot),
+taken through PRODUCTION.md's runbook from nothing with vLLM 0.32.0's real engine (issue 32).
+
+The machines (``flatshare sandbox up --machines``) hold step 1 of the runbook and nothing more; everything
+else is the tool's, through SSH, as on a production node: doctor, bootstrap with the host key, pin-module,
+the first releases, serving-check from its own timer (its textfile scraped by Debian's node_exporter), a
+reboot during calls, a make-room release and ``rollback --all``. Truth is read inside the machines
+(``nsenter``: systemctl, journalctl, /proc, the files) and from node_exporter, never from what the tool says.
+
+The tests share one pair of machines and run in order; each leaves them serving. CI runs the tier
+(``make test``); ``-m "not machines"`` skips it.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import subprocess
+import urllib.request
+from pathlib import Path
+
+import pytest
+
+from conftest import REPO, calls_to, copy_checkout, loopback_pair, run_cli, without_canaries
+from flatshare_ops.common.poll import poll_until
+from flatshare_ops.sandbox import machines
+from flatshare_ops.sandbox.node_profile import module_pin
+
+pytestmark = pytest.mark.machines
+
+ADDRESSES = loopback_pair(84)
+ENGINE = "flatshare-engine.service"
+#: A release of real engines on 2 CPUs beside the rest of the suite (seconds).
+CLI_TIMEOUT_S = 900
+
+
+class Machines:
+    """The scratch checkout, the machines' directory and helpers that look inside a machine."""
+
+    def __init__(self, checkout: Path, base: Path) -> None:
+        self.checkout, self.base, self.inventory = checkout, base, base / "fleet.toml"
+
+    def cli(self, *args: str, timeout: float = CLI_TIMEOUT_S) -> subprocess.CompletedProcess:
+        return run_cli(*args, "--inventory", str(self.inventory), timeout=timeout)
+
+    def release(self, *args: str) -> subprocess.CompletedProcess:
+        return self.cli("release", "--root", str(self.checkout), *args)
+
+    def machine(self, name: str) -> machines.Machine:
+        return machines.Machine(name, ADDRESSES[name], self.base)
+
+    def run(self, name: str, *argv: str, timeout: float = 60) -> subprocess.CompletedProcess:
+        """``argv`` inside the machine, as its root."""
+        keeper = json.loads((self.base / "machines.json").read_text())["machines"][name]["keeper_pid"]
+        return machines.run_in(self.machine(name), keeper, list(argv), timeout)
+
+    def file(self, name: str, path: str) -> Path:
+        return self.machine(name).root / path.lstrip("/")
+
+    def current(self, name: str) -> str:
+        return self.file(name, "/var/lib/flatshare/releases/current").readlink().name
+
+    def history(self, name: str) -> list[dict]:
+        text = self.file(name, "/var/lib/flatshare/releases/history.jsonl").read_text()
+        return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+    def show(self, name: str, unit: str, *props: str) -> dict[str, str]:
+        done = self.run(name, "systemctl", "show", *(f"--property={p}" for p in props), unit)
+        return dict(line.split("=", 1) for line in done.stdout.splitlines() if "=" in line)
+
+    def health(self, name: str, port: int = 8000) -> int:
+        try:
+            with urllib.request.urlopen(f"http://{ADDRESSES[name]}:{port}/health", timeout=5) as answer:
+                return answer.status
+        except OSError:
+            return 0
+
+    def set_hold(self, node: str, value: int) -> None:
+        profile = self.base / node / "profile.toml"
+        done = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(value), "--profile",
+                       str(profile), "--root", str(self.checkout))
+        assert done.returncode == 0, done.stdout + done.stderr
+
+
+@pytest.fixture(scope="module")
+def fleet(tmp_path_factory):
+    """Two fresh machines: step 1 of the runbook only (no flatshare-ops, no service user, no units)."""
+    scratch = tmp_path_factory.mktemp("machines")
+    checkout = copy_checkout(REPO, scratch / "checkout")
+    base = scratch / "m"
+    try:
+        machines.up(base, REPO, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
+        without_canaries(base)  # the canary's analysis has its own tests (test_canary, test_real_engine)
+        yield Machines(checkout, base)
+    finally:
+        machines.down(base, echo=lambda _l: None)
+
+
+def _fingerprint(pub: Path) -> str:
+    """SHA256:... of an OpenSSH public key file, as ssh-keygen -lf prints it (the node's console, runbook step 3)."""
+    done = subprocess.run(["ssh-keygen", "-lf", str(pub)], capture_output=True, text=True, check=True)
+    return done.stdout.split()[1]
+
+
+def test_the_runbook_takes_two_fresh_debian_machines_to_serving_as_the_service_user(fleet):
+    # 2. doctor: the machines' keys are not known yet.
+    doctor = fleet.cli("doctor")
+    assert re.search(r"FAIL\s+cyan known_hosts", doctor.stdout), doctor.stdout
+    for name in ("cyan", "peacock"):
+        # 3. the dry run shows the key and stops (exit 3), with the fingerprint the machine's own file has.
+        fingerprint = _fingerprint(fleet.machine(name).host_key)
+        dry = fleet.cli("node", "bootstrap", "--node", name, "--dry-run")
+        assert dry.returncode == 3 and fingerprint in dry.stdout, dry.stdout + dry.stderr
+        # 4. bootstrap, accepting that key.
+        done = fleet.cli("node", "bootstrap", "--node", name, "--accept-host-key", fingerprint)
+        assert done.returncode == 0, done.stdout + done.stderr
+        assert fleet.run(name, "id", "-u", "flatshare").returncode == 0
+    # 5. pin the module the node built: the sha256 of the file in the machine, computed here.
+    built = fleet.file("cyan", "/var/lib/flatshare/module/flatshare_make_room_serve.py").read_bytes()
+    assert hashlib.sha256(built).hexdigest() == module_pin("vllm")
+    for name in ("cyan", "peacock"):  # the profile the inventory names for the node is the one pinned
+        pinned = run_cli("profiles", "pin-module", "--from-node", name, "--inventory", str(fleet.inventory),
+                         "--root", str(fleet.checkout))
+        assert pinned.returncode == 0, pinned.stdout + pinned.stderr
+        assert f'sha256 = "{module_pin("vllm")}"' in (fleet.base / name / "profile.toml").read_text()
+    # 6. the first releases (the rollout's node by node, no analysis: without_canaries).
+    released = fleet.release("--all")
+    assert released.returncode == 0, released.stdout[-3000:] + released.stderr[-3000:]
+    for name in ("cyan", "peacock"):
+        state = fleet.show(name, ENGINE, "ActiveState", "MainPID", "User", "StateDirectory", "Environment",
+                           "KillMode", "UnitFileState")
+        assert state["ActiveState"] == "active" and state["User"] == "flatshare", state
+        assert state["StateDirectory"] == "flatshare/engine" and state["KillMode"] == "control-group", state
+        assert "HOME=/var/lib/flatshare/engine" in state["Environment"].split(), state
+        # The engine runs as flatshare (the kernel's view), and keeps vLLM's caches in its home.
+        uid = fleet.run(name, "id", "-u", "flatshare").stdout.strip()
+        status = fleet.run(name, "cat", f"/proc/{state['MainPID']}/status").stdout
+        assert re.search(rf"^Uid:\s+{uid}\s", status, re.M), status
+        cache = fleet.file(name, "/var/lib/flatshare/engine/.cache/vllm")
+        assert cache.is_dir() and str(cache.stat().st_uid) == uid
+        assert any((cache / "torch_compile_cache").rglob("*")), "torch.compile kept nothing in the engine's home"
+        journal = fleet.run(name, "journalctl", "--unit", ENGINE, "--no-pager", "-o", "cat").stdout
+        assert "Error saving model info cache" not in journal and "Permission denied" not in journal
+        assert "PermissionError" not in journal
+        # 7. check: OK over SSH.
+        check = fleet.cli("check", "--node", name)
+        assert check.returncode == 0, check.stdout + check.stderr
+    assert fleet.show("cyan", "flatshare.target", "UnitFileState")["UnitFileState"] == "enabled"
+
+
+def _scrape(name: str) -> dict[str, float]:
+    with urllib.request.urlopen(f"http://{ADDRESSES[name]}:{machines.NODE_EXPORTER_PORT}/metrics", timeout=10) as r:
+        text = r.read().decode()
+    found = {}
+    for line in text.splitlines():
+        if line and not line.startswith("#"):
+            key, _, value = line.rpartition(" ")
+            found[key] = float(value)
+    return found
+
+
+def test_serving_check_from_its_timer_writes_the_textfile_node_exporter_reads_and_reads_the_journal(fleet):
+    for name in ("cyan", "peacock"):
+        textfile = fleet.file(name, "/var/lib/prometheus/node-exporter/serving_check.prom")
+        since = textfile.stat().st_mtime if textfile.exists() else 0.0
+        # The timer runs serving-check.service every 60 s, as the service user (nothing is started by hand).
+        assert poll_until(lambda: textfile.exists() and textfile.stat().st_mtime > since, 150, 1.0), \
+            fleet.run(name, "systemctl", "status", "serving-check.service", "--no-pager").stdout
+        uid = fleet.run(name, "id", "-u", "flatshare").stdout.strip()
+        assert str(textfile.stat().st_uid) == uid  # written by serving-check as flatshare, not by root
+        metrics = _scrape(name)
+        assert metrics["node_textfile_scrape_error"] == 0
+        statuses = {k: v for k, v in metrics.items() if k.startswith("flatshare_serving_check_status{")}
+        assert statuses and set(statuses.values()) == {0.0}, statuses
+        # The turn count comes from the engine's lines in the journal (real vLLM has no make-room counter):
+        # OK means the check's user read them.
+        assert metrics[f'flatshare_serving_check_status{{check="turn_hints",node="{name}"}}'] == 0
+        last = fleet.show(name, "serving-check.service", "Result", "ExecMainStatus")
+        assert last == {"Result": "success", "ExecMainStatus": "0"}, last
+
+
+def _served(name: str) -> float:
+    """Requests the node's engine finished since it started (vLLM's own ``vllm:request_success_total``), 0 when
+    it does not answer."""
+    try:
+        with urllib.request.urlopen(f"http://{ADDRESSES[name]}:8000/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return 0.0
+    return sum(float(line.rsplit(" ", 1)[1]) for line in text.splitlines()
+               if line.startswith("vllm:request_success_total{"))
+
+
+def test_a_reboot_of_cyan_during_calls_is_a_real_one_and_it_serves_again_by_itself(fleet):
+    keeper = json.loads((fleet.base / "machines.json").read_text())["machines"]["cyan"]["keeper_pid"]
+    pid1 = machines.init_pid(keeper)  # the machine's PID 1, as this machine numbers it: a new one after a reboot
+    invocation = fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"]
+    served = _served("cyan")
+    with calls_to(ADDRESSES, [(("cyan", "peacock"), 2)], tokens=16, timeout_s=120, join_s=180, pause_s=0.3) as reports:
+        assert poll_until(lambda: _served("cyan") > served, 60, 0.2)  # the calls reach cyan's engine
+        machines.reboot(fleet.base, "cyan", echo=lambda _l: None)
+        assert poll_until(lambda: fleet.health("cyan") == 200 and fleet.health("cyan", 8080) == 200, 300, 1.0)
+        assert poll_until(lambda: _served("cyan") > 0, 120, 0.5)  # the new boot's engine answers calls again
+    bad = [r.line() for r in reports if not r.ended_well()]
+    assert reports and not bad, bad
+    # Calls that dialled cyan while it was down were answered by peacock.
+    assert any(r.gateway == "peacock" and any(a["gateway"] == "cyan" for a in r.attempts) for r in reports)
+    assert machines.init_pid(keeper) not in (None, pid1)  # systemd-nspawn booted the machine again
+    assert fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"] != invocation  # started by the new boot
+    # production's torch.compile found its compile cache in the engine's home after the reboot
+    boot = fleet.run("cyan", "journalctl", "--boot", "--unit", ENGINE, "--no-pager", "-o", "cat").stdout
+    assert "from the cache" in boot and "Directly load the compiled graph" in boot, boot[-3000:]
+    check = fleet.cli("check", "--node", "cyan")
+    assert check.returncode == 0, check.stdout + check.stderr
+
+
+def test_the_preflight_runs_as_the_engines_user_and_refuses_a_cache_it_cannot_write_before_any_drain(fleet):
+    cache = "/var/lib/flatshare/engine/.cache/vllm"
+    invocation = fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"]
+    assert fleet.run("cyan", "chown", "root:root", cache).returncode == 0
+    fleet.set_hold("cyan", 7)
+    try:
+        refused = fleet.release("--node", "cyan")
+        assert refused.returncode == 3, refused.stdout[-2000:] + refused.stderr[-2000:]
+        assert fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"] == invocation  # nothing restarted
+        assert fleet.health("cyan", 8080) == 200  # never drained
+    finally:
+        fleet.run("cyan", "chown", "-R", "flatshare:flatshare", cache)
+        fleet.set_hold("cyan", 48)
+
+
+def test_a_make_room_release_and_rollback_all_on_the_machines(fleet):
+    before = {name: fleet.current(name) for name in ("cyan", "peacock")}
+    for name in ("cyan", "peacock"):
+        fleet.set_hold(name, 0)
+    released = fleet.release("--all")
+    assert released.returncode == 0, released.stdout[-3000:] + released.stderr[-3000:]
+    for name in ("cyan", "peacock"):
+        assert fleet.current(name) != before[name]
+        pid = fleet.show(name, ENGINE, "MainPID")["MainPID"]
+        argv = fleet.run(name, "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
+        assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "0"
+    rolled = fleet.cli("rollback", "--all", "--root", str(fleet.checkout))
+    assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr[-3000:]
+    for name in ("cyan", "peacock"):
+        assert fleet.current(name) == before[name]
+        assert fleet.history(name)[-1]["result"] == "rolled back"
+        pid = fleet.show(name, ENGINE, "MainPID")["MainPID"]
+        argv = fleet.run(name, "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
+        assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "48"
+    for name in ("cyan", "peacock"):
+        fleet.set_hold(name, 48)

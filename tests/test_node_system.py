@@ -1,0 +1,107 @@
+"""What the engine needs from a node's system, checked without a fleet: the shared libraries vLLM links against
+(bootstrap, with the node's own ldd), the GPU's memory (nvidia-smi, a stand-in: there is no GPU here), and the
+processes left in a stopped unit's control group (a real systemd user manager). The machines tier
+(test_machines.py) runs the same paths on real Debian machines."""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+
+from flatshare_ops.control.bootstrap import FACTS, textfile_directory
+from flatshare_ops.common.poll import poll_until
+from flatshare_ops.node import gpu
+from flatshare_ops.node.systemd import ManagerAddress, job, properties, reload, unit_processes
+
+
+def _facts(venv: Path) -> dict:
+    want = {"dirs": [], "model": "x", "venv": str(venv), "build": "/nonexistent", "module": "/nonexistent",
+            "user": None, "ops": "/nonexistent", "textfile": None}
+    done = subprocess.run([sys.executable, "-c", FACTS, json.dumps(want)], capture_output=True, text=True, check=True)
+    return json.loads(done.stdout)
+
+
+def test_bootstrap_names_a_shared_library_vllms_extension_links_against_that_the_node_lacks(tmp_path):
+    # A library the system lacks (made, linked against, then removed) and one the venv itself carries (as
+    # torch/lib carries libc10.so, which ldd alone cannot find): only the first is the node's to install.
+    libs = tmp_path / "libs"
+    libs.mkdir()
+    site = tmp_path / "venv/lib/python3.11/site-packages"
+    (site / "torch/lib").mkdir(parents=True)
+    (site / "vllm").mkdir(parents=True)
+    stub = tmp_path / "stub.c"
+    stub.write_text("int flatshare_stub(void) { return 1; }\n")
+    for name, where in (("libflatsharegone.so.1", libs), ("libflatsharevenv.so", site / "torch/lib")):
+        subprocess.run(["gcc", "-shared", "-fPIC", f"-Wl,-soname,{name}", "-o", str(where / name), str(stub)],
+                       check=True)
+    (libs / "libflatsharegone.so").symlink_to("libflatsharegone.so.1")
+    subprocess.run(["gcc", "-shared", "-fPIC", "-Wl,--no-as-needed", "-o", str(site / "vllm/_C.abi3.so"), str(stub), f"-L{libs}",
+                    f"-L{site / 'torch/lib'}", "-lflatsharegone", "-lflatsharevenv"], check=True)
+    for lib in libs.iterdir():
+        lib.unlink()
+    ldd = subprocess.run(["ldd", str(site / "vllm/_C.abi3.so")], capture_output=True, text=True).stdout
+    assert "libflatsharegone.so.1 => not found" in ldd and "libflatsharevenv.so => not found" in ldd  # ldd alone
+    assert _facts(tmp_path / "venv")["missing_libraries"] == ["libflatsharegone.so.1"]
+
+
+def test_bootstrap_finds_nothing_missing_in_the_real_engine_venv():
+    from flatshare_ops.sandbox.node_profile import engine_venv
+
+    if not (engine_venv() / ".complete").is_file():
+        pytest.skip(f"{engine_venv()} is not built (scripts/vllm-venvs.sh)")
+    assert _facts(engine_venv())["missing_libraries"] == []  # libnuma1 is installed here (scripts/setup.sh)
+
+
+def test_the_textfile_directory_is_read_from_serving_checks_command():
+    assert textfile_directory(["/x/serving-check", "--quiet", "--textfile", "/var/lib/prom"]) == "/var/lib/prom"
+    assert textfile_directory(["/x/serving-check", "--textfile=/d"]) == "/d"
+    assert textfile_directory(["/x/serving-check", "--quiet"]) is None
+
+
+def _nvidia_smi(tmp_path: Path, monkeypatch, script: str) -> None:
+    bin_dir = tmp_path / "bin"
+    bin_dir.mkdir(exist_ok=True)
+    (bin_dir / "nvidia-smi").write_text("#!/bin/sh\n" + script)
+    (bin_dir / "nvidia-smi").chmod(0o755)
+    monkeypatch.setenv("PATH", f"{bin_dir}:{os.environ['PATH']}")
+
+
+def test_gpu_memory_holders_as_nvidia_smi_lists_them(tmp_path, monkeypatch):
+    monkeypatch.setenv("PATH", "/nonexistent")
+    assert gpu.compute_processes() is None  # no nvidia-smi: nothing to ask (the switch says "not checked")
+    _nvidia_smi(tmp_path, monkeypatch, 'test "$1" = --query-compute-apps=pid,used_memory || exit 9\n'
+                                       'printf "4242, 14020\\n77, 512\\n"\n')
+    assert gpu.compute_processes() == [(4242, 14020), (77, 512)]
+    _nvidia_smi(tmp_path, monkeypatch, "exit 0\n")
+    assert gpu.compute_processes() == []
+    _nvidia_smi(tmp_path, monkeypatch, 'echo "NVIDIA-SMI has failed" >&2; exit 9\n')
+    with pytest.raises(gpu.GpuUnreadable, match="exited 9: NVIDIA-SMI has failed"):
+        gpu.compute_processes()
+    _nvidia_smi(tmp_path, monkeypatch, 'echo "[N/A], [N/A]"\n')
+    with pytest.raises(gpu.GpuUnreadable, match="not 'PID, MiB'"):
+        gpu.compute_processes()
+
+
+def test_a_units_processes_as_systemd_lists_them_and_none_once_it_stopped(user_manager):
+    unit = "flatshare-test-processes.service"
+    (user_manager.unit_dir / unit).write_text("[Service]\nExecStart=/bin/sh -c 'sleep 300 & exec sleep 301'\n")
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    reload(address)
+    assert unit_processes(address, unit) == []  # loaded, not running
+    job(address, "start", unit, 30)
+    try:
+        assert poll_until(lambda: len(unit_processes(address, unit)) == 2, 10)
+        main = properties(address, [(unit, "Service", "MainPID")])[f"{unit}/MainPID"]
+        found = dict(unit_processes(address, unit))
+        assert main in found and "sleep 301" in found[main]
+        (other,) = set(found) - {main}
+        assert Path(f"/proc/{other}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+    finally:
+        job(address, "stop", unit, 30)
+    assert unit_processes(address, unit) == []
+    assert unit_processes(address, "flatshare-no-such-unit.service") == []
