@@ -202,7 +202,7 @@ def test_a_reboot_of_cyan_during_calls_is_a_real_one_and_it_serves_again_by_itse
         machines.reboot(fleet.base, "cyan", echo=lambda _l: None)
         assert poll_until(lambda: fleet.health("cyan") == 200 and fleet.health("cyan", 8080) == 200, 300, 1.0)
         assert poll_until(lambda: _served("cyan") > 0, 120, 0.5)  # the new boot's engine answers calls again
-    bad = [r.line() for r in reports if not r.ended_well()]
+    bad = [r.line() for r in reports if not r.ended_well]
     assert reports and not bad, bad
     # Calls that dialled cyan while it was down were answered by peacock.
     assert any(r.gateway == "peacock" and any(a["gateway"] == "cyan" for a in r.attempts) for r in reports)
