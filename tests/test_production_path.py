@@ -307,3 +307,105 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
         assert now == before and flatshare("check", "--node", "cyan").returncode == 0
     finally:
         down(base, echo=lambda _l: None)
+
+
+# --- the operator's SSH config: a node behind a bastion ------------------------------------------------------
+
+
+@pytest.fixture
+def bastion(fleet, tmp_path):
+    """A third sshd that only forwards (no command runs there), on the module's third address; yields
+    (its address, its host key's public line, its log)."""
+    import subprocess
+
+    from conftest import loopback_nodes
+    from flatshare_ops.common.poll import poll_until
+
+    address = loopback_nodes(17, ("cyan", "peacock", "bastion"))["bastion"]
+    key = tmp_path / "bastion_host_ed25519_key"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(key)], check=True)
+    log = tmp_path / "bastion.log"
+    config = tmp_path / "sshd_config"
+    config.write_text(f"ListenAddress {address}:2222\nHostKey {key}\nPidFile {tmp_path / 'sshd.pid'}\n"
+                      f"AuthorizedKeysFile {fleet.base / 'ssh/authorized_keys'}\nPermitRootLogin prohibit-password\n"
+                      "PasswordAuthentication no\nKbdInteractiveAuthentication no\nUsePAM no\nStrictModes no\n"
+                      "AllowTcpForwarding yes\nPermitTTY no\nForceCommand /bin/false\nLogLevel DEBUG1\n")
+    sshd = subprocess.Popen(["/usr/sbin/sshd", "-D", "-e", "-f", str(config)], stderr=log.open("wb"))
+    try:
+        import socket
+
+        def listening():
+            try:
+                socket.create_connection((address, 2222), timeout=0.2).close()
+                return True
+            except OSError:
+                return False
+
+        assert poll_until(listening, 10)
+        yield address, " ".join(key.with_suffix(".pub").read_text().split()[:2]), log
+    finally:
+        sshd.terminate()
+        sshd.wait(10)
+
+
+def _behind_bastion(fleet, tmp_path, bastion_address: str, bastion_key: str) -> Path:
+    """An inventory whose cyan is the SSH config alias ``cyan-behind`` (no port, user or identity of its own),
+    reached through ``jump-host``; its known_hosts lists the bastion as ``bastion_key``. Returns its path."""
+    import tomlkit
+
+    node = fleet.node("cyan")
+    ssh_config = tmp_path / "ssh_config"
+    ssh_config.write_text(
+        f"Host cyan-behind\n  HostName {node.address}\n  Port 2222\n  User root\n"
+        f"  IdentityFile {fleet.base / 'ssh/id_ed25519'}\n  ProxyJump jump-host\n"
+        f"Host jump-host\n  HostName {bastion_address}\n  Port 2222\n  User root\n"
+        f"  IdentityFile {fleet.base / 'ssh/id_ed25519'}\n")
+    known = tmp_path / "known_hosts"
+    known.write_text((fleet.base / "ssh/known_hosts").read_text() + f"[{bastion_address}]:2222 {bastion_key}\n")
+    doc = tomlkit.parse(fleet.inventory.read_text())
+    cyan = doc["nodes"]["cyan"]
+    for key in ("port", "user", "identity"):
+        del cyan[key]
+    cyan["host"] = "cyan-behind"
+    cyan["profile"] = str(fleet.base / cyan["profile"])
+    cyan["runtime_dir"] = str(fleet.base / cyan["runtime_dir"])
+    for name in doc["nodes"]:
+        doc["nodes"][name]["known_hosts"] = str(known)
+    doc["nodes"]["peacock"]["profile"] = str(fleet.base / doc["nodes"]["peacock"]["profile"])
+    doc["nodes"]["peacock"]["runtime_dir"] = str(fleet.base / doc["nodes"]["peacock"]["runtime_dir"])
+    doc["nodes"]["peacock"]["identity"] = str(fleet.base / doc["nodes"]["peacock"]["identity"])
+    doc.setdefault("transport", tomlkit.table())["ssh_config"] = str(ssh_config)
+    inventory = tmp_path / "fleet.toml"
+    inventory.write_text(tomlkit.dumps(doc))
+    return inventory
+
+
+def test_a_release_reaches_a_node_behind_a_bastion_named_only_in_the_operators_ssh_config(fleet, bastion, tmp_path):
+    address, key, log = bastion
+    inventory = _behind_bastion(fleet, tmp_path, address, key)
+    fleet.set_hold(next(v for v in (0, 48, 7) if str(v) != fleet.hold("cyan")))
+    done = run_cli("release", "--node", "cyan", "--inventory", str(inventory), "--root", str(fleet.checkout),
+                   timeout=fleet.cli_timeout_s)
+    assert done.returncode == 0, done.stdout[-2000:] + done.stderr[-2000:]
+    assert fleet.current("cyan") == fleet.expected_id("cyan")
+    # The bastion's own sshd forwarded to cyan's sshd (its debug log), and ran no command.
+    forwarded = log.read_text()
+    assert f"server_request_direct_tcpip: originator 127.0.0.1 port 0, target {fleet.node('cyan').address} port 2222" \
+        in forwarded, forwarded[-2000:]
+    fleet.settled("cyan")
+
+
+def test_a_bastion_whose_host_key_is_not_the_known_one_is_refused(fleet, bastion, tmp_path):
+    import subprocess
+
+    address, _key, log = bastion
+    other = tmp_path / "other"
+    subprocess.run(["ssh-keygen", "-q", "-t", "ed25519", "-N", "", "-f", str(other)], check=True)
+    inventory = _behind_bastion(fleet, tmp_path, address, " ".join(other.with_suffix(".pub").read_text().split()[:2]))
+    before = fleet.current("cyan")
+    done = run_cli("status", "--node", "cyan", "--inventory", str(inventory))
+    assert done.returncode == 1, done.stdout + done.stderr  # unreachable, as status says it
+    assert f"{address}" in done.stdout + done.stderr and "host key" in (done.stdout + done.stderr).lower()
+    seen = log.read_text()
+    assert "KEX done [preauth]" in seen and "Accepted publickey" not in seen  # we stopped before authenticating
+    assert fleet.current("cyan") == before

@@ -49,6 +49,8 @@ class Transport(StrictModel):
     silence_s: float = Field(default=30.0, ge=2, le=3600)
     reconnect_s: float = Field(default=30.0, gt=0, le=3600)
     command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    # The operator's SSH config (control/ssh_config.py), relative to the inventory; "none" reads none.
+    ssh_config: Annotated[str, Field(min_length=1)] | None = None
 
 
 class Monitoring(StrictModel):

@@ -31,7 +31,7 @@ import paramiko
 from ..errors import Exit, FlatshareError, TransportError
 from . import known_hosts as known_hosts_file
 from ..render.units import engine_home, service_user
-from .ssh import SSHConnection, SSHTarget
+from .ssh import SSHConnection
 from .targets import NodeTarget
 
 #: node_exporter's textfile directory's mode: group-writable for the service user's group, and sticky (a member
@@ -210,16 +210,13 @@ class Bootstrap:
             return self.target.connect()
         import tempfile
 
-        from ..config.inventory import resolve
+        from dataclasses import replace
 
-        n, t = self.target.node, self.target.settings.transport
         path = self._known_hosts_path()
         with tempfile.NamedTemporaryFile("w", suffix=".known_hosts", delete=False) as scratch:
             scratch.write(known_hosts_file.with_entry(path, self.accepted))
         try:
-            return SSHConnection(SSHTarget(self.target.name, n.host, n.port, n.user, Path(scratch.name),
-                                           resolve(self.target.inventory, n.identity), t.connect_timeout_s,
-                                           t.keepalive_s))
+            return SSHConnection(replace(self.target.ssh_target, known_hosts=Path(scratch.name)))
         finally:
             Path(scratch.name).unlink()
 
@@ -240,24 +237,33 @@ class Bootstrap:
         return path or Path.home() / ".ssh" / "known_hosts"
 
     def _host_key(self) -> bool:
-        import socket
+        from .ssh import open_socket
 
-        n, t = self.target.node, self.target.settings.transport
+        try:
+            n = self.target.ssh_target  # the node's host, port and jump, the operator's SSH config applied
+        except FlatshareError as err:
+            self.line("FAIL", "ssh", str(err))
+            return False
         path = self._known_hosts_path()
         label = known_hosts_file.host_label(n.host, n.port)
-        transport = None
+        transport = jump = None
         try:
-            sock = socket.create_connection((n.host, n.port), timeout=t.connect_timeout_s)
+            sock, jump = open_socket(n)
             transport = paramiko.Transport(sock)
-            transport.banner_timeout = t.connect_timeout_s
-            transport.start_client(timeout=t.connect_timeout_s)
+            transport.banner_timeout = n.connect_timeout_s
+            transport.start_client(timeout=n.connect_timeout_s)
             key = transport.get_remote_server_key()
+        except TransportError as err:  # the host, or its jump host, not reached (or the jump's key refused)
+            self.line("FAIL", "ssh", str(err))
+            return False
         except (OSError, paramiko.SSHException, EOFError) as err:
+            self.line("FAIL", "ssh", f"no SSH handshake with {label} within {n.connect_timeout_s:g} s ({err})")
+            return False
+        finally:
             if transport is not None:
                 transport.close()
-            self.line("FAIL", "ssh", f"cannot reach {label} within {t.connect_timeout_s:g} s ({err})")
-            return False
-        transport.close()
+            if jump is not None:
+                jump.close()
         fingerprint = known_hosts_file.fingerprint(key.asbytes())
         known = known_hosts_file.read(path) if path.exists() else known_hosts_file.KnownHosts(path)
         try:

@@ -18,7 +18,6 @@ from ..errors import FlatshareError, TransportError
 
 def doctor(root: Path, inventory: Path, echo) -> int:
     """Run every check; returns 0 when nothing FAILs, 1 otherwise."""
-    from ..config.inventory import resolve
     from ..render import render_profile
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
@@ -55,15 +54,19 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         except FlatshareError as err:
             line("FAIL", f"{name} profile", str(err))
             continue
-        n = target.node
-        identity = resolve(target.inventory, n.identity)
+        try:
+            n = target.ssh_target  # the inventory's entry, the operator's SSH config applied
+        except FlatshareError as err:
+            line("FAIL", f"{name} ssh config", str(err))
+            continue
+        identity = n.identity
         if identity is not None:
             from .ssh import identity_problem
 
             what = identity_problem(identity)
             line("FAIL" if what else "ok", f"{name} key",
                  f"{identity} {what}; fix the inventory's identity" if what else f"{identity}")
-        path = resolve(target.inventory, n.known_hosts) or Path.home() / ".ssh/known_hosts"
+        path = n.known_hosts or Path.home() / ".ssh/known_hosts"
         label = known_hosts.host_label(n.host, n.port)
         try:
             listed = [e for e in known_hosts.read(path).entries if not e.marker and known_hosts.matches(e.patterns, label)]

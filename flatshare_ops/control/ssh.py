@@ -43,6 +43,8 @@ class SSHTarget:
         identity: the private key file, or None for the SSH agent / default keys.
         connect_timeout_s: the bound of each connection phase (seconds).
         keepalive_s: seconds between keepalives.
+        jump: the host this one is reached through (an SSH config's ``ProxyJump``: a ``direct-tcpip`` channel
+            of that connection is this one's socket), or None to connect directly.
     """
 
     node: str
@@ -53,6 +55,32 @@ class SSHTarget:
     identity: Path | None = None
     connect_timeout_s: float = 10.0
     keepalive_s: float = 5.0
+    jump: "SSHTarget | None" = None
+
+
+def open_socket(target: SSHTarget) -> tuple[object, "SSHConnection | None"]:
+    """A socket to ``target``'s SSH server: a TCP connection, or a ``direct-tcpip`` channel of a connection to its
+    jump host (itself opened with its host key checked, and returned so that the caller closes it last).
+
+    Raises:
+        TransportError: the server or the jump host could not be reached within ``connect_timeout_s``.
+    """
+    label = known_hosts.host_label(target.host, target.port)
+    if target.jump is None:
+        try:
+            return socket.create_connection((target.host, target.port), timeout=target.connect_timeout_s), None
+        except OSError as err:
+            raise TransportError(f"{target.node}: cannot reach {label} within {target.connect_timeout_s:g} s "
+                                 f"({err.strerror or err})") from None
+    jump = SSHConnection(target.jump)
+    try:
+        channel = jump.transport.open_channel("direct-tcpip", (target.host, target.port), ("127.0.0.1", 0),
+                                              timeout=target.connect_timeout_s)
+    except (paramiko.SSHException, EOFError, OSError) as err:
+        jump.close()
+        raise TransportError(f"{target.node}: the jump host {target.jump.host} could not reach {label} within "
+                             f"{target.connect_timeout_s:g} s ({err or type(err).__name__})") from None
+    return channel, jump
 
 
 class SSHSession(Session):
@@ -145,6 +173,7 @@ class SSHConnection(Connection):
     def __init__(self, target: SSHTarget) -> None:
         self.target = target
         self.node = target.node
+        self.jump: SSHConnection | None = None
         self.transport = self._open()
         key = self.transport.get_remote_server_key()  # verified against known_hosts in _open
         self.identity = f"{key.get_name()} {key.get_base64()}"
@@ -154,11 +183,7 @@ class SSHConnection(Connection):
         label = known_hosts.host_label(t.host, t.port)
         known = known_hosts.read(t.known_hosts or Path.home() / ".ssh" / "known_hosts")
         keys = _private_keys(t)
-        try:
-            sock = socket.create_connection((t.host, t.port), timeout=t.connect_timeout_s)
-        except OSError as err:
-            raise TransportError(f"{t.node}: cannot reach {label} within {t.connect_timeout_s:g} s "
-                                 f"({err.strerror or err})") from None
+        sock, self.jump = open_socket(t)
         transport = paramiko.Transport(sock)
         transport.banner_timeout = t.connect_timeout_s
         transport.auth_timeout = t.connect_timeout_s
@@ -184,6 +209,8 @@ class SSHConnection(Connection):
             transport.set_keepalive(max(1, int(t.keepalive_s)))
         except BaseException:
             transport.close()
+            if self.jump is not None:
+                self.jump.close()
             raise
         return transport
 
@@ -201,3 +228,5 @@ class SSHConnection(Connection):
 
     def close(self) -> None:
         self.transport.close()
+        if self.jump is not None:
+            self.jump.close()

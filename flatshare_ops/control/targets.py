@@ -86,7 +86,11 @@ class NodeTarget:
     def names_itself(self, url: str) -> bool:
         """Whether ``url`` (a gateway URL in the node's profile or probe answer) names this node
         (:func:`names_node`)."""
-        return names_node(url, self.node.host)
+        try:
+            host = self.ssh_target.host  # the HostName the operator's SSH config gives an alias
+        except FlatshareError:
+            host = self.node.host
+        return names_node(url, host)
 
     @cached_property
     def loaded(self):
@@ -127,11 +131,17 @@ class NodeTarget:
             from .local import LocalConnection
 
             return LocalConnection(self.name)
-        from .ssh import SSHConnection, SSHTarget
+        from .ssh import SSHConnection
 
-        n, t = self.node, self.settings.transport
-        return SSHConnection(SSHTarget(self.name, n.host, n.port, n.user, resolve(self.inventory, n.known_hosts),
-                                       resolve(self.inventory, n.identity), t.connect_timeout_s, t.keepalive_s))
+        return SSHConnection(self.ssh_target)
+
+    @cached_property
+    def ssh_target(self):
+        """How the node is reached over SSH: its inventory entry with the operator's SSH config applied
+        (:func:`.ssh_config.ssh_target`)."""
+        from .ssh_config import ssh_target
+
+        return ssh_target(self.name, self.node, self.inventory, self.settings)
 
 
 def this_node() -> str:

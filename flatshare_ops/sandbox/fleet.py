@@ -227,7 +227,20 @@ def write_node_profile(node: SandboxNode, production: Path, vllm_release: str, v
         state_dir=node.state_dir, module_dir=module_dir,
         check_command=[str(node.ops_dir / ".venv/bin/serving-check"), "--quiet"], layout=layout,
         output_dir=node.output_dir)
-    target = path or node.profile
+    return write_profile_unless_edited(path or node.profile, text)
+
+
+def write_profile_unless_edited(target: Path, text: str) -> bool:
+    """Write a node profile ``up`` made, unless it was changed by hand since ``up`` last wrote it (its sha256 is
+    no longer the one recorded in :data:`WRITTEN_PROFILES` beside it): that one is kept, as dpkg keeps a changed
+    conffile.
+
+    Returns:
+        True when a profile changed by hand was kept (the caller says so), else False.
+
+    Raises:
+        SandboxError: the note beside it is damaged. ProfileError: the profile (written or kept) does not validate.
+    """
     record = target.parent / WRITTEN_PROFILES
     written = _written_profiles(record)
     current = target.read_bytes() if target.is_file() and not target.is_symlink() else None

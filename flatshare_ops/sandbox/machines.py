@@ -134,10 +134,6 @@ def image(echo=print) -> Path:
     return base
 
 
-def _nspawn_env_args(env: dict[str, str]) -> list[str]:
-    return [f"--setenv={k}={v}" for k, v in env.items()]
-
-
 def build_package() -> dict[str, bytes]:
     """make-room's build package for the machines' engine venv: ``flatshare_make_room.build --out DIR`` writes
     the sandbox's real-engine serve module (sandbox/module_build.py, ``--engine vllm``), so that production's
@@ -301,10 +297,11 @@ def _provision(machine: Machine, base_image: Path, operator_key: Path, echo) -> 
     (root / ENGINE_VENV.lstrip("/")).mkdir(parents=True, exist_ok=True)
 
 
-def write_profile(machine: Machine, production: Path) -> None:
+def write_profile(machine: Machine, production: Path) -> bool:
     """The machine's node profile: production's, overriding only the address, what the CPU engine cannot run
     (each with its reason: sandbox/node_profile.py), the stand-in gateway and voice worker, and the module's
-    pin (the sandbox build's). Layout, units, users, paths and serving-check's command stay production's."""
+    pin (the sandbox build's). Layout, units, users, paths and serving-check's command stay production's. One
+    changed by hand since ``up`` wrote it is kept (fleet.py ``write_profile_unless_edited``); returns True then."""
     import tomlkit
 
     ops_python = "/opt/flatshare-ops/.venv/bin/python"  # where bootstrap installs flatshare-ops
@@ -329,7 +326,9 @@ def write_profile(machine: Machine, production: Path) -> None:
     node_profile._set(doc, "voice.command", [ops_python, "-m", "flatshare_ops.sandbox.voice", "--listen",
                                              f"{machine.address}:{node_profile.VOICE_PORT}"])
     node_profile._set(doc, "voice.drain_timeout_s", 20)
-    _write(machine.profile, tomlkit.dumps(doc).encode())
+    from .fleet import write_profile_unless_edited
+
+    return write_profile_unless_edited(machine.profile, tomlkit.dumps(doc))
 
 
 def write_inventory(base: Path, machines: list[Machine]) -> Path:
@@ -337,8 +336,14 @@ def write_inventory(base: Path, machines: list[Machine]) -> Path:
     the sandbox's known_hosts (empty until bootstrap accepts each key) and the operator's key."""
     import tomlkit
 
-    doc = tomlkit.document()
-    doc.add(tomlkit.comment("The machines' inventory, written by `flatshare sandbox up --machines`."))
+    from tomlkit.exceptions import ParseError
+
+    path = base / "fleet.toml"
+    try:  # what an operator added ([rollout], [transport], min_serving) is kept; the nodes are up's
+        doc = tomlkit.parse(path.read_text(encoding="utf-8"))
+    except (OSError, UnicodeDecodeError, ParseError):
+        doc = tomlkit.document()
+        doc.add(tomlkit.comment("The machines' inventory, written by `flatshare sandbox up --machines`."))
     doc["schema"] = 1
     doc["known_hosts"] = "ssh/known_hosts"
     table = tomlkit.table(is_super_table=True)
@@ -351,7 +356,6 @@ def write_inventory(base: Path, machines: list[Machine]) -> Path:
         entry["identity"] = "ssh/id_ed25519"
         table[m.name] = entry
     doc["nodes"] = table
-    path = base / "fleet.toml"
     _write(path, tomlkit.dumps(doc).encode())
     known = base / "ssh/known_hosts"
     if not known.exists():
@@ -525,7 +529,9 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
         raise SandboxError(f"{base} holds a sandbox of processes ('sandbox up' without --machines); give the "
                            "machines a directory of their own with --dir", exit_code=2)
     machines = machines_of(base, addresses)
-    with FileLock(str(base / ".lock")):
+    from .fleet import _sandbox_lock
+
+    with _sandbox_lock(base):
         base_image = image(echo)
         venv = engine_venv(root, base_image, echo)
         from .fleet import _keygen, tiny_model
@@ -536,7 +542,9 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
         state = _read_state(base)
         for machine in machines:
             _provision(machine, base_image, operator_key.with_suffix(".pub"), echo)
-            write_profile(machine, production.resolve())
+            if write_profile(machine, production.resolve()):
+                echo(f"{machine.name}: {machine.profile} was changed since sandbox up wrote it; kept as it is (move "
+                     "it aside to have sandbox up write it afresh)")
         inventory = write_inventory(base, machines)
         for machine in machines:
             record = state["machines"].get(machine.name, {})

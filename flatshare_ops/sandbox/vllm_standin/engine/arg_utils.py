@@ -25,6 +25,7 @@ class _SchedulerConfig:
 
 class _ModelConfig:
     def __init__(self, model):
+        self.model = model
         self.tokenizer = model
 
     def get_diff_sampling_param(self):
