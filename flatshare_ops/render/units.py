@@ -56,6 +56,14 @@ def engine_url(profile: Profile) -> str:
     return f"http://{host}:{profile.engine.port}"
 
 
+def engine_wait_argv(profile: Profile) -> list[str]:
+    """The gateway's pre-start step: flatshare-ops' Python (beside serving-check, ``OPS/.venv/bin``) waits for the
+    engine's ``/health`` within the engine's start budget (node/engine_ready.py)."""
+    python = str(PurePosixPath(profile.check.command[0]).parent / "python")
+    return [python, "-m", "flatshare_ops.node.engine_ready", engine_url(profile) + "/health",
+            systemd_escape.number(profile.engine.start_timeout_s)]
+
+
 def check_argv(profile: Profile) -> list[str]:
     """serving-check's command on a node: the profile's command, told the node's state directory."""
     return [*profile.check.command, "--state-dir", profile.layout.state_dir]
@@ -130,6 +138,7 @@ def _context(profile: Profile) -> dict:
         "engine_state_directory": engine_state_directory(profile),
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
+        "engine_wait": engine_wait_argv(profile),
         "check_argv": check_argv(profile),
         "run_dir_name": PurePosixPath(profile.layout.run_dir).name,
         # unit -> the file its output is appended to, or None for the journal (profile layout.output)
@@ -143,6 +152,7 @@ def commands(profile: Profile) -> dict[tuple[str, str], list[str]]:
     return {
         (ENGINE_UNIT, "ExecStart"): engine_argv(profile.engine),
         (ENGINE_UNIT, "ExecStartPre"): list(profile.module.build_command),
+        (GATEWAY_UNIT, "ExecStartPre"): engine_wait_argv(profile),
         (GATEWAY_UNIT, "ExecStart"): list(profile.gateway.command),
         (VOICE_UNIT, "ExecStart"): list(profile.voice.command),
         (CHECK_SERVICE, "ExecStart"): check_argv(profile),
@@ -155,6 +165,7 @@ def unit_programs(profile: Profile) -> list[str]:
         engine_argv(profile.engine)[0],
         profile.module.build_command[0],
         profile.gateway.command[0],
+        engine_wait_argv(profile)[0],
         profile.voice.command[0],
         profile.check.command[0],
     ]

@@ -494,7 +494,8 @@ def _start_keeper(machine: Machine, venv: Path, model: Path) -> int:
 
 
 def wait_booted(machine: Machine, keeper: int, timeout_s: float = BOOT_S) -> None:
-    """Wait until the machine says ``running`` (or ``degraded``) and its sshd listens.
+    """Wait until the machine's sshd listens and systemd says ``running``, ``degraded`` or ``starting`` (a booted
+    node's gateway waits for its engine to load before its start job ends).
 
     Raises:
         SandboxError: not within ``timeout_s``, naming the state it was in.
@@ -503,7 +504,7 @@ def wait_booted(machine: Machine, keeper: int, timeout_s: float = BOOT_S) -> Non
 
     def booted() -> bool:
         state[0] = _system_state(machine, keeper)
-        return state[0] in ("running", "degraded") and _listening(machine.address, SSH_PORT)
+        return state[0] in ("running", "degraded", "starting") and _listening(machine.address, SSH_PORT)
 
     if not poll_until(booted, timeout_s, 0.5):
         raise SandboxError(f"{machine.name}: not booted within {timeout_s:g} s (systemctl is-system-running: "
