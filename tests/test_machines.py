@@ -208,9 +208,14 @@ def test_a_reboot_of_cyan_during_calls_is_a_real_one_and_it_serves_again_by_itse
     assert any(r.gateway == "peacock" and any(a["gateway"] == "cyan" for a in r.attempts) for r in reports)
     assert machines.init_pid(keeper) not in (None, pid1)  # systemd-nspawn booted the machine again
     assert fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"] != invocation  # started by the new boot
-    # production's torch.compile found its compile cache in the engine's home after the reboot
+    # Production's torch.compile found its compiled model in the engine's home after the reboot, kept from the
+    # boot before. (vLLM 0.32.0's CPU build then fails to load it, "'function' object has no attribute
+    # 'finalize_loading'", and compiles again from inductor's cache, also there: docs/reference/machines.md.)
     boot = fleet.run("cyan", "journalctl", "--boot", "--unit", ENGINE, "--no-pager", "-o", "cat").stdout
-    assert "from the cache" in boot and "Directly load the compiled graph" in boot, boot[-3000:]
+    kept = "/var/lib/flatshare/engine/.cache/vllm/torch_compile_cache/torch_aot_compile/"
+    found = [line for line in boot.splitlines() if kept in line and "saved AOT compiled function" not in line]
+    assert any("Directly load AOT compilation from path" in line or "due to a load failure from" in line
+               for line in found), "\n".join(line for line in boot.splitlines() if "AOT" in line)
     check = fleet.cli("check", "--node", "cyan")
     assert check.returncode == 0, check.stdout + check.stderr
 

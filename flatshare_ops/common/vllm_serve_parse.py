@@ -690,10 +690,18 @@ def _unwritable_cache_root() -> str | None:
 
     import vllm.envs as envs
 
+    if os.environ.get("FLATSHARE_PREFLIGHT_SKIP_CACHE") == "1":  # a dry run whose engine home is made at start
+        return None
     root = envs.VLLM_CACHE_ROOT
     try:
-        os.makedirs(root, exist_ok=True)
-        tempfile.TemporaryFile(dir=root).close()
+        if os.path.isdir(root):  # written, as the engine core writes there (the file is removed at once)
+            tempfile.TemporaryFile(dir=root).close()
+        else:  # made where vLLM would make it: the nearest existing directory must take it (nothing is made)
+            parent = os.path.dirname(os.path.abspath(root))
+            while not os.path.exists(parent):
+                parent = os.path.dirname(parent)
+            if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
+                raise PermissionError(13, f"cannot make {root}: {parent} is not a directory it may write")
     except OSError as e:
         who = pwd.getpwuid(os.geteuid()).pw_name
         return (f"{root} (VLLM_CACHE_ROOT, else $XDG_CACHE_HOME/vllm or $HOME/.cache/vllm; HOME is "

@@ -52,7 +52,7 @@ def textfile_directory(check_command: list[str]) -> str | None:
 
 #: Read on the node by its own python3 (standard library only): what bootstrap needs to know.
 FACTS = r"""
-import hashlib, json, os, platform, pwd, sys
+import hashlib, json, os, platform, pwd, shutil, sys, sysconfig
 want = json.loads(sys.argv[1])
 release = {}
 try:
@@ -147,8 +147,8 @@ print(json.dumps({
     "missing_libraries": missing_libraries(want["venv"]),
     "textfile": directory(want["textfile"]) if want["textfile"] else None,
     "journal_group": group_exists("systemd-journal"),
-    "compilers": [c for c in ("cc", "gcc", "g++") if __import__("shutil").which(c)],
-    "python_headers": os.path.isfile(os.path.join(__import__("sysconfig").get_paths()["include"], "Python.h")),
+    "compilers": [c for c in ("cc", "gcc", "g++") if shutil.which(c)],
+    "python_headers": os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")),
 }))
 """
 

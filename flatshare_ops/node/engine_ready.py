@@ -3,7 +3,7 @@
 At boot systemd starts the engine (``Type=exec``: started once exec'd) and then the gateway, while the engine
 still loads its model for seconds to minutes. A gateway taking calls then can only fail them; waiting here, it
 takes none until its engine answers, and its callers meet nothing listening and dial the other node
-(docs/reference/stand-ins.md, "The caller's failover"). During a release the switch starts the gateway only
+(docs/reference/stand-ins.md, "Traffic": the caller). During a release the switch starts the gateway only
 once the engine answers, so the wait ends at once.
 
 ``PYTHON -m flatshare_ops.node.engine_ready URL SECONDS``: exit 0 once URL answers 200; 1 after SECONDS,

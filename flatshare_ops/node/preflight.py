@@ -43,9 +43,11 @@ NOT_CHECKED = ("loading the weights", "the attention backend and kernels on the 
                "memory for the weights and the KV cache", "the serve module the start builds (the one "
                "built now is imported)")
 #: vLLM's stages (vllm_serve_parse.py preflight) as the plan names them.
-STAGES = {"parser": "vLLM's parser", "cache": "vLLM's cache directory", "parse": "the command line", "validate": "vLLM's post-parse checks",
-          "config": "the engine's configuration", "model": "the model's files", "tokenizer": "the tokenizer",
-          "scheduler": "the scheduler class"}
+STAGES = {"parser": "vLLM's parser", "cache": "vLLM's cache directory", "parse": "the command line",
+          "validate": "vLLM's post-parse checks", "config": "the engine's configuration", "model": "the model's files",
+          "tokenizer": "the tokenizer", "scheduler": "the scheduler class"}
+#: Tells the parse script not to check vLLM's cache directory (a dry run whose engine home is made at start).
+SKIP_CACHE_VARIABLE = "FLATSHARE_PREFLIGHT_SKIP_CACHE"
 #: The parse script, run by the engine venv's interpreter.
 PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
 
@@ -162,7 +164,7 @@ def make_engine_home(serving: dict, user: str) -> str | None:
     home = (serving.get("engine", {}).get("environment") or {}).get("HOME")
     if not isinstance(home, str) or not home.startswith("/") or os.path.lexists(home):
         return None
-    try:
+    try:  # the parents as systemd makes them (root's, 0755), the home itself the user's
         entry = pwd.getpwnam(user)
         os.makedirs(os.path.dirname(home), mode=0o755, exist_ok=True)
         os.mkdir(home, 0o755)
@@ -181,9 +183,11 @@ class Outcome:
         seconds: the preflight's own time (wall clock).
         checked: what vLLM checked, as the plan names it (:data:`STAGES`).
         not_checked: what needs the device and was not checked (:data:`NOT_CHECKED`).
+        notes: what the preflight did or left out beyond its checks, one line each, for the plan.
     """
 
     problems: list[str] = field(default_factory=list)
+    notes: list[str] = field(default_factory=list)
     seconds: float = 0.0
     checked: list[str] = field(default_factory=list)
     not_checked: tuple[str, ...] = NOT_CHECKED
@@ -198,12 +202,14 @@ def problems(serving: dict, progress=None) -> list[str]:
     return run(serving, progress).problems
 
 
-def run(serving: dict, progress=None) -> Outcome:
+def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
     """The whole preflight (module docstring): the paths, then vLLM in the engine venv.
 
     Args:
         serving: the new release's serving.json.
         progress: called with the seconds waited while vLLM works.
+        dry_run: make nothing: an engine home that is missing is not made, and vLLM's cache directory is then
+            not checked (said in ``notes``).
 
     Returns:
         An :class:`Outcome`; it never raises for what it finds.
@@ -235,12 +241,20 @@ def run(serving: dict, progress=None) -> Outcome:
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")
     user = engine_user(serving)
-    if user is not None:
-        made = make_engine_home(serving, user)
-        if made:
-            found.append(made)
-    answer = parse_with_venv(venv, words, progress=progress, mode="preflight", env=engine_environment(serving),
-                             user=user)
+    env = engine_environment(serving)
+    home = env.get("HOME", "")
+    if user is not None and home.startswith("/") and not os.path.lexists(home):
+        if dry_run:
+            env[SKIP_CACHE_VARIABLE] = "1"
+            outcome.notes.append(f"the engine's home {home} does not exist yet (made before the engine starts): "
+                                 "vLLM's cache directory not checked in a dry run")
+        else:
+            made = make_engine_home(serving, user)
+            if made:
+                found.append(made)
+            else:
+                outcome.notes.append(f"made the engine's home {home} for {user}")
+    answer = parse_with_venv(venv, words, progress=progress, mode="preflight", env=env, user=user)
     outcome.checked = [STAGES.get(stage, stage) for stage in answer.get("checked", []) if stage in STAGES]
     if not answer.get("ok"):
         stage = answer.get("stage")
@@ -261,7 +275,8 @@ def run(serving: dict, progress=None) -> Outcome:
             found.append(f"the engine's user ({user or 'this user'}) cannot read the model: {answer['error']}")
         elif stage == "cache":
             found.append(f"vLLM {release} in {venv} cannot keep its caches as the engine's user "
-                         f"({user or 'this user'}): {answer['error']}")
+                         f"({user or 'this user'}): {answer['error']} (flatshare node bootstrap gives the engine's "
+                         "home to the service user)")
         elif stage == "tokenizer":
             found.append(f"vLLM {release} in {venv} cannot load the tokenizer: {answer['error']}")
         elif stage == "scheduler":

@@ -92,8 +92,10 @@ def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") 
         )
 
 
-def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOutput, action: str) -> None:
-    """The preflight, before any drain: can the new engine start at all? (node/preflight.py)
+def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOutput, action: str,
+                             dry_run: bool = False) -> None:
+    """The preflight, before any drain: can the new engine start at all? (node/preflight.py; a dry run makes
+    nothing, not even the engine's missing home)
 
     Raises:
         Refused: it cannot (vLLM's own message, one line per problem).
@@ -101,7 +103,9 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
     out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM itself in the engine venv, "
              "with the engine's environment)")
     checked = preflight.run(new.serving, lambda waited: out.line(
-        f"  still waiting for vLLM ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"))
+        f"  still waiting for vLLM ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"), dry_run=dry_run)
+    for note in checked.notes:
+        out.line(f"  {note}")
     if checked.problems:
         raise Refused(f"{action} refused before draining: {ctx.node}: {'; '.join(checked.problems)}")
     out.line(f"{ctx.node}: preflight passed in {checked.seconds:.1f} s ({checked.summary()})")

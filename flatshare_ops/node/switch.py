@@ -372,7 +372,7 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
         out.line(line)
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
     if "restart-engine" in work.plan.steps:
-        refuse_what_cannot_start(ctx, work.new, out, request.action)
+        refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run)
     if work.plan.drains:
         admit_to_drain(ctx, work.plan, work.new, out, admit, request.action)
         work.admitted_at = time.monotonic()
