@@ -161,12 +161,13 @@ def _scrape(name: str) -> dict[str, float]:
 
 
 def test_serving_check_from_its_timer_writes_the_textfile_node_exporter_reads_and_reads_the_journal(fleet):
-    for name in ("cyan", "peacock"):
-        textfile = fleet.file(name, "/var/lib/prometheus/node-exporter/serving_check.prom")
-        since = textfile.stat().st_mtime if textfile.exists() else 0.0
-        # The timer runs serving-check.service every 60 s, as the service user (nothing is started by hand).
-        assert poll_until(lambda: textfile.exists() and textfile.stat().st_mtime > since, 150, 1.0), \
-            fleet.run(name, "systemctl", "status", "serving-check.service", "--no-pager").stdout
+    textfiles = {name: fleet.file(name, "/var/lib/prometheus/node-exporter/serving_check.prom")
+                 for name in ("cyan", "peacock")}
+    since = {name: path.stat().st_mtime if path.exists() else 0.0 for name, path in textfiles.items()}
+    # The timer runs serving-check.service every 60 s, as the service user (nothing is started by hand).
+    assert poll_until(lambda: all(p.exists() and p.stat().st_mtime > since[n] for n, p in textfiles.items()), 150, 1.0), \
+        {n: fleet.run(n, "systemctl", "status", "serving-check.service", "--no-pager").stdout for n in textfiles}
+    for name, textfile in textfiles.items():
         uid = fleet.run(name, "id", "-u", "flatshare").stdout.strip()
         assert str(textfile.stat().st_uid) == uid  # written by serving-check as flatshare, not by root
         metrics = _scrape(name)

@@ -238,12 +238,21 @@ def _old_engine_gone(sw: Switch, bound_s: float) -> None:
     from . import gpu
 
     left: list = []
+    unanswered: list[str] = []
 
     def cgroup_empty() -> bool:
-        left[:] = systemd.unit_processes(sw.ctx.address, ENGINE_UNIT)
+        try:  # a process that is exiting as systemd lists it can fail the whole call (seen: EIO): asked again
+            left[:] = systemd.unit_processes(sw.ctx.address, ENGINE_UNIT)
+        except SystemdError as err:
+            unanswered[:] = [str(err)]
+            return False
+        unanswered.clear()
         return not left
 
-    if poll_until(cgroup_empty, bound_s, 0.1, sw.progress(f"the old engine's processes to end", bound_s)) is None:
+    if poll_until(cgroup_empty, bound_s, 0.2, sw.progress("the old engine's processes to end", bound_s)) is None:
+        if unanswered:
+            raise StepError(f"{ENGINE_UNIT}: systemd did not list the stopped engine's processes within {bound_s:g} s "
+                            f"({unanswered[0]}); the new engine is not started")
         named = "; ".join(f"pid {pid} {cmd[:80]}" for pid, cmd in left[:4])
         raise StepError(f"{ENGINE_UNIT}: {len(left)} of the stopped engine's processes remain after {bound_s:g} s "
                         f"({named}); the new engine is not started on their memory")

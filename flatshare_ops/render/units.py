@@ -58,9 +58,9 @@ def engine_url(profile: Profile) -> str:
 
 def engine_wait_argv(profile: Profile) -> list[str]:
     """The gateway's pre-start step: flatshare-ops' Python (beside serving-check, ``OPS/.venv/bin``) waits for the
-    engine's ``/health`` within the engine's start budget (node/engine_ready.py)."""
+    engine's ``/health`` within the engine's start budget (common/engine_ready.py)."""
     python = str(PurePosixPath(profile.check.command[0]).parent / "python")
-    return [python, "-m", "flatshare_ops.node.engine_ready", engine_url(profile) + "/health",
+    return [python, "-m", "flatshare_ops.common.engine_ready", engine_url(profile) + "/health",
             systemd_escape.number(profile.engine.start_timeout_s)]
 
 

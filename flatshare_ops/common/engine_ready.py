@@ -6,7 +6,7 @@ takes none until its engine answers, and its callers meet nothing listening and 
 (docs/reference/stand-ins.md, "Traffic": the caller). During a release the switch starts the gateway only
 once the engine answers, so the wait ends at once.
 
-``PYTHON -m flatshare_ops.node.engine_ready URL SECONDS``: exit 0 once URL answers 200; 1 after SECONDS,
+``PYTHON -m flatshare_ops.common.engine_ready URL SECONDS``: exit 0 once URL answers 200; 1 after SECONDS,
 saying the last answer (the unit then fails, and ``Restart=on-failure`` tries again).
 """
 
@@ -14,12 +14,12 @@ from __future__ import annotations
 
 import sys
 
-from ..common.http import wait_for_200
+from .http import wait_for_200
 
 
 def main(argv: list[str]) -> int:
     if len(argv) != 2:
-        print("usage: python -m flatshare_ops.node.engine_ready URL SECONDS", file=sys.stderr)
+        print("usage: python -m flatshare_ops.common.engine_ready URL SECONDS", file=sys.stderr)
         return 2
     url, seconds = argv[0], float(argv[1])
     status = wait_for_200(url, seconds, lambda waited: print(f"waiting for {url} to answer 200 ({waited:.0f} s of "
