@@ -16,7 +16,8 @@ import pytest
 from flatshare_ops.control.bootstrap import FACTS, textfile_directory
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.node import gpu
-from flatshare_ops.node.systemd import ManagerAddress, job, properties, reload, unit_processes
+from flatshare_ops.node.systemd import (ManagerAddress, control_group_processes, job, properties, reload,
+                                        unit_processes)
 
 
 def _facts(venv: Path) -> dict:
@@ -101,7 +102,11 @@ def test_a_units_processes_as_systemd_lists_them_and_none_once_it_stopped(user_m
         assert main in found and "sleep 301" in found[main]
         (other,) = set(found) - {main}
         assert Path(f"/proc/{other}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"300"]
+        # The kernel's answer (where systemd's call fails) is the same processes.
+        group = properties(address, [(unit, "Service", "ControlGroup")])[f"{unit}/ControlGroup"]
+        assert dict(control_group_processes(group)) == found
     finally:
         job(address, "stop", unit, 30)
     assert unit_processes(address, unit) == []
+    assert control_group_processes(group) == [] and control_group_processes("") == []
     assert unit_processes(address, "flatshare-no-such-unit.service") == []

@@ -385,9 +385,33 @@ def unit_path(address: ManagerAddress, timeout_s: float = SYSTEMD_TIMEOUT_S) -> 
     return _in_child(address, lambda bus: manager_property(bus, "UnitPath"), timeout_s, "UnitPath", wrappers=False)
 
 
+def control_group_processes(group: str) -> list[tuple[int, str]]:
+    """The processes the kernel has in control group ``group`` (a unit's ``ControlGroup``, e.g.
+    ``/system.slice/flatshare-engine.service``) or a group below it, from each ``/proc/PID/cgroup``
+    (cgroups(7)): ``[(pid, command line), ...]``; none for ``""`` (a unit with no control group)."""
+    if not group or group == "/":
+        return []
+    found = []
+    for proc in Path("/proc").iterdir():
+        if not proc.name.isdigit():
+            continue
+        try:
+            paths = [line.split(":", 2)[2] for line in (proc / "cgroup").read_text().splitlines() if line.count(":") >= 2]
+            cmdline = (proc / "cmdline").read_bytes().replace(b"\0", b" ").decode(errors="replace").strip()
+        except OSError:
+            continue  # gone meanwhile
+        if any(path == group or path.startswith(group + "/") for path in paths):
+            found.append((int(proc.name), cmdline))
+    return found
+
+
 def unit_processes(address: ManagerAddress, unit: str, timeout_s: float = SYSTEMD_TIMEOUT_S) -> list[tuple[int, str]]:
-    """The processes in a unit's control group, as systemd lists them (``GetUnitProcesses``,
-    org.freedesktop.systemd1(5): ``a(sus)``, control group path, pid, command line): none once it stopped.
+    """The processes in a unit's control group: none once it stopped.
+
+    Asked of systemd (``GetUnitProcesses``, org.freedesktop.systemd1(5): ``a(sus)``, control group path, pid,
+    command line); where that call fails (systemd 252 in a Debian machine answered a stopped engine's with EIO),
+    from the kernel: every process whose ``/proc/PID/cgroup`` names the unit's ``ControlGroup`` (or a group below
+    it), none when it has no control group.
 
     Returns:
         ``[(pid, command line), ...]``; empty for a unit that runs nothing or is not loaded.
@@ -400,10 +424,8 @@ def unit_processes(address: ManagerAddress, unit: str, timeout_s: float = SYSTEM
         try:
             found = bus.raw.call_method(b"org.freedesktop.systemd1", _MANAGER_PATH, _MANAGER_IFACE,
                                         b"GetUnitProcesses", apply_signature(b"s", [unit.encode()])).body
-        except Exception as err:  # noqa: BLE001 - pystemd's DBusError: the unit is not loaded, so it runs nothing
-            if b"NoSuchUnit" in str(err).encode() or "not loaded" in str(err):
-                return []
-            raise
+        except Exception:  # noqa: BLE001 - pystemd's DBusError: not loaded (it runs nothing), or the EIO above
+            return control_group_processes(_text(unit_property(bus, unit, "Service", "ControlGroup")) or "")
         return [(int(pid), str(_text(cmdline))) for _cgroup, pid, cmdline in found]
 
     return _in_child(address, work, timeout_s, f"processes of {unit}", wrappers=False)
