@@ -40,13 +40,14 @@ def faults(**spec) -> dict:
 
 
 def copy_checkout(repo: Path, dest: Path) -> Path:
-    """Copy what rendering and releasing read from a checkout (profiles, units, monitoring, the two documents)
-    into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
+    """Copy what rendering and releasing read from a checkout (profiles, units, monitoring, the documents with
+    generated parts) into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""
     import shutil
 
     for name in ("profiles", "units", "monitoring"):
         shutil.copytree(repo / name, dest / name)
-    for name in ("README.md", "PRODUCTION.md"):
+    for name in ("README.md", "PRODUCTION.md", "docs/reference/commands.md"):
+        (dest / name).parent.mkdir(parents=True, exist_ok=True)
         shutil.copy2(repo / name, dest / name)
     return dest
 

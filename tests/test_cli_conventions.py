@@ -6,7 +6,9 @@ from importlib.metadata import version
 
 import pytest
 
-from conftest import run_cli
+import re
+
+from conftest import REPO, run_cli
 from flatshare_ops.common.protocol import GENERATION, VERSION
 
 
@@ -22,7 +24,61 @@ def test_each_program_says_its_version_with_both_spellings(program, code):
             assert str(GENERATION) == words[words.index("generation") + 1]
 
 
+def _commands() -> list[list[str]]:
+    """Every command and group of ``flatshare``, as the words that name it, from typer's own tree."""
+    import typer.main
+
+    from flatshare_ops.cli import app
+
+    found = []
+
+    def walk(command, path):
+        found.append(path)
+        for name, sub in sorted(getattr(command, "commands", {}).items()):
+            if not getattr(sub, "hidden", False):
+                walk(sub, [*path, name])
+
+    walk(typer.main.get_command(app), [])
+    return found
+
+
 def test_minus_h_is_help_as_much_as_double_dash_help():
-    for args in (["-h"], ["release", "-h"], ["sandbox", "up", "-h"]):
-        short, long = run_cli(*args), run_cli(*args[:-1], "--help")
-        assert short.returncode == 0 and short.stdout == long.stdout and "Usage: flatshare" in short.stdout
+    commands = _commands()
+    assert ["release"] in commands and ["profiles", "set"] in commands and len(commands) > 15, commands
+    for args in commands:
+        short, long = run_cli(*args, "-h"), run_cli(*args, "--help")
+        assert short.returncode == 0 and short.stdout == long.stdout and "Usage: flatshare" in short.stdout, args
+        # Help says what a value means, not its Python type (issue 35): no "<str>", "<list[str]>", "<int range>".
+        options = short.stdout.split("Options:", 1)[-1]
+        assert not re.search(r"<(str|int|path|list\[str\]|int range)>", options), (args, short.stdout)
+
+
+def test_the_command_reference_names_every_command_and_option_and_is_drift_checked(checkout):
+    """docs/reference/commands.md is generated from the command line; `make profiles` fails when it drifts."""
+    import typer.main
+    from typer import _click as click
+
+    from flatshare_ops.cli import app
+
+    text = (REPO / "docs/reference/commands.md").read_text()
+    root = typer.main.get_command(app)
+    for path in _commands():
+        assert f"# flatshare {' '.join(path)}".rstrip() + "\n" in text, path
+        command = root
+        for word in path:
+            command = command.commands[word]
+        for param in command.params:
+            for spelling in getattr(param, "opts", []):
+                if spelling.startswith("-") and not getattr(param, "hidden", False):
+                    assert spelling in text, (path, spelling)
+    reference = checkout / "docs/reference/commands.md"
+    reference.write_text(reference.read_text().replace("--dry-run", "--try-run"))
+    drifted = run_cli("profiles", "render", "--root", str(checkout))
+    assert drifted.returncode == 1 and "--- a/docs/reference/commands.md" in drifted.stdout, drifted
+    updated = run_cli("profiles", "render", "--update", "--root", str(checkout))
+    assert updated.returncode == 0 and reference.read_bytes() == (REPO / "docs/reference/commands.md").read_bytes()
+
+
+def test_an_unknown_command_is_a_usage_error_and_the_old_lock_spelling_is_gone():
+    done = run_cli("lock", "status")
+    assert done.returncode == 2 and not done.stdout, done

@@ -1,4 +1,4 @@
-"""The layout is the architecture: where each piece runs, and what it may import (README.md, "Layout")."""
+"""The layout is the architecture: where each piece runs, and what it may import (docs/architecture.md, "Layout")."""
 
 from __future__ import annotations
 
@@ -66,8 +66,8 @@ def test_each_step_is_defined_once_and_the_plan_reads_the_table():
     assert all(callable(s.run) and s.description for s in steps.STEPS)
 
 
-def test_the_readmes_layout_section_names_every_module_under_its_folder():
-    readme = (REPO / "README.md").read_text()
+def test_the_architecture_documents_layout_names_every_module_under_its_folder():
+    readme = (REPO / "docs/architecture.md").read_text()
     section = readme[readme.index("## Layout"):]
     section = section[: section.index("\n## ", 1)] if "\n## " in section[1:] else section
     # Each folder's bullet: from "- `flatshare_ops/FOLDER/`" to the next bullet.
@@ -84,7 +84,7 @@ def test_the_readmes_layout_section_names_every_module_under_its_folder():
         where = section if folder == "flatshare_ops" else bullets.get(folder, "")  # top-level: anywhere
         if f"`{path.name}`" not in where and f"`{folder}/{path.name}`" not in where:
             missing.append(str(relative))
-    assert not missing, f"README.md's Layout section does not name: {missing}"
+    assert not missing, f"docs/architecture.md's Layout section does not name: {missing}"
 
 
 def test_a_release_ships_exactly_what_the_node_runs():

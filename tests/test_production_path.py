@@ -53,8 +53,8 @@ def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not
         assert again.returncode == 3 and "already held" in again.stderr + again.stdout
         status = run_cli("hold", "status", *inventory)
         assert "cyan: held by" in status.stdout and "E2 benchmark" in status.stdout and "peacock: not held" in status.stdout
-        old = run_cli("lock", "status", *inventory)  # the old spelling still answers, and names the new one
-        assert old.stdout == status.stdout and "'flatshare lock status' is now 'flatshare hold status'" in old.stderr
+        old = run_cli("lock", "status", *inventory)  # the old spelling is gone (issue 33): a usage error
+        assert old.returncode == 2 and not old.stdout, old.stdout + old.stderr
         fleet.set_hold(next(v for v in (0, 48, 7) if str(v) not in (fleet.hold("cyan"), fleet.hold("peacock"))))
         before = fleet.current("cyan")
         refused = fleet.release("--node", "cyan")
@@ -404,7 +404,7 @@ def test_a_bastion_whose_host_key_is_not_the_known_one_is_refused(fleet, bastion
     inventory = _behind_bastion(fleet, tmp_path, address, " ".join(other.with_suffix(".pub").read_text().split()[:2]))
     before = fleet.current("cyan")
     done = run_cli("status", "--node", "cyan", "--inventory", str(inventory))
-    assert done.returncode == 1, done.stdout + done.stderr  # unreachable, as status says it
+    assert done.returncode == 6, done.stdout + done.stderr  # unreachable: the same code in every command
     assert f"{address}" in done.stdout + done.stderr and "host key" in (done.stdout + done.stderr).lower()
     seen = log.read_text()
     assert "KEX done [preauth]" in seen and "Accepted publickey" not in seen  # we stopped before authenticating

@@ -3,7 +3,7 @@
 Each area of the command line is a module of its own (as Kamal has one CLI file per area): ``profiles``,
 ``sandbox``, ``nodes`` (bootstrap, doctor), ``hold`` (an operator's hold), ``release`` (release, rollback),
 ``reports`` (check, status, releases). Argument parsing and exit codes only: what a command does lives in
-the package's other parts (README.md, "Layout").
+the package's other parts (docs/architecture.md, "Layout").
 """
 
 from __future__ import annotations
@@ -13,7 +13,7 @@ from typing import Annotated, Optional
 
 import typer
 
-app = typer.Typer(add_completion=False, pretty_exceptions_enable=False, no_args_is_help=True,
+app = typer.Typer(add_completion=True, pretty_exceptions_enable=False, no_args_is_help=True,
                   rich_markup_mode=None, context_settings={"help_option_names": ["-h", "--help"]},
                   help="Render, release and check Flatshare's GPU serving fleet.")
 
@@ -32,13 +32,24 @@ def _top(version: Annotated[bool, typer.Option("--version", "-V", is_eager=True,
                                                help="Print flatshare-ops' version and exit.")] = False) -> None:
     """Render, release and check Flatshare's GPU serving fleet."""
 
-RootOption = Annotated[Path, typer.Option("--root", help="The checkout's top directory.")]
+RootOption = Annotated[Path, typer.Option("--root", metavar="DIR", help="The checkout's top directory.")]
 ProfileOption = Annotated[
-    Optional[Path], typer.Option("--profile", help="Profile file, relative to --root.")
+    Optional[Path], typer.Option("--profile", metavar="FILE", help="Profile file, relative to --root.")
 ]
 InventoryOption = Annotated[Optional[Path], typer.Option(
-    "--inventory", envvar="FLATSHARE_INVENTORY", help="The inventory (default profiles/fleet.toml).")]
-NodesOption = Annotated[Optional[list[str]], typer.Option("--node", help="A node to act on (repeatable).")]
+    "--inventory", metavar="FILE", envvar="FLATSHARE_INVENTORY", help="The inventory (default profiles/fleet.toml).")]
+NodesOption = Annotated[Optional[list[str]], typer.Option("--node", metavar="NAME",
+                                                          help="A node to act on (repeatable).")]
+
+
+def answer_code(answer: dict, unreachable: int = 6) -> int | None:
+    """The exit code one node's fleet answer (control/fanout.py ``ask``) stands for: None when it is an answer;
+    the node-side command's own code when it ran and said why not (a refusal 3, damage 5); else ``unreachable``
+    (``Exit.UNREACHABLE``, 6: the node could not be asked), the same code for the same fact in every command."""
+    if "error" not in answer:
+        return None
+    code = answer.get("code")
+    return code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 126 else unreachable
 
 
 

@@ -1,8 +1,6 @@
 """``flatshare hold place | status | lift``: an operator's hold on a node (node/hold.py).
 
-A hold is a record on the node, not a lock (node/lock.py is the release lock a switch holds); the
-command was ``flatshare hold place | status | release`` before, and that spelling still works (hidden,
-with a note on stderr) so that operators' scripts keep working.
+A hold is a record on the node, not a lock (node/lock.py is the release lock a switch holds).
 """
 
 from __future__ import annotations
@@ -13,20 +11,12 @@ from typing import Annotated
 import typer
 
 from ..errors import FlatshareError
-from .app import app, InventoryOption, NodesOption, fleet_answers
+from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers
 
 
-hold_app = typer.Typer(no_args_is_help=True, help="An operator's hold on a node: refuses its releases and rollbacks "
+hold_app = typer.Typer(no_args_is_help=True, short_help="An operator's hold on a node.", help="An operator's hold on a node: refuses its releases and rollbacks "
                                                    "with a message; not a drain.")
 app.add_typer(hold_app, name="hold")
-#: The old spelling, ``flatshare hold place | status | release``: hidden, each command says its new name.
-old_app = typer.Typer(no_args_is_help=True, hidden=True)
-app.add_typer(old_app, name="lock", hidden=True)
-
-
-def _renamed(old: str, new: str) -> None:
-    typer.echo(f"note: 'flatshare lock {old}' is now 'flatshare hold {new}'", err=True)
-
 
 def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str, dict]:
     from ..control import commands
@@ -34,17 +24,10 @@ def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str
     return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
 
 
-def _node_code(answer: dict, unreachable: int) -> int:
-    """The node-side command's own exit code when it ran and said why (a refusal 3, damage 5), else
-    ``unreachable`` (the node could not be asked)."""
-    code = answer.get("code")
-    return code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 126 else unreachable
-
-
-@hold_app.command("place")
+@hold_app.command("place", short_help='Hold a node: its releases are refused.')
 def hold_place(
-    node: Annotated[str, typer.Option("--node", help="The node to hold.")],
-    message: Annotated[str, typer.Option("-m", "--message", help="Why (e.g. 'E2 benchmark').")],
+    node: Annotated[str, typer.Option("--node", metavar="NAME", help="The node to hold.")],
+    message: Annotated[str, typer.Option("-m", "--message", metavar="TEXT", help="Why (e.g. 'E2 benchmark').")],
     inventory: InventoryOption = None,
 ) -> None:
     """Hold a node: its releases and rollbacks are refused with your message until 'flatshare hold lift'."""
@@ -65,7 +48,7 @@ def hold_place(
     answer = _hold([node], inventory, acquire=message, who=who)[node]
     if "error" in answer or answer.get("held") is not True:
         typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
-        raise typer.Exit(_node_code(answer, 3))
+        raise typer.Exit(answer_code(answer) or 3)
     typer.echo(hold_line(node, answer))
     hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
     running = hold.get("during_release")
@@ -74,7 +57,7 @@ def hold_place(
                             "that switch, which goes on to its end: it refuses the releases and rollbacks after it"))
 
 
-@hold_app.command("status")
+@hold_app.command("status", short_help='Who holds each node, and why.')
 def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
     """Who holds each node, and why (default: every node)."""
     from ..control.answers import hold_line
@@ -83,19 +66,19 @@ def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
     for name, answer in _hold(node, inventory).items():
         typer.echo(hold_line(name, answer))
         if "error" in answer or not isinstance(answer.get("held"), bool):
-            codes.append(_node_code(answer, 6))
+            codes.append(answer_code(answer) or 6)
     if codes:  # a node could not be asked (6), or said why not (its code: 5 for a damaged hold record)
         raise typer.Exit(min(codes))
 
 
-@hold_app.command("lift")
-def hold_lift(node: Annotated[str, typer.Option("--node", help="The node whose hold to lift.")],
+@hold_app.command("lift", short_help="Lift a node's hold.")
+def hold_lift(node: Annotated[str, typer.Option("--node", metavar="NAME", help="The node whose hold to lift.")],
                  inventory: InventoryOption = None) -> None:
     """Lift an operator's hold on a node (exit 4 when it was not held)."""
     answer = _hold([node], inventory, release=True)[node]
     if "error" in answer:
         typer.echo(f"{node}: {answer['error']}", err=True)
-        raise typer.Exit(_node_code(answer, 6))
+        raise typer.Exit(answer_code(answer) or 6)
     if not answer.get("lifted"):
         typer.echo(f"{node}: not held; nothing to do")
         raise typer.Exit(4)
@@ -108,25 +91,3 @@ def hold_lift(node: Annotated[str, typer.Option("--node", help="The node whose h
         typer.echo(one_line(f"{node}: hold lifted: its damaged record was removed ({lifted['damaged']})"))
         return
     typer.echo(f"{node}: hold lifted; it was held by {hold_phrase(lifted)}")
-
-
-@old_app.command("acquire")
-def lock_acquire(node: Annotated[str, typer.Option("--node")], message: Annotated[str, typer.Option("-m", "--message")],
-                 inventory: InventoryOption = None) -> None:
-    """Old name of 'flatshare hold place'."""
-    _renamed("acquire", "place")
-    hold_place(node, message, inventory)
-
-
-@old_app.command("status")
-def lock_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
-    """Old name of 'flatshare hold status'."""
-    _renamed("status", "status")
-    hold_status(node, inventory)
-
-
-@old_app.command("release")
-def lock_release(node: Annotated[str, typer.Option("--node")], inventory: InventoryOption = None) -> None:
-    """Old name of 'flatshare hold lift'."""
-    _renamed("release", "lift")
-    hold_lift(node, inventory)

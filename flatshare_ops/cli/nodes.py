@@ -12,13 +12,13 @@ from ..errors import FlatshareError
 from .app import app, RootOption, InventoryOption
 
 
-node_app = typer.Typer(no_args_is_help=True, help="Prepare a node for releases (its node side runs as flatshare-node).")
+node_app = typer.Typer(no_args_is_help=True, short_help="Prepare nodes for releases.", help="Prepare a node for releases (its node side runs as flatshare-node).")
 app.add_typer(node_app, name="node")
 
 
-@node_app.command("bootstrap")
+@node_app.command("bootstrap", short_help='Prepare a node for its first release.')
 def node_bootstrap(
-    node: Annotated[str, typer.Option("--node", help="The node to bootstrap.")],
+    node: Annotated[str, typer.Option("--node", metavar="NAME", help="The node to bootstrap.")],
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Check and say what would be done; change nothing.")] = False,
     accept_host_key: Annotated[Optional[str], typer.Option(
         "--accept-host-key", metavar="SHA256:...",
@@ -43,7 +43,7 @@ def node_bootstrap(
     raise typer.Exit(Bootstrap(target, root, typer.echo, dry_run, accept_host_key).run())
 
 
-@app.command("doctor")
+@app.command("doctor", short_help="Check the operator's side and the way to nodes.")
 def doctor(inventory: InventoryOption = None, root: RootOption = Path(".")) -> None:
     """Check the operator's side (inventory, checkout, keys, known_hosts) and each node's reachability, one
     line per item (exit 1 if anything FAILs)."""

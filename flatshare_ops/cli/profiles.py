@@ -12,11 +12,20 @@ from ..errors import FlatshareError
 from .app import app, RootOption, ProfileOption
 
 
-profiles_app = typer.Typer(no_args_is_help=True, help="The serving profile and the files it renders.")
+profiles_app = typer.Typer(no_args_is_help=True, short_help="The profile and its rendered files.", help="The serving profile and the files it renders.")
 app.add_typer(profiles_app, name="profiles")
 
 
-@profiles_app.command("render")
+def checkout_outputs(root: Path) -> dict[Path, str]:
+    """What ``profiles render`` compares and writes: the profiles' rendered files (render/checkout.py
+    ``expected_outputs``) and the command reference generated from this command line (cli/reference.py)."""
+    from ..render.checkout import expected_outputs
+    from .reference import COMMANDS_DOC, command_reference
+
+    return {**expected_outputs(root), COMMANDS_DOC: command_reference()}
+
+
+@profiles_app.command("render", short_help='Show drift of the rendered files, or --update them.')
 def profiles_render(
     update: Annotated[bool, typer.Option("--update", help="Write the files that drifted.")] = False,
     root: RootOption = Path("."),
@@ -24,9 +33,9 @@ def profiles_render(
     """Compare the rendered files of production and of every variant (profiles/*.toml) with the checkout
     (exit 1 on drift; a rendered file no profile renders any more is stale, and drift too), or write them and
     remove the stale ones with --update. A placeholder module pin is a warning."""
-    from ..render.checkout import drift, expected_outputs, placeholder_pins, remove_stale, stale_outputs, write_outputs
+    from ..render.checkout import drift, placeholder_pins, remove_stale, stale_outputs, write_outputs
 
-    outputs = expected_outputs(root)
+    outputs = checkout_outputs(root)
     for warning in placeholder_pins(root):
         typer.echo(f"warning: {warning}", err=True)
     if update:
@@ -50,7 +59,7 @@ def profiles_render(
         raise typer.Exit(1)
 
 
-@profiles_app.command("set", context_settings={"ignore_unknown_options": True})
+@profiles_app.command("set", context_settings={"ignore_unknown_options": True}, short_help='Set one profile value and re-render.')
 def profiles_set(
     key: Annotated[str, typer.Argument(metavar="KEY", help="Dotted key, e.g. engine.make_room.decode_hold_tokens.")],
     value: Annotated[str, typer.Argument(metavar="VALUE", help="TOML value (48, true, 0.5, \"text\"); bare words are strings.")],
@@ -61,14 +70,14 @@ def profiles_set(
 
     Nothing is written unless the edited profile validates and every rendered file can be produced."""
     from ..config.edit import set_value
-    from ..render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
+    from ..render.checkout import DEFAULT_PROFILE, write_outputs
 
     def report(written: list[Path]) -> None:
         for written_path in written:
             typer.echo(f"wrote {written_path}")
 
     path = root / (profile or DEFAULT_PROFILE)
-    old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, expected_outputs(root)), echo=report)
+    old, new, _ = set_value(path, key, value, then=lambda: write_outputs(root, checkout_outputs(root)), echo=report)
     typer.echo(f"{path}: {key}: {_as_toml(old)} -> {_as_toml(new)}")
 
 
@@ -79,7 +88,7 @@ def _as_toml(value: object) -> str:
     return "(unset)" if value is None else tomlkit.item(value).as_string()
 
 
-@profiles_app.command("pin-module")
+@profiles_app.command("pin-module", short_help="Pin the serve module's sha256.")
 def profiles_pin_module(
     sha256: Annotated[Optional[str], typer.Option("--sha256", metavar="HEX",
                                                    help="The hash a make-room revision publishes.")] = None,
@@ -88,7 +97,7 @@ def profiles_pin_module(
         "--from-node", metavar="NAME", help="The module the node built (its engine's last start).")] = None,
     root: RootOption = Path("."),
     profile: ProfileOption = None,
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", envvar="FLATSHARE_INVENTORY",
+    inventory: Annotated[Optional[Path], typer.Option("--inventory", metavar="FILE", envvar="FLATSHARE_INVENTORY",
                                                       help="The inventory (with --from-node).")] = None,
 ) -> None:
     """Pin the serve module's sha256 in a profile (comments kept) and re-render the checkout's files.
@@ -98,7 +107,7 @@ def profiles_pin_module(
     import hashlib
 
     from ..config.edit import set_value
-    from ..render.checkout import DEFAULT_PROFILE, expected_outputs, write_outputs
+    from ..render.checkout import DEFAULT_PROFILE, write_outputs
 
     given = [g for g in (sha256, file, from_node) if g is not None]
     if len(given) != 1:
@@ -120,7 +129,7 @@ def profiles_pin_module(
     if not re.fullmatch(r"[0-9a-f]{64}", sha256 or ""):
         raise FlatshareError(f"profiles pin-module: {sha256!r} is not a sha256 (64 lowercase hex digits)")
     old, new, _ = set_value(path, "module.sha256", f'"{sha256}"',
-                            then=lambda: write_outputs(root, expected_outputs(root)),
+                            then=lambda: write_outputs(root, checkout_outputs(root)),
                             echo=lambda written: [typer.echo(f"wrote {p}") for p in written])
     typer.echo(f"{path}: module.sha256: {old} -> {new}")
 
@@ -142,7 +151,7 @@ def _module_on_node(name: str, inventory: Path | None) -> tuple[str, Path]:
     return answer["sha256"], target.profile_path
 
 
-@profiles_app.command("verify")
+@profiles_app.command("verify", short_help='Check the rendered units (and flags) with systemd and vLLM.')
 def profiles_verify(
     root: RootOption = Path("."),
     profile: ProfileOption = None,

@@ -40,14 +40,14 @@ JsonOption = Annotated[bool, typer.Option("--json", help="Also print what became
                                                          "analyses as one JSON document, last.")]
 
 
-@app.command("release")
+@app.command("release", short_help='Switch nodes to what the checkout renders.')
 def release(
     node: NodesOption = None,
     all_nodes: Annotated[bool, typer.Option("--all", help="Every inventory node, one batch at a time.")] = False,
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
     force: Annotated[bool, typer.Option("--force", help="Release even with E2 drop-ins linked (recorded).")] = False,
     batch_size: Annotated[Optional[int], typer.Option(
-        "--batch-size", min=1, help="Nodes switched at once after the canaries (default: the inventory's "
+        "--batch-size", min=1, metavar="N", help="Nodes switched at once after the canaries (default: the inventory's "
         "rollout.batch).")] = None,
     no_auto_rollback: Annotated[bool, typer.Option(
         "--no-auto-rollback", help="A node whose new engine does not serve stays failed (the profile's "
@@ -94,7 +94,7 @@ def _finish(rollout, as_json: bool) -> int:
     return code
 
 
-@app.command("rollback")
+@app.command("rollback", short_help='Switch nodes back to what served before.')
 def rollback(
     node: NodesOption = None,
     all_nodes: Annotated[bool, typer.Option(

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-from pathlib import Path
 from typing import Annotated, Optional
 
 import typer
@@ -10,21 +9,23 @@ import typer
 from ..common.wording import text_field
 
 from ..errors import FlatshareError
-from .app import app, InventoryOption, NodesOption, fleet_answers
+from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers
 
 
-@app.command("check")
+@app.command("check", short_help='serving-check on nodes over SSH.')
 def check(
-    all_nodes: Annotated[bool, typer.Option("--all", help="Check every inventory node.")] = False,
-    node: Annotated[Optional[list[str]], typer.Option("--node", help="Check this node (repeatable).")] = None,
-    inventory: Annotated[Optional[Path], typer.Option("--inventory", envvar="FLATSHARE_INVENTORY",
-                                                      help="The inventory (default profiles/fleet.toml).")] = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
-    quiet: Annotated[bool, typer.Option("--quiet", help="Print nothing for nodes that are OK.")] = False,
+    all_nodes: Annotated[bool, typer.Option("--all", help="Check every inventory node (what no --node means).")] = False,
+    node: Annotated[Optional[list[str]], typer.Option("--node", metavar="NAME",
+                                                      help="Check this node (repeatable).")] = None,
+    inventory: InventoryOption = None,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document: node -> its report.")] = False,
+    quiet: Annotated[bool, typer.Option("-q", "--quiet", help="Print nothing for nodes that are OK.")] = False,
 ) -> None:
-    """Run serving-check on inventory nodes over SSH and print each node's result (Nagios exit codes).
+    """Run serving-check on nodes over SSH and print each node's result.
 
-    Every node gets a line; a node that cannot be reached or is slow is UNKNOWN by name."""
+    Every node gets a line; a node that cannot be reached or is slow is UNKNOWN by name. Exit: the worst
+    node's Nagios code (0 OK, 1 WARNING, 2 CRITICAL, 3 UNKNOWN), but 6 when a node could not be asked (as
+    every command says an unreachable node)."""
     import json as _json
 
     from ..check.report import EXIT_CODES, UNKNOWN, Finding, Report, nagios_text, worst
@@ -33,13 +34,16 @@ def check(
     from ..control.fanout import ask
     from ..control.targets import targets
 
+    if all_nodes and node:
+        raise typer.BadParameter("give --all or --node, not both", param_hint="--all")
     try:
         chosen = targets(inventory_path(inventory), node or [], not node)
     except FlatshareError as err:
         typer.echo(f"SERVING-CHECK UNKNOWN - {err}")
         raise typer.Exit(3)
-    reports = []
+    reports, unreachable = [], False
     for name, answer in ask(chosen, lambda t: commands.serving_check(t.spec)).items():
+        unreachable |= answer_code(answer) == 6
         try:
             reports.append(Report.from_json(answer))
         except (KeyError, TypeError, ValueError):
@@ -52,22 +56,22 @@ def check(
         for report in reports:
             if not (quiet and report.status == "OK"):
                 typer.echo(nagios_text(report), nl=False)
-    raise typer.Exit(EXIT_CODES[worst(r.status for r in reports)])
+    raise typer.Exit(6 if unreachable else EXIT_CODES[worst(r.status for r in reports)])
 
 
 
 
-@app.command("status")
+@app.command("status", short_help="Each node's release, switch and units.")
 def status(
     node: NodesOption = None,
     inventory: InventoryOption = None,
-    as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
+    as_json: Annotated[bool, typer.Option("--json", help="Print one JSON document: node -> its status.")] = False,
 ) -> None:
     """Each node's active release, any switch in progress or unfinished, its units' states (default: every node).
 
     Exit 5 when a node's state is damaged (a file named under "damaged", a history line skipped included);
-    else 1 when a node is unreachable, has an unfinished switch, a unit that is not active, or a voice drain
-    file left with no release running."""
+    else 6 when a node could not be asked; else 1 when a node has an unfinished switch, a unit that is not
+    active, or a voice drain file left with no release running."""
     import json as _json
 
     from ..control import commands
@@ -77,7 +81,8 @@ def status(
     healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
                   and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
     damaged = any("error" not in r and r.get("damaged") for r in reports.values())
-    code = 0 if healthy else 5 if damaged else 1
+    codes = [answer_code(r) for r in reports.values()]
+    code = 0 if healthy else 5 if damaged or 5 in codes else 6 if 6 in codes else 1
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
         raise typer.Exit(code)
@@ -87,7 +92,7 @@ def status(
     raise typer.Exit(code)
 
 
-@app.command("releases")
+@app.command("releases", short_help="Each node's release history.")
 def releases(node: NodesOption = None, inventory: InventoryOption = None,
              measurements: Annotated[bool, typer.Option(
                  "--measurements", help="Under each canary analysis, each of its measurements' lines: the window, "
@@ -97,7 +102,8 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
              ) -> None:
     """The release history of each node (default: every node): what ran, what failed, what was rolled back.
 
-    Exit 1 when a node's history could not be read (it is printed as UNKNOWN by name)."""
+    Exit 6 when a node could not be asked, or the node's own code when it said why its history could not be
+    read (5: damaged); the node is printed as UNKNOWN by name."""
     import json as _json
 
     from ..common.text import one_line
@@ -105,10 +111,11 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
     from ..control.answers import history_line
 
     answers = fleet_answers(node, inventory, lambda t: commands.history(t.spec))
-    unknown = any("error" in answer for answer in answers.values())
+    codes = [c for c in (answer_code(a) for a in answers.values()) if c is not None]
+    code = 5 if 5 in codes else min(codes, default=0)
     if as_json:
         typer.echo(_json.dumps(answers, indent=2, sort_keys=True))
-        raise typer.Exit(1 if unknown else 0)
+        raise typer.Exit(code)
     for name, answer in answers.items():
         typer.echo(f"{name}:")
         if "error" in answer:
@@ -125,7 +132,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
             if measurements:
                 for line in _measurement_lines(record):
                     typer.echo(f"    {line}")
-    raise typer.Exit(1 if unknown else 0)
+    raise typer.Exit(code)
 
 
 def _measurement_lines(record: dict) -> list[str]:

@@ -10,25 +10,25 @@ import typer
 from .app import app, RootOption, ProfileOption
 
 
-sandbox_app = typer.Typer(no_args_is_help=True, help="The local two-node sandbox fleet (cyan, peacock).")
+sandbox_app = typer.Typer(no_args_is_help=True, short_help="The local sandbox fleet.", help="The local two-node sandbox fleet (cyan, peacock).")
 app.add_typer(sandbox_app, name="sandbox")
-SandboxDir = Annotated[Path, typer.Option("--dir", help="The sandbox directory.")]
+SandboxDir = Annotated[Path, typer.Option("--dir", metavar="DIR", help="The sandbox directory.")]
 
 
-@sandbox_app.command("up")
+@sandbox_app.command("up", short_help='Bring the sandbox fleet up.')
 def sandbox_up(
     directory: SandboxDir = Path(".sandbox"),
     root: RootOption = Path("."),
     profile: ProfileOption = None,
     addresses: Annotated[Optional[str], typer.Option(
-        "--addresses", envvar="FLATSHARE_SANDBOX_ADDRESSES",
+        "--addresses", metavar="NAME=ADDRESS,...", envvar="FLATSHARE_SANDBOX_ADDRESSES",
         help="Node loopback addresses, e.g. cyan=127.0.0.2,peacock=127.0.0.3 (the default).")] = None,
     system_scope: Annotated[Optional[list[str]], typer.Option(
-        "--system-scope", help="A node reached on the system-scope path, through a bus of its own (repeatable).")] = None,
+        "--system-scope", metavar="NAME", help="A node reached on the system-scope path, through a bus of its own (repeatable).")] = None,
     bare: Annotated[Optional[list[str]], typer.Option(
-        "--bare", help="A fresh node: sshd, its manager and an engine venv only; bootstrap it (repeatable).")] = None,
+        "--bare", metavar="NAME", help="A fresh node: sshd, its manager and an engine venv only; bootstrap it (repeatable).")] = None,
     engine: Annotated[Optional[str], typer.Option(
-        "--engine", help="vllm (vLLM 0.32.0's real CPU engine, .venv-vllm; the default for a new sandbox) or "
+        "--engine", metavar="vllm|stand-in", help="vllm (vLLM 0.32.0's real CPU engine, .venv-vllm; the default for a new sandbox) or "
                          "stand-in (starts in a second); default: what the sandbox was brought up with.")] = None,
     machines: Annotated[bool, typer.Option(
         "--machines", help="Each node a Debian 12 machine booted by systemd-nspawn (systemd as PID 1, production's "
@@ -58,7 +58,7 @@ def sandbox_up(
     typer.echo(f"sandbox up: inventory {inventory}")
 
 
-@sandbox_app.command("status")
+@sandbox_app.command("status", short_help='What runs on each sandbox node.')
 def sandbox_status(
     directory: SandboxDir = Path(".sandbox"),
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
@@ -98,9 +98,9 @@ def sandbox_status(
     raise typer.Exit(0 if healthy else 1)
 
 
-@sandbox_app.command("reboot")
+@sandbox_app.command("reboot", short_help='Reboot a sandbox node.')
 def sandbox_reboot(
-    node: Annotated[str, typer.Option("--node", help="The sandbox node to reboot.")],
+    node: Annotated[str, typer.Option("--node", metavar="NAME", help="The sandbox node to reboot.")],
     directory: SandboxDir = Path(".sandbox"),
 ) -> None:
     """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up.
@@ -116,7 +116,7 @@ def sandbox_reboot(
     reboot(directory, node, echo=typer.echo)
 
 
-@sandbox_app.command("down")
+@sandbox_app.command("down", short_help='Stop everything the sandbox started.')
 def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
     """Stop every process the sandbox started (by process id); machines are shut down."""
     from ..sandbox import machines

@@ -25,7 +25,7 @@ IGNORED_KEYS = frozenset({
 #: Keys whose values are command lines (systemd.service(5)).
 EXEC_KEYS = frozenset({"ExecStart", "ExecStartPre", "ExecStartPost", "ExecReload", "ExecStop", "ExecStopPost",
                        "ExecCondition"})
-#: The [Unit] key that says what changing a unit costs a switch (read by the plan; README.md, "Releasing").
+#: The [Unit] key that says what changing a unit costs a switch (read by the plan; docs/release.md).
 CHANGE_KEY = "X-Flatshare-Change"
 
 _TIME_UNITS = {"us": 1, "usec": 1, "ms": 1000, "msec": 1000, "s": 10**6, "sec": 10**6, "second": 10**6,

@@ -40,7 +40,7 @@ class Node(StrictModel):
 
 
 class Transport(StrictModel):
-    """The bounds of every SSH exchange (seconds); README.md, "Releasing", says what each does."""
+    """The bounds of every SSH exchange (seconds); docs/release.md ("It never hangs and never lies") says what each does."""
 
     connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
     keepalive_s: float = Field(default=5.0, ge=1, le=600)
