@@ -457,3 +457,109 @@ def test_a_bug_before_any_step_is_one_line_and_its_traceback_is_kept_in_the_log(
     assert "Traceback (most recent call last)" in log and "RuntimeError: injected bug" in log
     assert fleet.release("--node", name).returncode == 0  # the node is fine: the next release goes ahead
     fleet.settled(name)
+
+
+def _new_hold(fleet) -> int:
+    """A decode_hold_tokens value neither node runs: a release that switches both."""
+    return next(v for v in (0, 48, 16, 8) if str(v) not in {fleet.hold(n) for n in ("cyan", "peacock")})
+
+
+def test_json_is_one_document_on_stdout_and_the_summary_says_what_each_node_history_says(fleet):
+    """`release --json`: stdout is one JSON document (people's lines on stderr); its summary of each node agrees
+    with what the node recorded (history.jsonl) and with the step table's timings being inside the switch."""
+    before = {n: fleet.current(n) for n in ("cyan", "peacock")}
+    fleet.set_hold(_new_hold(fleet))
+    result = fleet.release("--all", "--analysis", "skip", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)  # the whole of stdout: one document, nothing else
+    assert "[cyan " in result.stderr and "rollout " in result.stderr, result.stderr
+    assert summary["code"] == 0 and summary["mode"] == "release" and summary["dry_run"] is False, summary
+    assert list(summary["nodes"]) == ["cyan", "peacock"], summary
+    for name, entry in summary["nodes"].items():
+        record = fleet.history(name)[-1]  # the node's own record of the switch: an independent source
+        assert (entry["from"], entry["to"]) == (before[name], fleet.current(name)) == (record["before"],
+                                                                                        record["target"]), entry
+        assert entry["result"] == record["result"] == "released" and entry["switch"] == record["switch"], entry
+        assert entry["code"] == 0 and entry["commit"] == record.get("commit"), (entry, record)
+        # The engine's restart is inside the drain, which is inside the node's switch, inside the node's time.
+        assert 0 < entry["engine_start_s"] < entry["drained_s"] <= record["duration_s"] <= entry["duration_s"], \
+            (entry, record)
+    assert summary["duration_s"] >= sum(e["duration_s"] for e in summary["nodes"].values()), summary
+    fleet.settled("cyan")
+    fleet.settled("peacock")
+
+
+def test_a_dry_run_with_json_gives_each_nodes_plan_as_data(fleet):
+    fleet.set_hold(_new_hold(fleet))
+    result = fleet.release("--all", "--dry-run", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    summary = json.loads(result.stdout)
+    for name, entry in summary["nodes"].items():
+        plan = entry["plan"]
+        assert (plan["node"], plan["from_id"], plan["to_id"]) == (name, fleet.current(name), fleet.expected_id(name))
+        assert "restart-engine" in plan["steps"] and plan["drains"] is True, plan
+        assert any(change.startswith(HOLD_FLAG) for change in plan["flag_changes"]), plan
+        assert entry["result"] == "planned (dry run)" and fleet.current(name) == plan["from_id"], entry
+    fleet.release("--all", "--analysis", "skip")  # both on the checkout's release again
+
+
+def _with_silence_bound(fleet, seconds: int):
+    """The fleet's inventory with ``[transport] silence_s`` set (the node's progress cadence is a third of it)."""
+    import tomlkit
+
+    path = fleet.inventory
+    saved = path.read_bytes()
+    doc = tomlkit.parse(saved.decode())
+    doc.setdefault("transport", tomlkit.table())["silence_s"] = seconds
+    path.write_text(tomlkit.dumps(doc))
+    return saved
+
+
+def test_on_a_terminal_an_engine_start_is_one_live_line_quoting_the_engine_and_piped_it_is_plain_lines(fleet):
+    """On a pseudo-terminal the engine start's waits are drawn in place (carriage return, erase line) quoting the
+    engine's latest output line; piped, the same run prints plain lines with no control characters."""
+    import pty
+
+    saved = _with_silence_bound(fleet, 3)  # progress every second
+    log = fleet.node("cyan").root / "var/log/flatshare/flatshare-engine.service.log"
+    try:
+        with fleet.node_profile("cyan", {"engine.environment.FLATSHARE_STANDIN_LOAD_S": "5"}):
+            fleet.set_hold(_new_hold(fleet))
+            leader, follower = pty.openpty()
+            env = {k: v for k, v in os.environ.items() if k not in ("NO_COLOR", "FLATSHARE_NODE")}
+            process = subprocess.Popen(
+                [str(BIN / "flatshare"), "release", "--node", "cyan", "--inventory", str(fleet.inventory),
+                 "--root", str(fleet.checkout)], stdin=subprocess.DEVNULL, stdout=follower, stderr=follower,
+                env={**env, "TERM": "xterm", "COLUMNS": "300"})
+            os.close(follower)
+            seen = b""
+            while True:
+                try:
+                    chunk = os.read(leader, 65536)
+                except OSError:  # EIO: the process closed the terminal
+                    break
+                if not chunk:
+                    break
+                seen += chunk
+            assert process.wait(120) == 0, seen.decode(errors="replace")
+            os.close(leader)
+            text = seen.decode(errors="replace")
+            quoted = re.findall(r"\r\x1b\[K\[cyan [0-9:]+\]\s+still waiting for \S+ to answer 200 \(\d+ s of \d+ s\); "
+                                r"the engine's latest line: ([^\r\n]*)", text)
+            assert quoted, text
+            engine_lines = log.read_text().splitlines()  # what the engine wrote: the node's own output file
+            assert all(line.rstrip("…").strip() and any(e.startswith(line.rstrip("…").strip()) for e in engine_lines)
+                       for line in quoted), (quoted, engine_lines[-5:])
+            # Each status line is replaced in place (erased by the next one): none ends a line of its own.
+            assert not re.search(r"still waiting for [^\r\n]*\n", text.replace("\r\n", "\n")), text
+
+            fleet.set_hold(_new_hold(fleet))
+            piped = fleet.release("--node", "cyan")
+            assert piped.returncode == 0, piped.stdout + piped.stderr
+            assert "\x1b" not in piped.stdout + piped.stderr and "\r" not in piped.stdout + piped.stderr
+            assert re.search(r"^\[cyan [0-9:]+\]\s+still waiting for .*; the engine's latest line: ", piped.stdout,
+                             re.MULTILINE), piped.stdout
+    finally:
+        fleet.inventory.write_bytes(saved)
+    fleet.release("--all", "--analysis", "skip")
+    fleet.settled("cyan")

@@ -24,10 +24,22 @@ def outcome(code: int) -> bytes:
     return protocol.line(protocol.Outcome("s1", int(code), RESULTS.get(code, protocol.FAILED))).encode()
 
 
+#: The summary document of the last :func:`run` (control/rollout.py ``Rollout.document``): what it says of each node.
+last: dict = {}
+
+
 def run(targets, chosen=None, **options):
     stream = io.StringIO()
     rollout = Rollout(None, chosen or targets, targets, ReleaseOutput(None, stream), mode="rollback", **options)
-    return rollout.run(), stream.getvalue()
+    code = rollout.run()
+    last.clear()
+    last.update(json.loads(json.dumps(rollout.document())))  # as --json prints it: JSON through and through
+    return code, stream.getvalue()
+
+
+def result_of(name: str) -> str:
+    """What the last run's summary document says became of node ``name``."""
+    return last["nodes"][name]["result"]
 
 
 def test_a_node_is_admitted_while_the_other_takes_calls_and_is_not_locked():
@@ -36,7 +48,7 @@ def test_a_node_is_admitted_while_the_other_takes_calls_and_is_not_locked():
     code, text = run(targets, chosen=targets[:1])
     assert code == Exit.OK, text
     assert json.loads(cyan.stdin[-1]) == {"admit": True, "reason": None}
-    assert "peacock: takes calls, no release holds it" in text
+    assert "admission for cyan: peacock: takes calls, no release holds it" in text
 
 
 def test_a_node_is_refused_while_the_other_is_locked_or_not_serving_or_unreachable():
@@ -67,7 +79,7 @@ def test_a_stalled_session_trips_the_silence_bound_and_a_node_still_switching_ha
     code, text = run(targets)
     assert "the silence bound" in text and code == Exit.STILL_SWITCHING, text
     assert "cyan: the node is still switching after 2 s (the reconnect bound)" in text
-    assert "peacock: not started" in text  # --all does not go on past a node still switching
+    assert result_of("peacock") == "not started", last  # --all does not go on past a node still switching
 
 
 def test_a_failed_node_stops_the_rollout_and_names_the_rest_not_started():
@@ -75,7 +87,8 @@ def test_a_failed_node_stops_the_rollout_and_names_the_rest_not_started():
     targets = fleet(cyan=cyan, peacock=FakeNode())
     code, text = run(targets)
     assert code == Exit.FAILED
-    assert "cyan: failed mid-switch (journal kept)" in text and "peacock: not started" in text
+    assert result_of("cyan") == "failed mid-switch (journal kept)" and result_of("peacock") == "not started", last
+    assert last["nodes"]["cyan"]["code"] == Exit.FAILED and last["code"] == Exit.FAILED, last
     assert targets[1].fake.commands == []
 
 
@@ -123,8 +136,10 @@ def test_the_summary_says_what_the_node_did_as_its_outcome_says_never_its_text_f
         protocol.Outcome("s1", 0, word, "r1")).encode()], switch_status=Exit.OK)
              for name, word in (("cyan", protocol.ROLLED_BACK), ("peacock", protocol.REPAIRED))}
     targets = fleet(**nodes)
-    code, text = run(targets)  # two nodes: a line each at the end
-    assert code == Exit.OK and text.splitlines()[-2:] == ["cyan: rolled back", "peacock: repaired"], text
+    code, text = run(targets)  # two nodes: a row each in the summary
+    assert code == Exit.OK and (result_of("cyan"), result_of("peacock")) == ("rolled back", "repaired"), last
+    rows = {line.split()[0]: line for line in text.splitlines()[-3:]}  # the table's rows, after its heading row
+    assert " rolled back " in rows["cyan"] and " repaired " in rows["peacock"], text
 
 
 def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why():
@@ -136,8 +151,9 @@ def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why(
     targets = fleet(cyan=cyan, peacock=peacock)
     code, text = run(targets)
     assert code == Exit.ROLLED_BACK, text
-    assert f"cyan: rolled back automatically: {why}" in text.splitlines(), text
-    assert "peacock: not started" in text.splitlines(), text
+    assert (result_of("cyan"), last["nodes"]["cyan"]["message"]) == ("rolled back automatically", why), last
+    assert f"  cyan: {why}" in text.splitlines(), text  # the reason, under the summary table
+    assert result_of("peacock") == "not started", last
     assert not [c for c in peacock.commands if c[1] == "switch"], peacock.commands
 
 

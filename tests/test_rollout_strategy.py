@@ -139,12 +139,14 @@ def test_the_rollout_stops_once_more_nodes_failed_than_max_failed(fleet, max_fai
     # n2's new engine never answers within its start budget: it rolls itself back (exit 9), a failed node.
     with fleet.node_profile("n2", 'FLATSHARE_STANDIN_LOAD_S = "1"', 'FLATSHARE_STANDIN_LOAD_S = "30"'), \
             fleet.node_profile("n2", "start_timeout_s = 60", "start_timeout_s = 4"):
-        result = fleet.release(inventory)
+        result = fleet.release(inventory, "--json")
     text = result.stdout + result.stderr
     assert result.returncode == 9, text  # the first failure's own code
+    summary = json.loads(result.stdout)  # --json: one document on stdout, people's lines on stderr
+    assert summary["code"] == 9 and summary["nodes"]["n2"]["result"] == "rolled back automatically", summary
     results = {n: [r["result"] for r in fleet.history(n)[start[n]:] if r["result"] != "analysed"] for n in NODES}
     assert results["n1"] == ["released"] and results["n2"] == ["failed", "rolled back"], results
     assert results["n4"] == (["released"] if n4_switched else []), (results, text)
     if not n4_switched:
-        assert "n4: not started" in result.stdout, result.stdout
+        assert summary["nodes"]["n4"]["result"] == "not started" and summary["nodes"]["n4"]["code"] is None, summary
     fleet.release(inventory)  # every node on the checkout's release again

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import sys
 from enum import Enum
 from pathlib import Path
 from typing import Annotated, Optional
@@ -36,8 +37,15 @@ class AnalysisMode(str, Enum):
 AnalysisOption = Annotated[AnalysisMode, typer.Option(
     "--analysis", help="The canaries' analysis in a rollout: on (decide by it), dry-run (measure and report, "
                        "decide nothing) or skip (recorded in the canaries' history).")]
-JsonOption = Annotated[bool, typer.Option("--json", help="Also print what became of each node and the canary "
-                                                         "analyses as one JSON document, last.")]
+JsonOption = Annotated[bool, typer.Option(
+    "--json", help="Print what became of the run as one JSON document on stdout (each node's result, release, "
+                   "durations, the canary analyses; with --dry-run, each node's plan); people's lines go to stderr.")]
+VerboseOption = Annotated[bool, typer.Option("-v", "--verbose", help="Print each node's whole plan (a dry run "
+                                                                     "always does; release.log keeps it).")]
+QuietOption = Annotated[bool, typer.Option("-q", "--quiet", help="Print only what this side decides, the nodes' "
+                                                                 "errors and the summary.")]
+PlainOption = Annotated[bool, typer.Option("--plain", help="Plain lines even on a terminal: no live status line, no "
+                                                           "colour (as NO_COLOR or a pipe).")]
 
 
 @app.command("release", short_help='Switch nodes to what the checkout renders.')
@@ -54,10 +62,14 @@ def release(
         "release.auto_rollback otherwise rolls it back by itself).")] = False,
     analysis: AnalysisOption = AnalysisMode.on,
     as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+    plain: PlainOption = False,
     inventory: InventoryOption = None,
     root: RootOption = Path("."),
 ) -> None:
-    """Switch nodes to what the checkout renders (without --node or --all: the node this runs on).
+    """Switch nodes to what the checkout renders (without --node or --all: the node this runs on), and end with
+    a summary: each node's result, from -> to, commit, time drained, engine start, analysis and duration.
 
     Exit codes: 0 released, 1 failed mid-switch, 2 bad input, 3 refused, 4 nothing to do, 5 damaged node
     state, 6 unreachable, 7 still switching, 8 systemd did not answer, 9 rolled back automatically,
@@ -68,7 +80,7 @@ def release(
                                    warn_uncommitted)
     from ..control.targets import every_node, targets
 
-    out = terminal()
+    out = terminal(sys.stderr if as_json else None)
     refuse_drift(root)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
@@ -77,20 +89,19 @@ def release(
     warn_uncommitted(root, out)  # only for a release that goes ahead
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
-                      auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path)
+                      auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path,
+                      verbose=verbose, quiet=quiet, plain=plain)
     raise typer.Exit(_finish(rollout, as_json))
 
 
 def _finish(rollout, as_json: bool) -> int:
-    """Run the rollout; with --json, print what became of each node and the canary analyses as one document."""
+    """Run the rollout; with --json, print its summary document (control/rollout.py ``Rollout.document``) alone
+    on stdout."""
     import json
 
     code = rollout.run()
     if as_json:
-        typer.echo(json.dumps({"rollout": rollout.id, "mode": rollout.mode, "code": int(code), "nodes": {
-            t.name: {"code": t.result, "result": (rollout.outcomes[t.name].result if t.name in rollout.outcomes
-                                                  else None), "switch": rollout.switch_ids.get(t.name)}
-            for t in rollout.chosen}, "analyses": rollout.analyses}, sort_keys=True))
+        print(json.dumps(rollout.document(), sort_keys=True, indent=2), flush=True)
     return code
 
 
@@ -102,6 +113,9 @@ def rollback(
     dry_run: Annotated[bool, typer.Option("--dry-run", help="Print the plan and any refusal; change nothing.")] = False,
     analysis: AnalysisOption = AnalysisMode.on,
     as_json: JsonOption = False,
+    verbose: VerboseOption = False,
+    quiet: QuietOption = False,
+    plain: PlainOption = False,
     inventory: InventoryOption = None,
     root: RootOption = Path("."),
 ) -> None:
@@ -112,20 +126,21 @@ def rollback(
     from ..control.rollout import Rollout, terminal
     from ..control.targets import every_node, targets
 
-    out = terminal()
+    out = terminal(sys.stderr if as_json else None)
     path = inventory_path(inventory)
     chosen = targets(path, node or [], all_nodes)
     everyone = every_node(path, chosen)
     _on_signals()
+    shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
     if not all_nodes:
-        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run, inventory=path),
-                                 as_json))
+        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run, inventory=path,
+                                         **shown), as_json))
     undo, order = _last_rollout(chosen, out)
     if undo is None:
         out.line("rollback: no node records a rollout to undo; nothing to do")
         raise typer.Exit(4)
     raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode="undo-rollout", dry_run=dry_run, undo=undo,
-                                     analysis=analysis.value, inventory=path), as_json))
+                                     analysis=analysis.value, inventory=path, **shown), as_json))
 
 
 def _last_rollout(chosen, out):

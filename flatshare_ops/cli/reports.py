@@ -53,9 +53,13 @@ def check(
     if as_json:
         typer.echo(_json.dumps({r.node: r.to_json() for r in reports}, indent=2, sort_keys=True))
     else:
+        from ..control.live import coloured, stdout_is_live
+
+        live = stdout_is_live()
         for report in reports:
             if not (quiet and report.status == "OK"):
-                typer.echo(nagios_text(report), nl=False)
+                for line in nagios_text(report).splitlines():
+                    typer.echo(coloured(line, live))
     raise typer.Exit(6 if unreachable else EXIT_CODES[worst(r.status for r in reports)])
 
 

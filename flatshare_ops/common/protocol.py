@@ -94,6 +94,13 @@ class Outcome:
         unjudged: with nothing to do, the id of the switch that installed the release the node runs when no
             canary analysis passed it or was skipped for it (a rollout interrupted during its analysis, a
             paused one, a release of the node alone), else None.
+        before: the release the node was on before the switch, when known (None: none, or not known).
+        commit: the checkout commit the release was made from, when the bundle said.
+        drained_s: seconds from the switch's first drain step to its last step giving calls back, when it drained
+            and gave them back (:func:`drain_window`).
+        engine_start_s: seconds the ``restart-engine`` step took (stop, start, /health 200), when it ran.
+        plan: the switch's plan as data (node/plan.py ``Plan``: ``node``, ``from_id``, ``to_id``, ``kind``,
+            ``steps``, ``units``, ``reasons``, ``flag_changes``, ``drains``...), when one was made.
     """
 
     switch: str
@@ -104,7 +111,25 @@ class Outcome:
     detail: dict = field(default_factory=dict)
     first: bool = False
     unjudged: str | None = None
+    before: str | None = None
+    commit: str | None = None
+    drained_s: float | None = None
+    engine_start_s: float | None = None
+    plan: dict = field(default_factory=dict)
     kind = "outcome"
+
+
+#: The steps that take a node out of calls, and those that give calls back (node/steps.py, the step table).
+DRAIN_STEPS, GIVE_BACK_STEPS = ("drain-voice", "stop-gateway"), ("start-gateway", "end-voice-drain")
+
+
+def drain_window(timings: dict[str, tuple[float, float]]) -> float | None:
+    """How long a switch kept its node out of calls (seconds): from the start of its first drain step to the end
+    of its last step giving calls back, from ``timings`` (step name -> (start, end), one clock's seconds); None
+    when it drained nothing or never gave calls back."""
+    starts = [timings[s][0] for s in DRAIN_STEPS if s in timings]
+    ends = [timings[s][1] for s in GIVE_BACK_STEPS if s in timings]
+    return round(max(ends) - min(starts), 3) if starts and ends else None
 
 
 _KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome)}
@@ -163,8 +188,9 @@ def _build(cls, text: str):
 
 
 def _fits(value, annotation: str) -> bool:
-    allowed = {"str": (str,), "int": (int,), "bool": (bool,), "dict": (dict,), "str | None": (str, type(None))}
+    allowed = {"str": (str,), "int": (int,), "bool": (bool,), "dict": (dict,), "str | None": (str, type(None)),
+               "float | None": (int, float, type(None))}
     types = allowed.get(annotation, (object,))
-    if annotation == "int" and isinstance(value, bool):
+    if annotation in ("int", "float | None") and isinstance(value, bool):
         return False
     return isinstance(value, types)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass
 from typing import Callable
 
+from ..common.clock import utc_stamp
 from ..common.text import one_line
 from ..errors import TransportError
 from .connection import Lost
@@ -100,7 +101,9 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
         if all(run.result.done for run in runs.values()):
             break
         deadline += settings.interval_s
-        sleep(max(0.0, deadline - time.monotonic()))
+        wait = max(0.0, deadline - time.monotonic())
+        out.line(f"  next measurement at {utc_stamp(time.time() + wait)[11:19]}Z (in {wait:.0f} s)")
+        sleep(wait)
     verdict = Verdict({name: run.result for name, run in runs.items()})
     for result in verdict.results.values():
         out.line(result.summary())

@@ -56,13 +56,25 @@ class Rollout:
         mode: ``release``, ``rollback`` or ``undo-rollout``.
         undo: the rollout to undo (mode ``undo-rollout``).
         inventory: the inventory file in use, named in the commands this run suggests (:meth:`command`).
+        verbose: each node prints its whole plan (else a compact one; the whole plan is in its release.log).
+        quiet: the nodes' progress lines are not shown (their errors, this side's lines and the summary are).
+        plain: never a live status line or colour, even on a terminal (control/live.py).
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
                  undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
-                 inventory: Path | None = None) -> None:
-        self.root, self.chosen, self.everyone, self.out = root, chosen, everyone, out
+                 inventory: Path | None = None, verbose: bool = False, quiet: bool = False,
+                 plain: bool = False) -> None:
+        from .live import StatusLine, is_live
+
+        self.root, self.chosen, self.everyone = root, chosen, everyone
+        # Every line of this run goes through the status line: on a live terminal, waits are drawn in place.
+        self.out = StatusLine(out.line, out.stream, is_live(out.stream, plain))
+        self.verbose, self.quiet = verbose, quiet
+        self.began = time.monotonic()
+        self.code: int | None = None  # the run's exit code, once it ended
+        self.node_times: dict[str, list] = {}  # node -> [its first switch's start, its last one's end] (monotonic s)
         self.inventory = inventory
         self.mode, self.force, self.dry_run, self.undo = mode, force, dry_run, undo
         self.auto_rollback, self.analysis = auto_rollback, analysis
@@ -285,17 +297,24 @@ class Rollout:
         except OperatorInterrupted as stop:
             self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
                           "operator's side only; a node that was switching carries on and records its outcome")
+            self.code = stop.code
             self._summary(interrupted=True)
             return stop.code
         finally:
             self.close()
+            self.out.finish()
         if worst is None and failures:  # tolerated (max_failed), but those nodes do not run the release
             worst = failures[0].result
-        if len(self.chosen) > 1 or worst is not None:
+        self.code = worst if worst is not None else (
+            Exit.OK if any(t.result == Exit.OK for t in self.chosen) else Exit.NOTHING_TO_DO)
+        if not self.dry_run:
+            from .summary import table_lines
+
+            for line in table_lines(self.document()):
+                self.out.line(line)
+        elif len(self.chosen) > 1 or worst is not None:
             self._summary()
-        if worst is not None:
-            return worst
-        return Exit.OK if any(t.result == Exit.OK for t in self.chosen) else Exit.NOTHING_TO_DO
+        return self.code
 
     def _canary_analysis(self, canaries: list[NodeTarget], later: list[list[NodeTarget]]) -> int | None:
         """Analyse the canaries that switched; None to go on with the next batch, else the rollout's exit code
@@ -407,41 +426,100 @@ class Rollout:
             while thread.is_alive():
                 thread.join(0.2)  # in small steps: a signal reaches the main thread between them
 
+    def _result(self, t: NodeTarget) -> tuple[str, str | None]:
+        """(what became of node ``t`` in a few words, the reason or what to do when there is one)."""
+        outcome = self.outcomes.get(t.name)
+        if t.result is None and t.name in self.asking:
+            return ("was asking for admission to drain", "without an answer it refuses and changes nothing "
+                    f"({self.command('status')} shows it)")
+        if t.result is None and t.name in self.switching:
+            return "switching on the node when interrupted", f"it carries on: {self.command('status')} follows it"
+        if t.result is None:
+            return "not started", None
+        if self.dry_run and t.result == Exit.OK:
+            return "planned (dry run)", None
+        if outcome is not None and t.result in (Exit.OK, Exit.ROLLED_BACK):
+            # What the node said it did: released, rolled back, repaired, rolled back automatically.
+            return (outcome.result or EXIT_NAMES.get(t.result, f"exit {t.result}"),
+                    (outcome.message or "the node gave no reason") if t.result == Exit.ROLLED_BACK else None)
+        return EXIT_NAMES.get(t.result, f"exit {t.result}"), outcome.message if outcome is not None else None
+
     def _summary(self, interrupted: bool = False) -> None:
+        """One line a node (``NAME: RESULT: why (analysis)``): an interrupted run's, and a dry run's."""
         for t in self.chosen:
-            if t.result is None and t.name in self.asking:
-                label = ("was asking for admission to drain: without an answer it refuses and changes nothing "
-                         f"({self.command('status')} shows it)")
-            elif t.result is None and t.name in self.switching:
-                label = f"switching on the node when interrupted (it carries on: {self.command('status')} follows it)"
-            elif t.result is None:
-                label = "not started"
-            elif self.dry_run and t.result == Exit.OK:
-                label = "planned (dry run)"
-            elif t.name in self.outcomes and t.result in (Exit.OK, Exit.ROLLED_BACK):
-                outcome = self.outcomes[t.name]  # what the node said it did: released, rolled back, repaired
-                label = (outcome.result or EXIT_NAMES.get(t.result, f"exit {t.result}")) + (
-                    f": {outcome.message or 'the node gave no reason'}" if t.result == Exit.ROLLED_BACK else "")
+            result, message = self._result(t)
+            if message and t.result is None and t.name in self.switching and t.name not in self.asking:
+                label = f"{result} ({message})"
+            elif message and (t.result is None or t.result == Exit.ROLLED_BACK):
+                label = f"{result}: {message}"
             else:
-                label = EXIT_NAMES.get(t.result, f"exit {t.result}")
+                label = result
             if t.name in self.analysed:
                 label += f" ({self.analysed[t.name]})"
             self.out.line(f"{t.name}: {label}")
+
+    def document(self) -> dict:
+        """What became of this run, as one JSON-ready document (``--json``; control/summary.py renders it).
+
+        Returns:
+            ``{"rollout", "mode", "dry_run", "code", "meaning", "duration_s", "nodes", "analyses"}``: ``nodes`` is
+            node -> ``{"code", "result", "message", "switch", "from", "to", "commit", "drained_s",
+            "engine_start_s", "analysis", "duration_s"}`` (and ``"plan"``, the node's plan as data, in a dry run);
+            durations in seconds, None where not known (the node did not say, or did not get that far).
+        """
+        now = time.monotonic()
+        nodes = {}
+        for t in self.chosen:
+            outcome = self.outcomes.get(t.name)
+            result, message = self._result(t)
+            times = self.node_times.get(t.name)
+            entry = {
+                "code": t.result, "result": result, "message": message, "switch": self.switch_ids.get(t.name),
+                "from": outcome.before if outcome else None, "to": outcome.release if outcome else None,
+                "commit": outcome.commit if outcome else None,
+                "drained_s": outcome.drained_s if outcome else None,
+                "engine_start_s": outcome.engine_start_s if outcome else None,
+                "analysis": self.analysed.get(t.name),
+                "duration_s": round(times[1] - times[0], 3) if times and times[1] is not None else None}
+            if self.dry_run and outcome is not None and outcome.plan:
+                entry["plan"] = outcome.plan
+            nodes[t.name] = entry
+        code = int(self.code) if self.code is not None else None
+        return {"rollout": self.id, "mode": self.mode, "dry_run": self.dry_run, "code": code,
+                "meaning": "done" if code == 0 else EXIT_NAMES.get(code, f"exit {code}"),
+                "duration_s": round(now - self.began, 3), "nodes": nodes, "analyses": self.analyses}
+
+    def elapsed(self) -> str:
+        """Time since this run began, for the start of a node's lines: ``0:41``, ``12:05``."""
+        minutes, secs = divmod(int(time.monotonic() - self.began), 60)
+        return f"{minutes}:{secs:02d}"
 
     # --- one node --------------------------------------------------------------------------------------
 
     def switch(self, target: NodeTarget, mode: str | None = None) -> int:
         """Run the node's switch (``mode``: this run's, or ``rollback`` for a canary that failed its analysis)
         and report what the node says; returns its exit code."""
+        mode = mode or self.mode
+
+        def echo(text: str) -> None:
+            if not self.quiet or text.startswith("flatshare:"):
+                self.out.line(f"[{target.name} {self.elapsed()}] {text}")
+
+        times = self.node_times.setdefault(target.name, [time.monotonic(), None])
+        try:
+            return self._switch(target, mode, echo)
+        finally:
+            times[1] = time.monotonic()
+
+    def _switch(self, target: NodeTarget, mode: str, echo) -> int:
         from .bundle import bundle
 
-        mode = mode or self.mode
-        echo = ReleaseOutput(None, self.out.stream, prefix=f"[{target.name}] ").line
         switch_id = uuid.uuid4().hex[:16]
         self.switch_ids[target.name] = switch_id
         try:
             payload = bundle(self.root, target, ship=not target.local) if mode == "release" else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
+            payload["plan"] = "full" if self.verbose or self.dry_run else "compact"
             session = self.start(target, commands.switch(
                 # An undo is part of the rollout it undoes: its switches carry that rollout's id, so that a
                 # `rollback --all` run again goes on undoing it, never undoes the undo (a breaker's case).
@@ -535,7 +613,7 @@ class Rollout:
                               f"{other.node.host}: what its callers meet is not known, not counted")
                 continue
             counts, line = admission_line(other.name, target.name, answer)
-            self.out.line(line)
+            self.out.line(f"admission for {target.name}: {line}")
             if counts:
                 serving.append(other.name)
         need = self.settings.serving_floor
@@ -704,8 +782,9 @@ def warn_uncommitted(root: Path, out: ReleaseOutput) -> None:
         out.line(f"note: the checkout has uncommitted changes; the release is recorded as made from {described}")
 
 
-def terminal() -> ReleaseOutput:
-    """The operator's terminal, as a line sink that survives its loss."""
-    out = ReleaseOutput(None, sys.stdout)
+def terminal(stream=None) -> ReleaseOutput:
+    """The operator's terminal (``stream``, default stdout; stderr when stdout carries a ``--json`` document), as
+    a line sink that survives its loss."""
+    out = ReleaseOutput(None, stream if stream is not None else sys.stdout)
     out.watch_hangup()
     return out

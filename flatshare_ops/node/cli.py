@@ -173,7 +173,8 @@ def switch(args) -> int:
             raise FlatshareError(f"node switch: {err}") from None
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
                       dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
-                      auto_rollback=not args.no_auto_rollback)
+                      auto_rollback=not args.no_auto_rollback,
+                      full_plan=not (isinstance(bundle, dict) and bundle.get("plan") == "compact"))
     try:
         ctx.releases.mkdir(parents=True, exist_ok=True)
     except OSError:
@@ -203,7 +204,8 @@ def switch(args) -> int:
     try:
         done = switch_node(ctx, request, out, admit)
         outcome = protocol.Outcome(request.switch, int(done.code), done.result, done.release, done.message,
-                                   done.detail, done.first, done.unjudged)
+                                   done.detail, done.first, done.unjudged, done.before, done.commit, done.drained_s,
+                                   done.engine_start_s, done.plan)
         if done.code == Exit.ROLLED_BACK:
             out.line(f"flatshare: {ctx.node}: rolled back automatically: {done.message}")
     except FlatshareError as err:

@@ -221,6 +221,28 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "rele
     return Plan(node, old.id, new.id, kind, ordered, actions, reasons, flags)
 
 
+def plan_document(p: Plan) -> dict:
+    """The plan as JSON-ready data, for the outcome (common/protocol.py ``Outcome.plan``) and ``--json``:
+    every :class:`Plan` field, ``drains``, and each step's description."""
+    from dataclasses import asdict
+
+    return {**asdict(p), "drains": p.drains,
+            "step_descriptions": {name: STEP_BY_NAME[name].description for name in p.steps}}
+
+
+def compact(p: Plan) -> list[str]:
+    """The plan in a few lines, for a release that goes ahead (the whole plan, :func:`describe`, is in
+    release.log, and on the terminal with ``--dry-run`` or ``-v``): what it switches, whether it drains, which
+    units restart, and each engine flag that changes."""
+    acting = [f"{name} {action}" for name, action in p.units.items() if action not in ("unchanged",)]
+    untouched = sum(1 for action in p.units.values() if action == "unchanged")
+    lines = [f"plan for {p.node}: {p.from_id or '(no release)'} -> {p.to_id}{title(p)}: {len(p.steps)} steps, "
+             + ("drains the node" if p.drains else "no drain") + "; units: "
+             + (", ".join(acting) or "none change") + (f" ({untouched} unchanged)" if untouched and acting else "")]
+    lines += [f"  flag {change}" for change in p.flag_changes]
+    return lines
+
+
 def title(p: Plan) -> str:
     """`` (rollback)``, `` (finishing an interrupted switch)``... after a switch's from -> to."""
     if p.automatic:

@@ -91,7 +91,8 @@ def new_journal(ctx: NodeContext, p: Plan, switch_id: str, rollout: str | None, 
 
 def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal: journals.Journal,
         abandon: tuple[journals.Journal, str] | None = None, roll_back_on_failure: bool = False,
-        drain_kept: drain.VoiceDrain | None = None, readmit=None, admitted_at: float = 0.0) -> None:
+        drain_kept: drain.VoiceDrain | None = None, readmit=None,
+        admitted_at: float = 0.0) -> dict[str, tuple[float, float]]:
     """Carry out plan ``p``: journal each step; on any early end apply the early-end rule.
 
     Args:
@@ -102,6 +103,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         drain_kept: the voice drain a switch this one continues left in place (an automatic rollback).
         readmit, admitted_at: the admission to drain decided again, and when it was decided
             (``time.monotonic()``): the gateway's stop decides it again when it is old (node/steps.py).
+
+    Returns:
+        Each step's (start, end), ``time.monotonic()`` seconds: what the outcome's durations are made of.
 
     Raises:
         JournalNotWritten: the journal could not be written at all (nothing was changed).
@@ -124,7 +128,9 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         for number, step in enumerate(p.steps, 1):
             out.line(f"step {number}/{len(p.steps)} {step}")
             journals.mark(ctx.state_dir, journal, step, "running")
+            started = time.monotonic()
             STEP_BY_NAME[step].run(sw)
+            sw.timings[step] = (started, time.monotonic())
             journals.mark(ctx.state_dir, journal, step, "done")
     except NotAdmitted as err:
         if abandon is None and drain_kept is None and not journal.resumed and not journal.auto \
@@ -147,6 +153,7 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         out.line(f"  note: the switch is recorded, but its journal could not be removed ({describe_failure(err)}); "
                  "the next release removes it")
     sw.out.line(f"{ctx.node}: {SUCCESS[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
+    return sw.timings
 
 
 def _refused_midway(sw: Switch, reason: str) -> None:

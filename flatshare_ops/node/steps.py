@@ -74,6 +74,7 @@ class Switch:
         readmit: decides the admission to drain again (node/refusals.py ``admit_to_drain`` for this switch's
             plan; raises ``Refused``), None when the plan drains nothing.
         admitted_at: ``time.monotonic()`` when the admission was last decided.
+        timings: step name -> (start, end) in ``time.monotonic()`` seconds, for each step that ran to its end.
     """
 
     ctx: NodeContext
@@ -89,6 +90,7 @@ class Switch:
     notes: list[str] = field(default_factory=list)
     readmit: Callable[[], None] | None = None
     admitted_at: float = 0.0
+    timings: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @property
     def serving(self) -> dict:
@@ -308,8 +310,27 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
                 return True
         return False
 
-    poll_until(done, timeout_s, 0.05, sw.progress(f"{url} to answer 200", budget_s))
+    poll_until(done, timeout_s, 0.05, _engine_progress(sw, url, budget_s))
     return last[0], exited[0]
+
+
+#: The prefix of the engine's latest line in a start's progress lines (the operator's side shows it live).
+ENGINE_SAYS = "; the engine's latest line: "
+
+
+def _engine_progress(sw: Switch, url: str, budget_s: float) -> Callable[[float], None]:
+    """The engine start's progress line: how long of its budget, and what the engine is doing (its latest output
+    line since this start, from wherever the node keeps its output: common/unit_output.py), so that a start of
+    many minutes on the card says more than the time."""
+    from ..common.unit_output import last_lines
+
+    def progress(waited: float) -> None:
+        tail = last_lines((sw.serving or {}).get("layout") or {}, ENGINE_UNIT, 1, since=sw.engine_output_mark)
+        latest = tail.lines[-1].strip() if tail.lines and tail.lines[-1].strip() else None
+        sw.out.line(f"  still waiting for {url} to answer 200 ({waited:.0f} s of {budget_s:g} s)"
+                    + (f"{ENGINE_SAYS}{latest[:200]}" if latest else ""))
+
+    return progress
 
 
 def _failed_start(sw: Switch, what: str) -> StepError:

@@ -45,7 +45,7 @@ from .calls import active_serving, give_calls_back, services_down
 from .context import NodeContext
 from .lock import node_lock
 from .output import ReleaseOutput
-from .plan import Plan, ReleaseView, describe, plan, title
+from .plan import Plan, ReleaseView, compact, describe, plan, plan_document, title
 from .prune import prune
 from .records import SUCCESS, read_history
 from .refusals import Admission, admit_to_drain, refuse_node_state, refuse_what_cannot_start
@@ -68,6 +68,8 @@ class Request:
         rollout: the rollout this switch belongs to, recorded in history.
         undo: the rollout to undo (mode ``undo-rollout``).
         auto_rollback: a release whose new engine does not serve goes back by itself.
+        full_plan: print the whole plan (:func:`.plan.describe`); else a compact one (:func:`.plan.compact`),
+            the whole plan going to release.log only.
     """
 
     mode: str = "release"
@@ -78,6 +80,7 @@ class Request:
     rollout: str | None = None
     undo: str | None = None
     auto_rollback: bool = True
+    full_plan: bool = True
 
     def __post_init__(self) -> None:
         self.switch = self.switch or uuid.uuid4().hex[:16]
@@ -100,6 +103,11 @@ class Done:
     detail: dict = field(default_factory=dict)
     first: bool = False  # the node's first release: it had none before this switch
     unjudged: str | None = None  # nothing to do: the switch that installed the release, never judged (protocol)
+    before: str | None = None  # the release before the switch (protocol.Outcome: these four, and plan)
+    commit: str | None = None
+    drained_s: float | None = None
+    engine_start_s: float | None = None
+    plan: dict = field(default_factory=dict)
 
 
 @dataclass
@@ -199,13 +207,14 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             unjudged = unjudged_switch(state.hist, state.current)
             owed = failed_analysis(state.hist, unjudged)
             return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current, unjudged=unjudged,
-                        detail={"analysis_failed_in": owed} if owed else {})
+                        detail={"analysis_failed_in": owed} if owed else {}, before=state.current)
         if request.mode != "release":  # a rollback's target is decided just now: lock.json names it from here on
             holder(work.new.id)
         _refuse(ctx, request, out, work, admit)
         if request.dry_run:
             out.line("dry run: nothing changed")
-            return Done(Exit.OK, protocol.PLANNED, state.current)
+            return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
+                        commit=(request.bundle or {}).get("commit"), plan=plan_document(work.plan))
         if request.bundle is not None:
             _store(ctx, request, out)
         journal = new_journal(ctx, work.plan, request.switch, request.rollout,
@@ -368,8 +377,14 @@ def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
 
 def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, admit: Admission) -> None:
     """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the admission."""
-    for line in describe(work.plan):
-        out.line(line)
+    if request.full_plan or request.dry_run:
+        for line in describe(work.plan):
+            out.line(line)
+    else:
+        for line in describe(work.plan):
+            out.log_only(line)
+        for line in compact(work.plan):
+            out.line(line)
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
     if "restart-engine" in work.plan.steps:
         refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run)
@@ -407,12 +422,21 @@ def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Wor
     back_to = _auto_rollback_target(ctx, request, p, state, out)
     out.line(f"{ctx.node}: switching {p.from_id or '(no release)'} -> {p.to_id}{title(p)}")
     try:
-        run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None,
-            readmit=_readmission(ctx, p, work.new, out, admit, request.action), admitted_at=work.admitted_at)
+        timings = run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None,
+                      readmit=_readmission(ctx, p, work.new, out, admit, request.action), admitted_at=work.admitted_at)
     except RollbackNeeded as failure:
         return _roll_back_automatically(ctx, request, out, work, failure, back_to, admit)
     _prune(ctx, out)
-    return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None)
+    return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None, before=p.from_id,
+                commit=(request.bundle or {}).get("commit"), **_durations(timings), plan=plan_document(p))
+
+
+def _durations(timings: dict[str, tuple[float, float]]) -> dict:
+    """The outcome's ``drained_s`` and ``engine_start_s`` from a run's step timings (seconds; None when the
+    switch did not drain, or did not restart the engine)."""
+    engine = timings.get("restart-engine")
+    return {"drained_s": protocol.drain_window(timings),
+            "engine_start_s": round(engine[1] - engine[0], 3) if engine else None}
 
 
 def _readmission(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission, action: str):
@@ -474,8 +498,8 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
         admitted_at = time.monotonic()
         journal = new_journal(ctx, p, request.switch, request.rollout, None, time.time(), auto=why)
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)  # the rollback's own early-end rule holds now
-        run(ctx, p, new, out, journal, drain_kept=failure.switch.drain,
-            readmit=_readmission(ctx, p, new, out, admit, "automatic rollback"), admitted_at=admitted_at)
+        timings = run(ctx, p, new, out, journal, drain_kept=failure.switch.drain,
+                      readmit=_readmission(ctx, p, new, out, admit, "automatic rollback"), admitted_at=admitted_at)
     except SwitchFailed as err:
         raise SwitchFailed(f"{ctx.node}: {why}; the automatic rollback to {back_to} failed too: {err}") from None
     except (Exception, KeyboardInterrupt, Interrupted) as err:
@@ -494,7 +518,10 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
     finally:
         signal.pthread_sigmask(signal.SIG_UNBLOCK, HANDED_OVER)
     _prune(ctx, out)
-    return Done(Exit.ROLLED_BACK, protocol.AUTO_ROLLED_BACK, back_to, why, detail)
+    # The drain began in the failed switch and ended in its rollback: both runs' steps make its window.
+    drained = {**timings, **{k: v for k, v in failure.switch.timings.items() if k in protocol.DRAIN_STEPS}}
+    return Done(Exit.ROLLED_BACK, protocol.AUTO_ROLLED_BACK, back_to, why, detail, before=work.plan.from_id,
+                commit=(request.bundle or {}).get("commit"), **_durations(drained), plan=plan_document(work.plan))
 
 
 def _prune(ctx: NodeContext, out: ReleaseOutput) -> None:
