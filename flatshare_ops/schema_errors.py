@@ -15,15 +15,56 @@ def dotted(loc: tuple[Any, ...]) -> str:
     return re.sub(r"\bschema_\b", "schema", text)
 
 
-def rule(error: dict[str, Any]) -> str:
-    """What one pydantic error says, in our words: the rule broken and, where it helps, the value given."""
+def keys_at(model: Any, loc: tuple[Any, ...]) -> list[str] | None:
+    """The keys the schema ``model`` (a pydantic model class) allows in the table at ``loc`` (a dotted key's parts,
+    as pydantic's error locations give them), by their file spelling; None where the schema does not say (a free
+    table, a list, a value)."""
+    import typing
+
+    from pydantic import BaseModel
+
+    current = model
+    for part in loc:
+        if isinstance(part, int):
+            return None
+        fields = getattr(current, "model_fields", None)
+        if fields is None:
+            return None
+        by_name = {(f.alias or n): f for n, f in fields.items()}
+        field = by_name.get(part)
+        if field is None:
+            return None
+        candidates = [field.annotation, *typing.get_args(field.annotation)]
+        current = next((c for c in candidates if isinstance(c, type) and issubclass(c, BaseModel)), None)
+        if current is None:
+            return None
+    fields = getattr(current, "model_fields", None)
+    return sorted((f.alias or n) for n, f in fields.items()) if fields is not None else None
+
+
+def did_you_mean(name: str, keys: list[str] | None) -> str:
+    """`` (did you mean decode_hold_tokens?)`` for the closest of ``keys`` to ``name`` (difflib's ratio), else ``""``."""
+    import difflib
+
+    close = difflib.get_close_matches(name, keys or [], n=1, cutoff=0.6)
+    return f" (did you mean {close[0]}?)" if close else ""
+
+
+def rule(error: dict[str, Any], model: Any = None) -> str:
+    """What one pydantic error says, in our words: the rule broken and, where it helps, the value given; for an
+    unknown key, the closest key the schema ``model`` allows there."""
     kind = error["type"]
     if kind == "extra_forbidden":
-        return "unknown key; remove it or check its spelling"
+        loc = tuple(error["loc"])
+        hint = did_you_mean(str(loc[-1]), keys_at(model, loc[:-1])) if model is not None and loc else ""
+        return f"unknown key{hint}; check its spelling, or remove it"
     if kind == "missing":
         return "required key is missing"
     message = error["msg"].removeprefix("Value error, ")
     got = error.get("input")
+    if kind in ("literal_error", "enum"):
+        allowed = error.get("ctx", {}).get("expected")
+        return f"{got!r} is not one of the values allowed here" + (f": {allowed}" if allowed else "")
     if kind.endswith("_type") or kind.startswith(("greater", "less", "string_pattern", "literal", "too_short")):
         return f"{message}, got {got!r}"
     return message

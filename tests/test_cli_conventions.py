@@ -82,3 +82,20 @@ def test_the_command_reference_names_every_command_and_option_and_is_drift_check
 def test_an_unknown_command_is_a_usage_error_and_the_old_lock_spelling_is_gone():
     done = run_cli("lock", "status")
     assert done.returncode == 2 and not done.stdout, done
+
+
+def test_a_host_name_that_does_not_resolve_is_said_so_with_the_unreachable_code(tmp_path):
+    """`.invalid` never resolves (RFC 6761): said as such, not as a timeout, and exit 6 as for any unreachable node."""
+    (tmp_path / "known_hosts").write_text("")
+    inventory = tmp_path / "fleet.toml"
+    inventory.write_text('schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "cyan.invalid"\nknown_hosts = "known_hosts"\n'
+                         f'profile = "{REPO}/profiles/rtx-5060-ti-serve.toml"\n')
+    done = run_cli("status", "--inventory", str(inventory))
+    assert done.returncode == 6, done
+    assert "cyan.invalid does not resolve" in done.stdout and "within" not in done.stdout, done.stdout
+
+
+def test_a_wrong_analysis_mode_is_said_in_our_words():
+    done = run_cli("release", "--analysis", "maybe", "--dry-run")
+    assert done.returncode == 2 and "maybe is not an analysis mode; use on, dry-run or skip" in done.stderr, done
+    assert "Value error" not in done.stderr

@@ -101,7 +101,11 @@ def test_set_refuses_an_invalid_value_and_changes_nothing(checkout):
 def test_set_refuses_an_unknown_key(checkout):
     before = snapshot(checkout)
     result = run_cli("profiles", "set", "engine.make_room.decode_hold", "0", "--root", str(checkout))
-    assert result.returncode == 2 and "unknown key" in result.stderr
+    # The whole key, the part the schema lacks, and the schema's closest key (issue 35).
+    assert result.returncode == 2 and "engine.make_room.decode_hold: not a profile key" in result.stderr
+    assert "did you mean decode_hold_tokens?" in result.stderr, result.stderr
+    missing = run_cli("profiles", "set", "no.such.key", "1", "--root", str(checkout))
+    assert missing.returncode == 2 and "no.such.key: not a profile key (no is not a key" in missing.stderr
     assert snapshot(checkout) == before
 
 

@@ -102,7 +102,7 @@ BAD_PROFILES = {
     # Both ends given by the child: the parent's own endpointing_max_s is the operator's to change.
     "endpointing reversed": ("[voice]\nendpointing_max_s = 3.0\nendpointing_min_s = 4.0\n", r"child\.toml:4: voice\.endpointing_min_s: must be <= endpointing_max_s \(3\.0\), got 4\.0"),
     "duplicate key": ("[voice]\nturn_hints = true\nturn_hints = false\n", r"child\.toml:4: malformed TOML: Key \"turn_hints\" already exists"),
-    "typo": ("[engine.make_room]\ndecode_hold_token = 48\n", r"child\.toml:3: engine\.make_room\.decode_hold_token: unknown key"),
+    "typo": ("[engine.make_room]\ndecode_hold_token = 48\n", r"child\.toml:3: engine\.make_room\.decode_hold_token: unknown key \(did you mean decode_hold_tokens\?\)"),
     "infinite size": ("[engine.kv_offloading]\nsize_gib = inf\n", r"child\.toml:3: engine\.kv_offloading\.size_gib: .*finite"),
     "dollar in a program path": ('[gateway]\ncommand = ["/opt/gate$way/bin/gw"]\n', r"child\.toml:3: gateway\.command: a program path must not contain '\$'"),
     # Both given by the child: the parent's max_num_seqs is the operator's to change.

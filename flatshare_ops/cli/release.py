@@ -34,8 +34,19 @@ class AnalysisMode(str, Enum):
     skip = "skip"
 
 
+def _analysis_mode(value: str) -> AnalysisMode:
+    """``--analysis``'s value, in our words when it is not one of the modes."""
+    try:
+        return AnalysisMode(value)
+    except ValueError:
+        from ..common.text import one_line
+
+        raise typer.BadParameter(f"{one_line(value)} is not an analysis mode; use on, dry-run or skip") from None
+
+
 AnalysisOption = Annotated[AnalysisMode, typer.Option(
-    "--analysis", help="The canaries' analysis in a rollout: on (decide by it), dry-run (measure and report, "
+    "--analysis", metavar="on|dry-run|skip", parser=_analysis_mode,
+    autocompletion=lambda: [m.value for m in AnalysisMode], help="The canaries' analysis in a rollout: on (decide by it), dry-run (measure and report, "
                        "decide nothing) or skip (recorded in the canaries' history).")]
 JsonOption = Annotated[bool, typer.Option(
     "--json", help="Print what became of the run as one JSON document on stdout (each node's result, release, "

@@ -44,6 +44,27 @@ def parse_value(text: str, path: Path, key: str) -> Any:
     return item
 
 
+def _known_key(path: Path, key: str, parts: list[str]) -> None:
+    """Refuse a key the profile's schema does not have, naming the whole key, the part that is not one, and the
+    closest key the schema has there.
+
+    Raises:
+        ProfileError: ``FILE: KEY: not a profile key (PART is not a key of TABLE; did you mean X?)``.
+    """
+    from ..schema_errors import did_you_mean, keys_at
+    from .profile import Profile
+
+    for depth, part in enumerate(parts):
+        keys = keys_at(Profile, tuple(parts[:depth]))
+        if keys is None:
+            return  # a free table (the engine's environment, say): any key may be set there
+        if part not in keys:
+            where = f"of [{'.'.join(parts[:depth])}]" if depth else "at the profile's top"
+            raise ProfileError(f"{path}: {key}: not a profile key ({part} is not a key {where}"
+                               f"{did_you_mean(part, keys).replace(' (', '; ').rstrip(')')}); "
+                               "docs/reference/profile-values.md lists the keys")
+
+
 def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tuple[Any, Any, LoadedProfile]:
     """Set ``key`` (dotted, e.g. ``engine.make_room.decode_hold_tokens``) in the profile file.
 
@@ -74,6 +95,7 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     document = tomlkit.parse(text)
 
     parts = key.split(".")
+    _known_key(path, key, parts)
     table: Any = document
     for part in parts[:-1]:
         if part not in table:

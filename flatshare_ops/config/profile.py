@@ -634,7 +634,7 @@ def validate(data: dict[str, Any], origins: dict[str, tuple[Path, int]], leaf: P
         place, key = _where(loc, origins, leaf)
         more = f" (and {len(errors) - 1} more)" if len(errors) > 1 else ""
         prefix = f"{key}: " if key else ""
-        raise ProfileError(f"{place}: {prefix}{rule(first)}{more}") from None
+        raise ProfileError(f"{place}: {prefix}{rule(first, Profile)}{more}") from None
 
 
 def load_profile(path: Path) -> LoadedProfile:

@@ -69,6 +69,9 @@ def open_socket(target: SSHTarget) -> tuple[object, "SSHConnection | None"]:
     if target.jump is None:
         try:
             return socket.create_connection((target.host, target.port), timeout=target.connect_timeout_s), None
+        except socket.gaierror as err:  # the name did not resolve: nothing was tried, nothing timed out
+            raise TransportError(f"{target.node}: the name {target.host} does not resolve ({err.strerror or err}); "
+                                 "check the inventory's host, or its HostName in your SSH config") from None
         except OSError as err:
             raise TransportError(f"{target.node}: cannot reach {label} within {target.connect_timeout_s:g} s "
                                  f"({err.strerror or err})") from None
