@@ -494,7 +494,7 @@ def test_known_hosts_lines_openssh_skips_or_handles_never_stop_a_good_connection
     assert check.returncode == 0, check.stdout + check.stderr
     assert check.stdout.startswith("SERVING-CHECK OK - cyan"), check.stdout
     assert release.returncode in (0, 4), release.stdout + release.stderr
-    assert re.search(r"^\[cyan\] (plan for cyan|cyan: already on)", release.stdout, re.MULTILINE), release.stdout
+    assert re.search(r"^\[cyan [0-9:]+\] (plan for cyan|cyan: already on)", release.stdout, re.MULTILINE), release.stdout
     assert fleet.current("cyan") == before
     _no_traceback(status.stdout, status.stderr, check.stdout, check.stderr, release.stdout, release.stderr)
 
@@ -912,7 +912,7 @@ def test_a_killed_ssh_session_is_followed_up_and_the_node_released_is_reported_r
     _no_traceback(out)
     assert f"{name}: the node says: released {expected}" in out, out
     assert operator.returncode == 0, out
-    assert not re.search(r"^(\[peacock\] )?peacock: .*\bfailed\b", out, re.MULTILINE), out
+    assert not re.search(r"^(\[peacock [0-9:]+\] )?peacock: .*\bfailed\b", out, re.MULTILINE), out
     last = fleet.history(name)[-1]
     assert (last["target"], last["result"]) == (expected, "released")
     fleet.settled(name)
@@ -1186,7 +1186,8 @@ def test_rollback_all_leaves_alone_a_node_that_never_switched_in_the_rollout(fle
         rollout = fleet.release("--all")
         _no_traceback(rollout.stdout, rollout.stderr)
         assert rollout.returncode == 0, rollout.stdout
-        assert "peacock: nothing to do" in rollout.stdout, rollout.stdout
+        assert re.search(r"^\[peacock [0-9:]+\] peacock: already on \S+; nothing to do", rollout.stdout,
+                         re.MULTILINE), rollout.stdout
         assert fleet.current("cyan") != before["cyan"] and fleet.current("peacock") == before["peacock"]
 
         result = fleet.rollback("--all")

@@ -4,6 +4,7 @@ switcher, the system-scope path runs through its own bus, and the first-node run
 from __future__ import annotations
 
 import json
+import re
 import shutil
 from pathlib import Path
 
@@ -92,7 +93,7 @@ def test_the_release_carries_the_checkouts_own_switcher(fleet):
         fleet.set_hold(31 if fleet.hold("cyan") != "31" else 30)
         result = fleet.release("--node", "cyan")  # over SSH: nothing is reinstalled on the node
         assert result.returncode == 0, result.stdout
-        assert "[cyan] MARKER: this checkout's switcher" in result.stdout
+        assert re.search(r"^\[cyan [0-9:]+\] MARKER: this checkout's switcher", result.stdout, re.MULTILINE), result.stdout
         releases = fleet.node("cyan").state_dir / "releases"
         shipped = (releases / "current/switcher").read_text().strip()
         assert (releases / ".switchers" / shipped / "flatshare_ops/node/cli.py").read_text().count("MARKER") == 1

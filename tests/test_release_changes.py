@@ -99,8 +99,9 @@ def test_a_gateway_change_restarts_only_the_gateway(fleet):
     profile.write_text(original.replace("[gateway]\n", "[gateway]\n# test: a gateway-only change\n")
                        .replace("drain_timeout_s = 5", "drain_timeout_s = 6"))
     try:
-        result = fleet.release("--node", name)
+        result = fleet.release("--node", name, "-v")  # -v: the whole plan, its steps
         assert result.returncode == 0, result.stdout
+        assert "steps:" in result.stdout, result.stdout
         after = fleet.invocations(name)
         assert after[GATEWAY] != before[GATEWAY]
         assert (after[ENGINE], after[VOICE]) == (before[ENGINE], before[VOICE])
@@ -119,8 +120,9 @@ def test_a_voice_change_restarts_only_the_voice_worker(fleet):
     kept = _value(fleet, "voice.endpointing_max_s")
     _set(fleet, "voice.endpointing_max_s", "2.5" if kept != 2.5 else "2.75")  # a change, whatever it holds
     try:
-        result = fleet.release("--node", name)
+        result = fleet.release("--node", name, "-v")  # -v: the whole plan, its steps and units
         assert result.returncode == 0, result.stdout
+        assert "steps:" in result.stdout and "units:" in result.stdout, result.stdout
         after = fleet.invocations(name)
         assert after[VOICE] != before[VOICE]
         assert (after[ENGINE], after[GATEWAY]) == (before[ENGINE], before[GATEWAY])

@@ -152,7 +152,7 @@ def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why(
     code, text = run(targets)
     assert code == Exit.ROLLED_BACK, text
     assert (result_of("cyan"), last["nodes"]["cyan"]["message"]) == ("rolled back automatically", why), last
-    assert f"  cyan: {why}" in text.splitlines(), text  # the reason, under the summary table
+    assert f"cyan: rolled back automatically: {why}" in text.splitlines(), text  # under the summary table
     assert result_of("peacock") == "not started", last
     assert not [c for c in peacock.commands if c[1] == "switch"], peacock.commands
 
