@@ -138,8 +138,9 @@ def test_the_summary_says_what_the_node_did_as_its_outcome_says_never_its_text_f
     targets = fleet(**nodes)
     code, text = run(targets)  # two nodes: a row each in the summary
     assert code == Exit.OK and (result_of("cyan"), result_of("peacock")) == ("rolled back", "repaired"), last
-    rows = {line.split()[0]: line for line in text.splitlines()[-3:]}  # the table's rows, after its heading row
-    assert " rolled back " in rows["cyan"] and " repaired " in rows["peacock"], text
+    rows = {line.split()[0]: line for line in text.splitlines() if line.startswith(("  cyan ", "  peacock "))}
+    assert " rolled back " in rows["cyan"] and " repaired " in rows["peacock"], text  # the summary table's rows
+    assert text.splitlines()[-2:] == ["cyan: rolled back", "peacock: repaired"], text  # and a line a node
 
 
 def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why():

@@ -312,7 +312,7 @@ class Rollout:
 
             for line in table_lines(self.document()):
                 self.out.line(line)
-        elif len(self.chosen) > 1 or worst is not None:
+        if len(self.chosen) > 1 or worst is not None:  # a line a node: what became of it, and why
             self._summary()
         return self.code
 

@@ -28,8 +28,8 @@ def seconds(value: float | None) -> str:
 
 def table_lines(document: dict) -> list[str]:
     """The summary as lines: a heading line (the rollout, what it was, its total time and exit code), one row
-    per node with the :data:`COLUMNS`, then ``NODE: RESULT[: why] [(analysis)]`` for each node that neither
-    switched nor had nothing to do (the reason of an automatic rollback or of a node never started).
+    per node with the :data:`COLUMNS` (the rollout's one line a node, with the reasons, follows it:
+    control/rollout.py).
 
     Args:
         document: a summary document (``rollout``, ``mode``, ``dry_run``, ``code``, ``meaning``, ``duration_s``,
@@ -56,10 +56,4 @@ def table_lines(document: dict) -> list[str]:
         rows.append(row)
     widths = [max(len(row[i]) for row in rows) for i in range(len(COLUMNS))]
     lines += ["  " + "  ".join(cell.ljust(width) for cell, width in zip(row, widths)).rstrip() for row in rows]
-    for name, entry in nodes.items():  # a node that did not switch cleanly: one line of what and why
-        if entry.get("code") in (0, 4):
-            continue
-        label = entry["result"] + (f": {entry['message']}" if entry.get("message") and entry.get("code") in (None, 9)
-                                   else "")
-        lines.append(f"{name}: {label}" + (f" ({entry['analysis']})" if entry.get("analysis") else ""))
     return lines
