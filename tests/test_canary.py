@@ -163,7 +163,7 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     text = result.stdout + result.stderr
     assert result.returncode == 10, text  # the canary analysis failed (README, "Exit codes")
     assert "Traceback" not in text
-    document = json.loads(result.stdout.strip().splitlines()[-1])
+    document = json.loads(result.stdout)
     (analysis,) = document["analyses"]
     assert analysis["canary"] == "cyan" and analysis["baseline"] == "peacock" and analysis["phase"] == "failed"
     index, judged = _first_judged(analysis)
@@ -199,7 +199,7 @@ def test_a_canary_worse_than_its_baseline_fails_even_under_the_fixed_threshold(f
     with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_TTFT_S": "0.3"}, analysis=analysis), fleet.calls():
         result = fleet.cli("release", "--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr
-    (doc,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    (doc,) = json.loads(result.stdout)["analyses"]
     rules = {c["rule"]: c["verdict"] for c in _first_judged(doc)[1]["checks"]}
     assert rules.get("ttft_p95_max_s") == "pass" and rules.get("baseline") == "fail", rules
     assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
@@ -291,7 +291,7 @@ def test_a_canary_whose_requests_end_in_error_fails_once_more_measurements_fail_
     with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_ERROR_SHARE": "0.5"}, analysis=analysis), fleet.calls():
         result = fleet.cli("release", "--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr
-    (doc,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    (doc,) = json.loads(result.stdout)["analyses"]
     verdicts = [m["verdict"] for m in doc["measurements"]]
     failed = [i for i, v in enumerate(verdicts) if v == "fail"]
     assert len(failed) == 2 and "pass" not in verdicts[: failed[-1]], verdicts  # the second failure decided

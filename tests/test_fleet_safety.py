@@ -854,7 +854,8 @@ def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_no
             if operator.poll() is None:
                 operator.kill()
         _no_traceback(out)
-        assert f"[{name}] flatshare: {name}: the node said nothing for 5 s (the silence bound)" in out, out
+        assert re.search(rf"^\[{name} [0-9:]+\] flatshare: {name}: the node said nothing for 5 s \(the silence bound\)",
+                         out, re.MULTILINE), out
         if not still_switching:
             assert f"{name}: the node says: released {expected}" in out, out
             assert operator.returncode == 0, out
@@ -1441,9 +1442,9 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
     assert _poll(lambda: re.search(r"^vllm:num_requests_running\{[^}]*\} 0(\.0)?$", urllib.request.urlopen(
         f"http://{ADDRESSES['peacock']}:8000/metrics", timeout=5).read().decode(), re.MULTILINE), 30)
     _refused_without_draining(fleet, "cyan", result, offset)
-    assert re.search(r"^peacock: does not take calls \(.*gateway.*\)", result.stdout, re.MULTILINE), result.stdout
+    assert re.search(r"^admission for cyan: peacock: does not take calls \(.*gateway.*\)", result.stdout, re.MULTILINE), result.stdout
     if fault in CALLS_FAIL:  # its /health said 200: the call through it is what failed
-        assert re.search(r"^peacock: does not take calls \(a call through its gateway \S+ failed", result.stdout,
+        assert re.search(r"^admission for cyan: peacock: does not take calls \(a call through its gateway \S+ failed", result.stdout,
                          re.MULTILINE), result.stdout
     assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", GATEWAY) == gateway_pid
     for name in NODES:
@@ -1882,7 +1883,7 @@ def test_the_voice_worker_systemd_runs_is_drained_and_probed_where_it_watches_wh
         cyan_offset = fleet.log_size("cyan")
         result = fleet.release("--node", "cyan", timeout=120)
         _refused_without_draining(fleet, "cyan", result, cyan_offset)
-        assert re.search(rf"^peacock: does not take calls \(.*{re.escape(str(new_run / 'voice.drain'))} is present",
+        assert re.search(rf"^admission for cyan: peacock: does not take calls \(.*{re.escape(str(new_run / 'voice.drain'))} is present",
                          result.stdout, re.MULTILINE), result.stdout
     finally:
         (new_run / "voice.drain").unlink(missing_ok=True)

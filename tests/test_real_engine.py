@@ -133,7 +133,7 @@ def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback
         with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT, **tolerant}), _calls(3, 8) as calls:
             result = fleet.release("--all", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
-        (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+        (analysis,) = json.loads(result.stdout)["analyses"]
         assert (analysis["canary"], analysis["baseline"], analysis["phase"]) == ("cyan", "peacock", "passed"), analysis
         passed = [m for m in analysis["measurements"] if m["verdict"] == "pass"]
         assert len(passed) >= 2 and all(m["canary"]["requests"] >= 3 for m in passed), analysis["measurements"]
@@ -276,7 +276,7 @@ def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_bac
             calls_to(ADDRESSES, [(("cyan",), 3), (("peacock",), 2)], tokens=16, timeout_s=120, join_s=180):
         result = fleet.release("--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
-    (analysis,) = json.loads(result.stdout.strip().splitlines()[-1])["analyses"]
+    (analysis,) = json.loads(result.stdout)["analyses"]
     verdicts = {rule: [c["verdict"] for m in analysis["measurements"] for c in m["checks"] if c["rule"] == rule]
                 for rule in ("ttft_p95_max_s", "baseline")}
     assert analysis["phase"] == "failed" and "fail" in verdicts["baseline"], analysis["measurements"]

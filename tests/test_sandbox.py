@@ -6,6 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 import os
+import re
 import socket
 import subprocess
 import sys
@@ -482,7 +483,7 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
         released = run_cli("release", "--all", "--inventory", str(base / "fleet.toml"), "--root", str(REPO))
         assert released.returncode == 0, released.stdout + released.stderr
         for name in ("cyan", "peacock"):
-            assert f"[{name}] {name}: switching (no release) -> " in released.stdout
+            assert re.search(rf"^\[{name} [0-9:]+\] {name}: switching \(no release\) -> ", released.stdout, re.MULTILINE)
         # The canary's first release: nothing to compare with or go back to, so no analysis (and no wait for
         # calls that a fresh fleet has none of); the skip is in cyan's history.
         assert "canary analysis skipped: cyan had no release before" in released.stdout, released.stdout

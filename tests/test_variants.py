@@ -58,7 +58,7 @@ def test_a_node_moves_to_the_0_33_variant_by_release_and_back_by_rollback(fleet)
     before = fleet.current(name)
     original = _point(fleet, name, f"{name}/profile-{VARIANT}.toml")
     try:
-        moved = fleet.release("--node", name)
+        moved = fleet.release("--node", name, "-v")  # -v: the whole plan, with why the engine restarts
         assert moved.returncode == 0, moved.stdout
         assert "vllm_release changed: the engine restarts" in moved.stdout
         assert _version(fleet, name) == "0.33.0"

@@ -31,8 +31,11 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
         try:
             argv = argv_for(target)  # the node's profile is read here: its error is this node's answer
             conn = target.connect()
-        except FlatshareError as err:
+        except TransportError as err:  # the node could not be reached (a damaged known_hosts included)
             answers[target.name] = {"error": str(err)}
+            return
+        except FlatshareError as err:  # this side's input for it is wrong (its profile): its own code, not 6
+            answers[target.name] = {"error": str(err), "code": int(err.exit_code)}
             return
         try:
             result = conn.run(argv, timeout_s=bound)
