@@ -167,7 +167,8 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     (analysis,) = document["analyses"]
     assert analysis["canary"] == "cyan" and analysis["baseline"] == "peacock" and analysis["phase"] == "failed"
     index, judged = _first_judged(analysis)
-    assert re.search(rf"^measurement {index + 1} of 3, .*: fail \(.*ttft_p95_max_s", result.stdout, re.MULTILINE), text
+    # With --json the lines for people are on stderr, the document alone on stdout.
+    assert re.search(rf"^measurement {index + 1} of 3, .*: fail \(.*ttft_p95_max_s", result.stderr, re.MULTILINE), text
     rules = {c["rule"]: c["verdict"] for c in judged["checks"]}
     assert rules.get("ttft_p95_max_s") == "fail" and rules.get("baseline") == "fail", rules
     # cyan: released, analysed, rolled back to what it left; peacock never switched.
@@ -178,7 +179,7 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     assert recorded["phase"] == "failed" and len(recorded["measurements"]) >= 1
     # `flatshare releases` gives the analysis back: each measurement's line as the rollout printed it, and whole
     # as JSON (what history.jsonl on the node holds, read here from the file).
-    printed = [line for line in result.stdout.splitlines() if line.startswith("measurement ")]
+    printed = [line for line in result.stderr.splitlines() if line.startswith("measurement ")]  # --json: on stderr
     shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--measurements",
                             "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -298,7 +299,7 @@ def test_a_canary_whose_requests_end_in_error_fails_once_more_measurements_fail_
     for i in failed:
         rules = {c["rule"]: c["verdict"] for c in doc["measurements"][i]["checks"]}
         assert rules.get("error_share_max") == "fail", doc["measurements"][i]
-    assert re.search(rf"measurement {failed[0] + 1} of 4, .*: fail \(.*error_share_max", result.stdout), result.stdout
+    assert re.search(rf"measurement {failed[0] + 1} of 4, .*: fail \(.*error_share_max", result.stderr), result.stderr
     assert "more than failure_limit 1" in result.stdout, result.stdout
     assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
 
