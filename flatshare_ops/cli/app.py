@@ -42,14 +42,16 @@ NodesOption = Annotated[Optional[list[str]], typer.Option("--node", metavar="NAM
                                                           help="A node to act on (repeatable).")]
 
 
-def answer_code(answer: dict, unreachable: int = 6) -> int | None:
+def answer_code(answer: dict) -> int | None:
     """The exit code one node's fleet answer (control/fanout.py ``ask``) stands for: None when it is an answer;
-    the node-side command's own code when it ran and said why not (a refusal 3, damage 5); else ``unreachable``
-    (``Exit.UNREACHABLE``, 6: the node could not be asked), the same code for the same fact in every command."""
+    the node-side command's own code when it ran and said why not (a refusal 3, damage 5); else
+    ``Exit.UNREACHABLE`` (the node could not be asked), the same code for the same fact in every command."""
+    from ..errors import Exit
+
     if "error" not in answer:
         return None
     code = answer.get("code")
-    return code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 126 else unreachable
+    return code if isinstance(code, int) and not isinstance(code, bool) and 0 < code < 126 else Exit.UNREACHABLE
 
 
 

@@ -10,7 +10,7 @@ from typing import Annotated
 
 import typer
 
-from ..errors import FlatshareError
+from ..errors import Exit, FlatshareError
 from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers
 
 
@@ -48,7 +48,7 @@ def hold_place(
     answer = _hold([node], inventory, acquire=message, who=who)[node]
     if "error" in answer or answer.get("held") is not True:
         typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
-        raise typer.Exit(answer_code(answer) or 3)
+        raise typer.Exit(answer_code(answer) or Exit.REFUSED)
     typer.echo(hold_line(node, answer))
     hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
     running = hold.get("during_release")
@@ -66,7 +66,7 @@ def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> 
     for name, answer in _hold(node, inventory).items():
         typer.echo(hold_line(name, answer))
         if "error" in answer or not isinstance(answer.get("held"), bool):
-            codes.append(answer_code(answer) or 6)
+            codes.append(answer_code(answer) or Exit.UNREACHABLE)
     if codes:  # a node could not be asked (6), or said why not (its code: 5 for a damaged hold record)
         raise typer.Exit(min(codes))
 
@@ -78,7 +78,7 @@ def hold_lift(node: Annotated[str, typer.Option("--node", metavar="NAME", help="
     answer = _hold([node], inventory, release=True)[node]
     if "error" in answer:
         typer.echo(f"{node}: {answer['error']}", err=True)
-        raise typer.Exit(answer_code(answer) or 6)
+        raise typer.Exit(answer_code(answer) or Exit.UNREACHABLE)
     if not answer.get("lifted"):
         typer.echo(f"{node}: not held; nothing to do")
         raise typer.Exit(4)

@@ -8,7 +8,7 @@ import typer
 
 from ..common.wording import text_field
 
-from ..errors import FlatshareError
+from ..errors import Exit, FlatshareError
 from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers
 
 
@@ -43,7 +43,7 @@ def check(
         raise typer.Exit(3)
     reports, unreachable = [], False
     for name, answer in ask(chosen, lambda t: commands.serving_check(t.spec)).items():
-        unreachable |= answer_code(answer) == 6
+        unreachable |= answer_code(answer) == Exit.UNREACHABLE
         try:
             reports.append(Report.from_json(answer))
         except (KeyError, TypeError, ValueError):
@@ -60,7 +60,7 @@ def check(
             if not (quiet and report.status == "OK"):
                 for line in nagios_text(report).splitlines():
                     typer.echo(coloured(line, live))
-    raise typer.Exit(6 if unreachable else EXIT_CODES[worst(r.status for r in reports)])
+    raise typer.Exit(Exit.UNREACHABLE if unreachable else EXIT_CODES[worst(r.status for r in reports)])
 
 
 
@@ -86,7 +86,8 @@ def status(
                   and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
     damaged = any("error" not in r and r.get("damaged") for r in reports.values())
     codes = [answer_code(r) for r in reports.values()]
-    code = 0 if healthy else 5 if damaged or 5 in codes else 6 if 6 in codes else 1
+    code = (Exit.OK if healthy else Exit.DAMAGED if damaged or Exit.DAMAGED in codes
+            else Exit.UNREACHABLE if Exit.UNREACHABLE in codes else Exit.FAILED)
     if as_json:
         typer.echo(_json.dumps(reports, indent=2, sort_keys=True))
         raise typer.Exit(code)
@@ -116,7 +117,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
 
     answers = fleet_answers(node, inventory, lambda t: commands.history(t.spec))
     codes = [c for c in (answer_code(a) for a in answers.values()) if c is not None]
-    code = 5 if 5 in codes else min(codes, default=0)
+    code = Exit.DAMAGED if Exit.DAMAGED in codes else min(codes, default=Exit.OK)
     if as_json:
         typer.echo(_json.dumps(answers, indent=2, sort_keys=True))
         raise typer.Exit(code)
