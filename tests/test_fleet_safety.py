@@ -1531,8 +1531,9 @@ def test_a_serving_node_whose_active_release_is_damaged_still_asks_for_admission
 @contextmanager
 def _release_waiting_in(fleet: Fleet, name: str, step: str, offset: int, go: Path):
     """A local release of ``name`` whose ``step`` waits until ``go`` exists (tests/faults), entered once the
-    node's log (past ``offset``) shows the step begun; yields the operator's process. ``go`` is touched and the
-    operator killed if it still runs, on the way out."""
+    node's log (past ``offset``) shows the step begun; yields the operator's process. On the way out ``go`` is
+    touched and the release left to end by itself (killed only past a safety net), and the node's lock waited
+    for: a test that failed inside never leaves its release running into the next test."""
     argv, env = fleet.argv("local-release", name)
     operator = fleet.popen(argv, {**env, **faults(sleep_in_step=step, seconds=120, until=str(go))})
     try:
@@ -1541,7 +1542,11 @@ def _release_waiting_in(fleet: Fleet, name: str, step: str, offset: int, go: Pat
     finally:
         go.touch()
         if operator.poll() is None:
-            operator.kill()
+            try:
+                operator.communicate(timeout=180)
+            except subprocess.TimeoutExpired:
+                operator.kill()
+        _poll(lambda: fleet.lock_holder(name) is None, 180)
 
 
 def _asked_and_refused(fleet: Fleet, name: str, result, offset: int) -> str:
@@ -1769,7 +1774,7 @@ def test_an_automatic_rollback_after_calls_came_back_asks_for_its_own_drain(flee
         profile.write_text(original.replace("[engine.environment]\n",
                                             '[engine.environment]\nFLATSHARE_STANDIN_VERSION = "0.33.0"\n'))
         with _release_waiting_in(fleet, "cyan", "serving-check", offset, go) as operator:
-            assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200  # calls came back
+            assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200, 30)  # calls came back
             with _stopped(peacock_gateway):
                 go.touch()
                 out = _finish(operator, 120)
@@ -1782,7 +1787,7 @@ def test_an_automatic_rollback_after_calls_came_back_asks_for_its_own_drain(flee
     assert operator.returncode == 1, out
     # The rollback never drained: no step of it ran, and cyan answered callers throughout.
     assert not re.search(r"step \d+/11 (drain-voice|stop-gateway)", log), log
-    assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200
+    assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8080/health") == 200, 30)
     _released_again(fleet, "cyan")
 
 
@@ -1839,7 +1844,7 @@ def test_a_node_serving_from_an_interrupted_switch_asks_for_admission_though_its
         killed = fleet.cli("release", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout),
                            env={**faults(kill_after_step="end-voice-drain"), "FLATSHARE_NODE": "cyan"})
         assert "the node-side command ended without its outcome" in killed.stdout, killed.stdout + killed.stderr
-        assert _http_status(f"http://{ADDRESSES['cyan']}:8089/health") == 200
+        assert _poll(lambda: _http_status(f"http://{ADDRESSES['cyan']}:8089/health") == 200, 30)
         assert _http_status(f"http://{ADDRESSES['cyan']}:8080/health") is None  # nothing listens there
         fleet.new_hold("cyan")  # the next run replaces the interrupted switch: it drains again
         offset = fleet.log_size("cyan")
