@@ -490,3 +490,37 @@ def test_doctor_says_on_each_node_whether_the_lock_reading_works_there(fleet):
         state = fleet.node(name).state_dir
         assert line.startswith("ok ") and str(state) in line, result.stdout
         assert not list(state.glob(".lock-check-*"))  # the child's scratch directory is gone
+
+
+def test_doctor_says_whether_serving_checks_timer_runs_it_and_how_its_last_run_ended(fleet):
+    # A breaker's kind: serving-check run by its timer failed on a node (a textfile it could not write) and
+    # nothing the operator runs said so; doctor now reads the timer's runs as the node's systemd records them.
+    import re
+
+    from flatshare_ops.node.systemd import job, properties
+
+    address = fleet.address("cyan")
+
+    def doctor() -> str:
+        done = subprocess.run([str(BIN / "flatshare"), "doctor", "--inventory", str(fleet.inventory), "--root",
+                               str(fleet.checkout)], capture_output=True, text=True, timeout=120)
+        return done.stdout
+
+    job(address, "start", "serving-check.service", 60)  # one run now, as the timer's
+    got = properties(address, [("serving-check.service", "Service", "ExecMainStatus"),
+                               ("serving-check.timer", "Unit", "ActiveState")])
+    verdict = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}[got["serving-check.service/ExecMainStatus"]]
+    assert got["serving-check.timer/ActiveState"] == "active", got
+    said = doctor()
+    line = re.search(r"^(\S+)\s+cyan serving-check: (.*)$", said, re.MULTILINE)
+    assert line and line.group(2).startswith("serving-check.timer active; last run ") \
+        and line.group(2).endswith(f"ago: {verdict}"), said
+    assert line.group(1) == ("ok" if verdict in ("OK", "WARNING", "CRITICAL") else "WARN"), said
+    try:
+        job(address, "stop", "serving-check.timer", 30)
+        said = doctor()
+        assert re.search(r"^WARN\s+cyan serving-check: serving-check.timer is inactive: nothing runs serving-check",
+                         said, re.MULTILINE), said
+        assert re.search(r"^ok\s+peacock serving-check: serving-check.timer active", said, re.MULTILINE), said
+    finally:
+        job(address, "start", "serving-check.timer", 30)

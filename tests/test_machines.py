@@ -88,7 +88,7 @@ def fleet(tmp_path_factory):
     """Two fresh machines: step 1 of the runbook only (no flatshare-ops, no service user, no units)."""
     scratch = tmp_path_factory.mktemp("machines")
     checkout = copy_checkout(REPO, scratch / "checkout")
-    base = scratch / "m"
+    base = scratch / "m:1"  # a colon in the path (nspawn's --bind-ro=SOURCE:DEST escapes it)
     try:
         machines.up(base, REPO, checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES, echo=lambda _l: None)
         without_canaries(base)  # the canary's analysis has its own tests (test_canary, test_real_engine)
@@ -163,6 +163,13 @@ def _scrape(name: str) -> dict[str, float]:
 def test_serving_check_from_its_timer_writes_the_textfile_node_exporter_reads_and_reads_the_journal(fleet):
     textfiles = {name: fleet.file(name, "/var/lib/prometheus/node-exporter/serving_check.prom")
                  for name in ("cyan", "peacock")}
+    # A breaker's case: serving-check once run from root's crontab left a root-owned textfile, which the timer's
+    # runs as flatshare can never replace (the directory is sticky). Bootstrap gives it back to the service user.
+    assert fleet.run("cyan", "sh", "-c", "echo '# root was here' > /var/lib/prometheus/node-exporter/serving_check.prom"
+                     " && chown root:root /var/lib/prometheus/node-exporter/serving_check.prom").returncode == 0
+    again = fleet.cli("node", "bootstrap", "--node", "cyan")
+    assert again.returncode == 0, again.stdout + again.stderr
+    assert "serving_check.prom was root's" in again.stdout, again.stdout
     since = {name: path.stat().st_mtime if path.exists() else 0.0 for name, path in textfiles.items()}
     # The timer runs serving-check.service every 60 s, as the service user (nothing is started by hand).
     assert poll_until(lambda: all(p.exists() and p.stat().st_mtime > since[n] for n, p in textfiles.items()), 150, 1.0), \
@@ -257,3 +264,43 @@ def test_a_make_room_release_and_rollback_all_on_the_machines(fleet):
         assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "48"
     for name in ("cyan", "peacock"):
         fleet.set_hold(name, 48)
+
+
+def test_down_shuts_down_a_machine_whose_keeper_died_and_status_says_so_first(fleet):
+    # A breaker's kind: the keeper (which boots a machine again after its reboot) killed, its machine still
+    # running; 'sandbox down' then acted only through the keeper and left the machine running for good.
+    import os
+    import signal
+    import socket
+
+    keeper = json.loads((fleet.base / "machines.json").read_text())["machines"]["peacock"]["keeper_pid"]
+    init = machines.init_pid(keeper)
+    namespace = os.readlink(f"/proc/{init}/ns/pid")  # the machine's PID namespace, as the kernel names it
+    os.kill(keeper, signal.SIGKILL)
+    assert poll_until(lambda: not Path(f"/proc/{keeper}").exists() or
+                      "Z" in Path(f"/proc/{keeper}/stat").read_text().split()[2], 30)
+    socket.create_connection((ADDRESSES["peacock"], 22), timeout=5).close()  # the machine runs on without it
+
+    said = run_cli("sandbox", "status", "--dir", str(fleet.base))
+    assert said.returncode == 1, said.stdout + said.stderr
+    assert "peacock: machine running without its keeper" in said.stdout, said.stdout
+    assert re.search(r"^cyan: machine (running|degraded|starting), sshd up", said.stdout, re.MULTILINE), said.stdout
+
+    down = run_cli("sandbox", "down", "--dir", str(fleet.base))
+    assert down.returncode == 0, down.stdout + down.stderr
+
+    def in_namespace() -> list[str]:
+        found = []
+        for proc in Path("/proc").iterdir():
+            try:
+                if proc.name.isdigit() and os.readlink(proc / "ns/pid") == namespace:
+                    found.append(proc.name)
+            except OSError:
+                pass
+        return found
+
+    assert in_namespace() == [], in_namespace()
+    with pytest.raises(OSError):
+        socket.create_connection((ADDRESSES["peacock"], 22), timeout=2).close()
+    after = run_cli("sandbox", "status", "--dir", str(fleet.base))
+    assert after.returncode == 1 and "--machines" in after.stdout, after.stdout + after.stderr

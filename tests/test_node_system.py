@@ -110,3 +110,70 @@ def test_a_units_processes_as_systemd_lists_them_and_none_once_it_stopped(user_m
     assert unit_processes(address, unit) == []
     assert control_group_processes(group) == [] and control_group_processes("") == []
     assert unit_processes(address, "flatshare-no-such-unit.service") == []
+
+
+def test_an_early_end_starts_the_engine_again_only_once_nothing_of_the_old_one_is_left(user_manager, tmp_path):
+    # A breaker's case (vLLM issue 55510's kind): a switch ended early between the engine's stop and its start
+    # started a new engine while the old one's core still ran (a stop that did not end the whole control
+    # group), so two engines held one card. The early end now waits for the group to empty, and leaves the
+    # engine stopped, saying why, while anything of the old one remains. KillMode=process makes systemd's stop
+    # end the main process only: the other stays in the group, as a core whose kill failed does.
+    import io
+    from types import SimpleNamespace
+
+    from flatshare_ops.common.units import ENGINE_UNIT
+    from flatshare_ops.node.context import NodeContext
+    from flatshare_ops.node.output import ReleaseOutput
+    from flatshare_ops.node.runner import _start_engine_again
+    from flatshare_ops.node.steps import Switch
+
+    (user_manager.unit_dir / ENGINE_UNIT).write_text(
+        "[Service]\nExecStart=/bin/sh -c 'sleep 300 & exec sleep 301'\nKillMode=process\n")
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    reload(address)
+    job(address, "start", ENGINE_UNIT, 30)
+    assert poll_until(lambda: len(unit_processes(address, ENGINE_UNIT)) == 2, 10)
+    group = properties(address, [(ENGINE_UNIT, "Service", "ControlGroup")])[f"{ENGINE_UNIT}/ControlGroup"]
+    job(address, "stop", ENGINE_UNIT, 30)
+    (left,) = control_group_processes(group)  # the kernel's word: one process of the old engine remains
+    said = io.StringIO()
+    sw = Switch(ctx=NodeContext("cyan", tmp_path, address), plan=None,
+                new=SimpleNamespace(serving={"engine": {"start_timeout_s": 20, "stop_timeout_s": 1}}),
+                out=ReleaseOutput(None, said), engine_stopped=True)
+    try:
+        _start_engine_again(sw)
+        state = properties(address, [(ENGINE_UNIT, "Unit", "ActiveState")])[f"{ENGINE_UNIT}/ActiveState"]
+        assert state == "inactive", said.getvalue()  # never started beside it
+        assert f"{ENGINE_UNIT} left stopped" in said.getvalue() and f"pid {left[0]}" in said.getvalue(), said.getvalue()
+        assert sw.engine_deadline is None  # nothing loading for the early end to wait for
+        os.kill(left[0], 9)
+        assert poll_until(lambda: not control_group_processes(group), 10)
+        _start_engine_again(sw)  # nothing of the old engine left: started
+        main = properties(address, [(ENGINE_UNIT, "Service", "MainPID")])[f"{ENGINE_UNIT}/MainPID"]
+        assert main and Path(f"/proc/{main}/cmdline").read_bytes().split(b"\0")[:2] == [b"sleep", b"301"]
+        assert sw.engine_deadline is not None
+    finally:
+        job(address, "stop", ENGINE_UNIT, 30)
+        for pid, _cmd in control_group_processes(group):
+            os.kill(pid, 9)
+
+
+def test_what_systemd_refuses_is_said_in_its_own_words_never_in_pystemds(user_manager):
+    # A breaker's case: a switch's failure reason read "DBusBaseError: [err -5]: b'...' This is DBusBaseError,
+    # a base error for DBus (i bet you did not see that coming) ...". The reason is systemd's message and name.
+    from flatshare_ops.errors import SystemdError
+
+    address = ManagerAddress("user", user_manager.runtime_dir)
+    with pytest.raises(SystemdError) as raised:
+        job(address, "start", "flatshare-no-such-unit.service", 10)
+    said = str(raised.value)
+    # systemctl's own words for the same request (systemd's message, read through another client)
+    env = {**os.environ, "XDG_RUNTIME_DIR": str(user_manager.runtime_dir)}
+    theirs = subprocess.run(["systemctl", "--user", "start", "flatshare-no-such-unit.service"], capture_output=True,
+                            text=True, env=env)
+    assert theirs.returncode != 0
+    assert "Unit flatshare-no-such-unit.service not found." in theirs.stderr, theirs.stderr
+    assert "Unit flatshare-no-such-unit.service not found." in said, said
+    assert said.endswith("not found. (NoSuchUnit)"), said  # systemd's error name (org.freedesktop.systemd1.NoSuchUnit)
+    for pystemds in ("DBusBaseError", "[err ", "b'", "i bet"):
+        assert pystemds not in said, said

@@ -73,10 +73,21 @@ def sandbox_status(
         report = machines.status(directory)
         if as_json:
             typer.echo(json.dumps(report, indent=2, sort_keys=True))
+        elif not report:
+            typer.echo(f"sandbox: machines down (run 'flatshare sandbox up --machines --dir {directory}')")
         for node, entry in report.items():
             units = ", ".join(f"{name} {state}" for name, state in entry["units"].items()) or "no units"
-            if not as_json:
+            if as_json:
+                continue
+            if entry["system"] == "without its keeper":
+                typer.echo(f"{node}: machine running without its keeper (nothing boots it again after a reboot); "
+                           f"'flatshare sandbox down --dir {directory}' shuts it down")
+            else:
                 typer.echo(f"{node}: machine {entry['system']}, sshd {'up' if entry['sshd'] else 'DOWN'}; {units}")
+                if entry.get("kill_failures"):
+                    typer.echo(f"{node}: its systemd could not kill a control group {entry['kill_failures']} "
+                               "times this boot (cgroup v1 here: docs/reference/machines.md); a process of a "
+                               "stopped unit may still run")
         healthy = bool(report) and all(e["system"] == "running" and e["sshd"] for e in report.values())
         raise typer.Exit(0 if healthy else 1)
     report = status(directory)

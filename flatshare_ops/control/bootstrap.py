@@ -124,6 +124,16 @@ def directory(path):
     except (OSError, subprocess.SubprocessError):
         dpkg = False
     return {"uid": st.st_uid, "group": group, "mode": stat.S_IMODE(st.st_mode), "dpkg": dpkg}
+def owner(path):
+    import pwd
+    try:
+        uid = os.lstat(path).st_uid
+    except OSError:
+        return None
+    try:
+        return pwd.getpwuid(uid).pw_name
+    except KeyError:
+        return str(uid)
 def group_exists(name):
     import grp
     try:
@@ -146,6 +156,7 @@ print(json.dumps({
     "entry": os.access(os.path.join(want["ops"], ".venv/bin/flatshare-node"), os.X_OK),
     "missing_libraries": missing_libraries(want["venv"]),
     "textfile": directory(want["textfile"]) if want["textfile"] else None,
+    "textfile_owner": owner(os.path.join(want["textfile"], "serving_check.prom")) if want["textfile"] else None,
     "journal_group": group_exists("systemd-journal"),
     "compilers": [c for c in ("cc", "gcc", "g++") if shutil.which(c)],
     "python_headers": os.path.isfile(os.path.join(sysconfig.get_paths()["include"], "Python.h")),
@@ -392,6 +403,7 @@ class Bootstrap:
         if found and found["uid"] == 0 and found["group"] == user and found["mode"] == TEXTFILE_MODE:
             self.line("ok", "textfile", f"{directory} is root:{user} {TEXTFILE_MODE:o}: serving-check writes there "
                       "as " + user)
+            self._textfile_owner(facts, directory, user)
             return
         if found is None:
             what, argv = "create", ["install", "-d", "-o", "root", "-g", user, "-m", f"{TEXTFILE_MODE:o}", directory]
@@ -411,6 +423,25 @@ class Bootstrap:
         self.line("done" if status == 0 else "FAIL", "textfile",
                   f"{what} {directory} as root:{user} {TEXTFILE_MODE:o}: serving-check writes there as {user}"
                   if status == 0 else f"{directory}: {output.strip()[-200:]}")
+        if status == 0:
+            self._textfile_owner(facts, directory, user)
+
+    def _textfile_owner(self, facts: dict, directory: str, user: str) -> None:
+        """serving_check.prom itself: another user's (root's, from a run of serving-check in root's crontab) can
+        never be replaced by the timer's runs as ``user`` in the sticky directory, and node_exporter would read
+        that stale file for good: it is given to ``user``."""
+        found = facts.get("textfile_owner")
+        path = f"{directory}/serving_check.prom"
+        if found is None or found == user:
+            return
+        if self.dry_run:
+            self.line("would", "textfile", f"give {path} to {user} (it is {found}'s: serving-check's runs as {user} "
+                      "could not replace it)")
+            return
+        status, output = self._run(["chown", "-h", f"{user}:{user}", path])
+        self.line("done" if status == 0 else "FAIL", "textfile",
+                  f"{path} was {found}'s (a run of serving-check as {found}, from its crontab?): now {user}'s, so the "
+                  f"timer's runs replace it" if status == 0 else f"{path}: {output.strip()[-200:]}")
 
     # --- 4. flatshare-ops on the node -----------------------------------------------------------------
 

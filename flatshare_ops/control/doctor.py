@@ -97,11 +97,53 @@ def doctor(root: Path, inventory: Path, echo) -> int:
                  f"'flatshare node bootstrap --node {name}'")
             conn.close()
             continue
+        line(*check_runs_line(name, answer.get("check_runs")))
         try:
             line(*_lock_reading(conn, target))
         finally:
             conn.close()
     return 1 if failed else 0
+
+
+#: serving-check's timer runs it every minute (render/templates/serving-check.timer.j2); a last run older than
+#: this many seconds means the timer no longer runs it.
+CHECK_RUNS_STALE_S = 300.0
+#: serving-check's exit statuses (the monitoring-plugins' guidelines): 3 is the check's own trouble.
+VERDICTS = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}
+
+
+def check_runs_line(name: str, runs: object) -> tuple[str, str, str]:
+    """doctor's line on serving-check's runs from its timer, from a probe answer's ``check_runs``
+    (node/probe.py :func:`check_runs`): WARN where the timer does not run it, its last run ended UNKNOWN (its
+    own trouble: a textfile it may not write, a journal it may not read), outside serving-check's statuses (a
+    signal, a crash, its time limit), or too long ago; a verdict on the engine (WARNING, CRITICAL) is the
+    check's, said as such."""
+    item = f"{name} serving-check"
+    how = f"'journalctl -u serving-check.service' on {name} says why"
+    if not isinstance(runs, dict):
+        return "WARN", item, "the node did not say how serving-check's timer runs (systemd did not answer, or an older flatshare-node)"
+    timer = runs.get("timer")
+    if timer == "not-found":
+        return "ok", item, "serving-check.timer is not installed here (cron may run serving-check)"
+    if timer != "active":
+        return "WARN", item, f"serving-check.timer is {timer}: nothing runs serving-check; 'systemctl enable --now serving-check.timer' on {name}"
+    age = runs.get("age_s")
+    if not isinstance(age, (int, float)):
+        return "ok", item, "serving-check.timer active; serving-check has not run from it yet"
+    status, code = runs.get("status"), runs.get("code")
+    when = f"{age:.0f} s ago"
+    if code in ("killed", "dumped"):
+        return "WARN", item, f"serving-check's last run ({when}) was ended by signal {status} ({runs.get('result')}); {how}"
+    if runs.get("result") == "timeout":
+        return "WARN", item, f"serving-check's last run ({when}) passed its unit's time limit; {how}"
+    if status == 3:
+        return "WARN", item, (f"serving-check's last run ({when}) ended UNKNOWN: its own trouble (a textfile it may not "
+                              f"write, a journal it may not read); {how}")
+    if status not in VERDICTS:
+        return "WARN", item, f"serving-check's last run ({when}) exited {status}, not one of its statuses; {how}"
+    if age > CHECK_RUNS_STALE_S:
+        return "WARN", item, f"serving-check last ran {when}, though its timer runs it every minute; {how}"
+    return "ok", item, f"serving-check.timer active; last run {when}: {VERDICTS[status]}"
 
 
 def _lock_reading(conn, target) -> tuple[str, str, str]:

@@ -81,10 +81,11 @@ def probe(ctx: NodeContext) -> dict:
 
     Returns:
         ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None,
-        "gateway": URL | None, "node_id": str | None}``; ``locked`` is true too when the lock table cannot be
+        "gateway": URL | None, "node_id": str | None, "check_runs": dict | None}``; ``locked`` is true too when the lock table cannot be
         read here (``holder`` says so); ``gateway`` is the gateway URL the answer was read at (the active
         release's ``gateway.url``), for the operator's side to check that it names this node; ``node_id``:
-        :func:`node_identity`, so that one node reached by two names is counted once.
+        :func:`node_identity`, so that one node reached by two names is counted once; ``check_runs``:
+        :func:`check_runs`.
     """
     from .store import current_release
     from .calls import active_serving, node_calls
@@ -100,7 +101,36 @@ def probe(ctx: NodeContext) -> dict:
         takes, problems = False, [str(err)]
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
     return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder,
-            "gateway": gateway if isinstance(gateway, str) else None, "node_id": node_identity(ctx)}
+            "gateway": gateway if isinstance(gateway, str) else None, "node_id": node_identity(ctx),
+            "check_runs": check_runs(ctx)}
+
+
+def check_runs(ctx: NodeContext) -> dict | None:
+    """serving-check's runs from its timer, as this node's systemd recorded them (org.freedesktop.systemd1(5)):
+    ``{"timer": the timer's LoadState/ActiveState ("not-found", "active", "inactive", ...), "result": the
+    service's last Result ("success", "exit-code", "signal", "timeout", ...), "status": ExecMainStatus (the exit
+    status, or the signal's number when "code" is "killed"/"dumped"), "code": "exited"|"killed"|"dumped"|None,
+    "age_s": seconds since its last run ended, by this node's clock, or None before its first run}``; None when
+    systemd does not answer."""
+    import time
+
+    from ..common.units import CHECK_SERVICE, CHECK_TIMER
+    from ..errors import SystemdError
+    from . import systemd
+
+    queries = [(CHECK_TIMER, "Unit", "LoadState"), (CHECK_TIMER, "Unit", "ActiveState"),
+               (CHECK_SERVICE, "Service", "Result"), (CHECK_SERVICE, "Service", "ExecMainStatus"),
+               (CHECK_SERVICE, "Service", "ExecMainCode"), (CHECK_SERVICE, "Service", "ExecMainExitTimestamp")]
+    try:
+        got = systemd.properties(ctx.address, queries)
+    except SystemdError:
+        return None
+    load, active = got[f"{CHECK_TIMER}/LoadState"], got[f"{CHECK_TIMER}/ActiveState"]
+    exited_us = int(got[f"{CHECK_SERVICE}/ExecMainExitTimestamp"] or 0)
+    code = {1: "exited", 2: "killed", 3: "dumped"}.get(int(got[f"{CHECK_SERVICE}/ExecMainCode"] or 0))  # waitid(2)'s CLD_*
+    return {"timer": active if load == "loaded" else load, "result": got[f"{CHECK_SERVICE}/Result"],
+            "status": int(got[f"{CHECK_SERVICE}/ExecMainStatus"] or 0), "code": code,
+            "age_s": round(time.time() - exited_us / 1e6, 1) if exited_us else None}
 
 
 #: The bound of one scrape of the engine's /metrics (seconds).

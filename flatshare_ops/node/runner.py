@@ -40,7 +40,7 @@ from .records import SUCCESS, append_abandoned, append_failure
 from .context import NodeContext
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView
-from .steps import STEP_BY_NAME, NotAdmitted, StepError, Switch
+from .steps import DEFAULT_STOP_TIMEOUT_S, STEP_BY_NAME, NotAdmitted, StepError, Switch, old_engine_gone
 
 #: Steps whose failure means the new engine does not serve: the ones a node may roll back by itself.
 ENGINE_VERDICTS = ("restart-engine", "serving-check")
@@ -295,12 +295,21 @@ def give_back(sw: Switch) -> str:
 def _start_engine_again(sw: Switch) -> None:
     """The switch ended between the engine's stop and its start (a signal, a stop that failed): start the engine
     as its unit now stands, its start budget counted from now, so that the early end can wait for it and give
-    calls back; a start systemd refuses is said, and the gateway then stays stopped."""
-    start_s = float(sw.serving["engine"]["start_timeout_s"])
+    calls back; a start systemd refuses is said, and the gateway then stays stopped. Started only once none of
+    the old engine's processes remain in its control group (and, where the node has ``nvidia-smi``, the GPU's
+    memory is free: :func:`.steps.old_engine_gone`, within the engine's stop budget); otherwise it is left
+    stopped and the line says what remains."""
+    engine = sw.serving["engine"]
+    start_s = float(engine["start_timeout_s"])
     sw.out.line(f"  {ENGINE_UNIT} was stopped by this switch and is not running: starting it again (up to "
                 f"{start_s:g} s, its start budget) so that calls can be given back")
-    sw.engine_deadline = time.monotonic() + start_s
     sw.engine_stopped = False
+    try:  # never beside what is left of the old engine (two engine cores on one card: vLLM issue 55510)
+        old_engine_gone(sw, float(engine.get("stop_timeout_s", DEFAULT_STOP_TIMEOUT_S)))
+    except StepError as err:
+        sw.out.line(f"  {ENGINE_UNIT} left stopped: {err}")
+        return
+    sw.engine_deadline = time.monotonic() + start_s
     try:
         systemd.job(sw.ctx.address, "start", ENGINE_UNIT, start_s, sw.progress(f"the start job on {ENGINE_UNIT}", start_s))
     except SystemdError as err:

@@ -197,7 +197,7 @@ def restart_engine(sw: Switch) -> None:
     before = _invocation(sw)
     sw.engine_stopped = True  # from here until its start job is queued, an early end starts it again
     sw.job("stop", ENGINE_UNIT, stop_s + 10)
-    _old_engine_gone(sw, stop_s)
+    old_engine_gone(sw, stop_s)
     from ..common.unit_output import output_mark
 
     sw.engine_output_mark = output_mark(sw.serving["layout"], ENGINE_UNIT)
@@ -228,7 +228,7 @@ def restart_engine(sw: Switch) -> None:
     sw.out.line(f"  engine ready in {time.monotonic() - started:.1f} s")
 
 
-def _old_engine_gone(sw: Switch, bound_s: float) -> None:
+def old_engine_gone(sw: Switch, bound_s: float) -> None:
     """Wait (within ``bound_s``) until none of the stopped engine's processes remain in its control group
     (systemd's ``GetUnitProcesses``) and, on a node with ``nvidia-smi``, no process holds GPU memory: the new
     engine starts on a free card (vLLM issue 55510; node/gpu.py).

@@ -141,12 +141,34 @@ def connect(address: ManagerAddress) -> Iterator[SystemdBus]:
     except SystemdError:
         raise
     except Exception as err:  # pystemd's DBusError
-        raise SystemdError(f"cannot reach {address.describe()}: {err}") from None
+        raise SystemdError(f"cannot reach {address.describe()}: {dbus_words(err)}") from None
     bus = SystemdBus(raw)
     try:
         yield bus
     finally:
         raw.close()
+
+
+def dbus_words(err: BaseException) -> str:
+    """One line for an error from the bus: for pystemd's ``DBusBaseError`` (``errno``, ``err_name``,
+    ``err_message``), the manager's own message and the error's name (``NoSuchUnit``, ``AccessDenied``) or,
+    for an error pystemd has no name for, its errno (``EIO``), never pystemd's text around them; anything else
+    as ``Type: message``."""
+    import errno as errnos
+
+    message = getattr(err, "err_message", None)
+    if message is None:
+        return " ".join(f"{type(err).__name__}: {err}".split())
+    message = message.decode(errors="replace") if isinstance(message, bytes) else str(message)
+    name = getattr(err, "err_name", "") or ""
+    name = name.decode(errors="replace") if isinstance(name, bytes) else str(name)
+    number = getattr(err, "errno", None)
+    if not name and type(err).__name__ not in ("DBusBaseError", "DBusError"):  # pystemd's class per error name
+        name = type(err).__name__.removeprefix("DBus").removesuffix("Error")
+    if not name and isinstance(number, int) and number:
+        name = errnos.errorcode.get(abs(number), f"errno {abs(number)}")
+    words = " ".join(message.split()) or "no message"
+    return f"{words} ({name})" if name else words
 
 
 def manager(bus: SystemdBus):
@@ -304,7 +326,7 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
             except SystemdError as err:
                 answer = {"error": str(err)}
             except Exception as err:  # pystemd's DBusError and anything else: the manager's answer (one line)
-                answer = {"error": " ".join(f"{type(err).__name__}: {err}".split())}
+                answer = {"error": dbus_words(err)}
             try:
                 data = json.dumps(answer).encode()
             except (TypeError, ValueError) as err:

@@ -24,7 +24,8 @@ Everything else (the service user, flatshare-ops' node side, the layout, the uni
 The machines share this machine's network (no ``--private-network``): each listens on its own loopback
 address. ``systemctl reboot`` inside makes ``systemd-nspawn`` exit 133; the machine's keeper (``python -m
 flatshare_ops.sandbox.machines keep``) boots it again, so a reboot is a real one. ``down`` stops each
-keeper by its process id (its machine shuts down cleanly), then any process still rooted in a machine.
+keeper by its process id (its machine shuts down cleanly); a machine whose keeper is gone is found by what
+still runs of it (its ``systemd-nspawn``, processes rooted in its directory) and shut down the same way.
 """
 
 from __future__ import annotations
@@ -371,7 +372,13 @@ def _nspawn_argv(machine: Machine, venv: Path, model: Path) -> list[str]:
             # This machine's PID 1 may not be systemd: nspawn asks no manager for a scope (FACTS: without
             # --keep-unit it stops at "Failed to open system bus").
             "--register=no", "--keep-unit", "--console=passive",
-            f"--bind-ro={venv}:{ENGINE_VENV}", f"--bind-ro={model}:{MODEL}"]
+            f"--bind-ro={_bind_path(venv)}:{ENGINE_VENV}", f"--bind-ro={_bind_path(model)}:{MODEL}"]
+
+
+def _bind_path(path: Path) -> str:
+    """``path`` as one side of nspawn's ``--bind-ro=SOURCE:DEST``: a colon or backslash in it escaped with a
+    backslash (systemd-nspawn(1): "Backslash escapes are interpreted, so \\: may be used to embed colons")."""
+    return str(path).replace("\\", "\\\\").replace(":", "\\:")
 
 
 def keep(machine: Machine, venv: Path, model: Path) -> int:
@@ -541,6 +548,7 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
         operator_key = base / "ssh/id_ed25519"
         _keygen(operator_key, "flatshare-sandbox-operator")
         state = _read_state(base)
+        state.pop("down", None)
         for machine in machines:
             _provision(machine, base_image, operator_key.with_suffix(".pub"), echo)
             if write_profile(machine, production.resolve()):
@@ -551,6 +559,11 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
             record = state["machines"].get(machine.name, {})
             keeper = record.get("keeper_pid")
             if not _is_keeper(keeper, machine):
+                left = remnants(machine)
+                if left:
+                    raise SandboxError(f"{machine.name}: a machine of an earlier 'sandbox up' still runs without its "
+                                       f"keeper (pids {', '.join(map(str, left[:6]))}); stop it with 'flatshare "
+                                       f"sandbox down --dir {base}', then bring the machines up again")
                 for port in (SSH_PORT, NODE_EXPORTER_PORT, node_profile.GATEWAY_PORT, 8000):
                     if _listening(machine.address, port):
                         raise SandboxError(f"{machine.name}: {machine.address}:{port} is already in use")
@@ -561,10 +574,40 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
         for machine in machines:
             keeper = state["machines"][machine.name]["keeper_pid"]
             wait_booted(machine, keeper)
+            next_step = ("bootstrapped" if _bootstrapped(machine) else
+                         f"bootstrap it ('flatshare node bootstrap --node {machine.name} --inventory {inventory}')")
             echo(f"{machine.name}: running; sshd on {machine.address}:{SSH_PORT}, node_exporter on "
-                 f"{machine.address}:{NODE_EXPORTER_PORT}; bootstrap it ('flatshare node bootstrap --node "
-                 f"{machine.name} --inventory {inventory}')")
+                 f"{machine.address}:{NODE_EXPORTER_PORT}; {next_step}")
+            if cgroup_layout(machine, keeper) != "cgroup2fs":
+                echo(f"{machine.name}: its systemd runs on cgroup v1 (this host's layout, not production's v2): a "
+                     "stop may leave processes in a unit's control group ('Failed to kill control group' in its "
+                     "journal); a switch starts a new engine only once the old one's group is empty")
     return inventory
+
+
+def cgroup_layout(machine: Machine, keeper: int) -> str:
+    """The file system type of the machine's ``/sys/fs/cgroup``: ``cgroup2fs`` (the unified hierarchy, cgroup
+    v2, as a Debian 12 host gives), ``tmpfs`` (cgroup v1 or the hybrid layout, as a host whose own PID 1 set
+    them up that way gives its containers), or ``unknown`` (stat(1) in the machine)."""
+    done = run_in(machine, keeper, ["stat", "-fc", "%T", "/sys/fs/cgroup"], 10)
+    return done.stdout.strip() or "unknown"
+
+
+def kill_failures(machine: Machine, keeper: int) -> int:
+    """How often the machine's systemd said, this boot, that it could not kill a control group (its
+    journal's ``Failed to kill control group`` lines; 0 when the journal cannot be read)."""
+    done = run_in(machine, keeper, ["journalctl", "-b", "-q", "-o", "cat", "--grep", "Failed to kill control group"],
+                  20)
+    return len(done.stdout.splitlines()) if done.returncode == 0 else 0
+
+
+def _bootstrapped(machine: Machine) -> bool:
+    """``flatshare node bootstrap`` ran in the machine: its service user exists (the machine's /etc/passwd)."""
+    try:
+        passwd = (machine.root / "etc/passwd").read_text()
+    except OSError:
+        return False
+    return any(line.startswith("flatshare:") for line in passwd.splitlines())
 
 
 def reboot(base: Path, name: str, echo=print, wait: bool = True) -> None:
@@ -603,7 +646,8 @@ def status(base: Path) -> dict[str, dict]:
         machine = Machine(name, record["address"], base)
         keeper = record.get("keeper_pid")
         alive = _is_keeper(keeper, machine)
-        entry = {"machine": True, "keeper": alive, "system": _system_state(machine, keeper) if alive else "down",
+        system = _system_state(machine, keeper) if alive else ("without its keeper" if remnants(machine) else "down")
+        entry = {"machine": True, "keeper": alive, "system": system,
                  "sshd": _listening(machine.address, SSH_PORT), "units": {}}
         if alive and entry["system"] != "down":
             names = (TARGET_UNIT, *SERVICE_UNITS)
@@ -615,26 +659,55 @@ def status(base: Path) -> dict[str, dict]:
                     unit = value
                 elif key == "ActiveState" and unit:
                     entry["units"][unit] = value
+            entry["kill_failures"] = kill_failures(machine, keeper)
         report[name] = entry
     return report
 
 
-def _rooted_in(root: Path) -> list[int]:
-    """Processes whose root directory is ``root`` (what is left of a machine whose nspawn is gone)."""
-    found = []
+def remnants(machine: Machine) -> list[int]:
+    """What runs of ``machine`` whatever became of its keeper: its ``systemd-nspawn`` (found by its command line,
+    which names the machine's root) and every process whose root directory is the machine's (``/proc/PID/root``
+    is the same directory: same device and inode; the link's text reads ``/`` from outside the machine's mount
+    namespace, so it is never compared). The machine's PID 1 is among them while it runs. Process ids, sorted."""
+    try:
+        root = os.stat(machine.root)
+    except OSError:
+        return []
+    found = set()
     for proc in Path("/proc").iterdir():
-        if proc.name.isdigit():
-            try:
-                if os.readlink(proc / "root") == str(root):
-                    found.append(int(proc.name))
-            except OSError:
-                pass
-    return found
+        if not proc.name.isdigit() or int(proc.name) == os.getpid():
+            continue
+        try:
+            seen = os.stat(proc / "root")
+            if (seen.st_dev, seen.st_ino) == (root.st_dev, root.st_ino):
+                found.add(int(proc.name))
+                continue
+            argv = read_cmdline(int(proc.name))
+        except OSError:
+            continue
+        if argv and Path(argv[0]).name == "systemd-nspawn" and str(machine.root) in argv:
+            found.add(int(proc.name))
+    return sorted(found)
+
+
+def _nspawns(machine: Machine) -> list[int]:
+    """The machine's ``systemd-nspawn`` processes (of :func:`remnants`)."""
+    out = []
+    for pid in remnants(machine):
+        try:
+            argv = read_cmdline(pid)
+        except OSError:
+            continue
+        if argv and Path(argv[0]).name == "systemd-nspawn":
+            out.append(pid)
+    return out
 
 
 def down(base: Path, echo=print) -> None:
-    """Stop every machine: SIGTERM to its keeper (a clean shutdown), SIGKILL after 60 s, then any process still
-    rooted in the machine. The machines' files stay for the next ``up``."""
+    """Stop every machine: SIGTERM to its keeper (a clean shutdown), or, where the keeper is gone and its machine
+    still runs, to the machine's ``systemd-nspawn`` (the same clean shutdown); SIGKILL after 60 s to whatever of
+    the machine remains (:func:`remnants`). The machines' files stay for the next ``up``; ``machines.json`` says
+    they are down."""
     base = base.resolve()
     if not _state_path(base).exists():
         return
@@ -647,12 +720,28 @@ def down(base: Path, echo=print) -> None:
             if not poll_until(lambda: not pid_alive(keeper), 60.0, 0.2):
                 os.killpg(keeper, signal.SIGKILL)
             echo(f"{name}: machine shut down (keeper pid {keeper})")
-        for pid in _rooted_in(machine.root):
-            try:
-                os.kill(pid, signal.SIGKILL)
-            except ProcessLookupError:
-                pass
-    _state_path(base).unlink(missing_ok=True)
+        elif remnants(machine):
+            nspawns = _nspawns(machine)
+            for pid in nspawns:
+                _signal(pid, signal.SIGTERM)
+            poll_until(lambda: not _nspawns(machine), 60.0 if nspawns else 0.0, 0.2)
+            echo(f"{name}: machine shut down (its keeper, pid {keeper}, was gone; systemd-nspawn "
+                 f"{', '.join(f'pid {p}' for p in nspawns) or 'gone too'})")
+        for _ in range(3):  # the machine's PID 1 first: the kernel then ends its whole PID namespace
+            left = remnants(machine)
+            if not left:
+                break
+            for pid in left:
+                _signal(pid, signal.SIGKILL)
+            poll_until(lambda: not remnants(machine), 10.0, 0.1)
+    _write_state(base, {"schema": 1, "machines": {}, "down": sorted(state.get("machines", {}))})
+
+
+def _signal(pid: int, sig: int) -> None:
+    try:
+        os.kill(pid, sig)
+    except ProcessLookupError:
+        pass
 
 
 def main(argv: list[str]) -> int:
