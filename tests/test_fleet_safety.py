@@ -978,7 +978,8 @@ def test_interrupting_the_operator_leaves_the_switching_node_to_finish_and_says_
     assert operator.returncode == code, out
     said = [line for line in out.splitlines() if line.startswith("interrupted:")]
     assert len(said) == 1 and word in said[0] and "carries on" in said[0], out
-    assert re.search(r"^cyan: switching on the node when interrupted \(it carries on", out, re.MULTILINE), out
+    assert re.search(r"^cyan: switching on the node when interrupted \(step [a-z-]+\) \(it carries on", out,
+                     re.MULTILINE), out
     assert re.search(r"^peacock: not started$", out, re.MULTILINE), out
     # cyan finishes its switch on its own; peacock was never touched.
     assert _poll(lambda: (fleet.history("cyan")[-1]["target"], fleet.history("cyan")[-1]["result"])
@@ -1369,6 +1370,41 @@ def test_a_slow_preflight_is_not_taken_for_a_stalled_session(fleet):
     assert "silence bound" not in result.stdout, result.stdout
     assert result.returncode == 0, result.stdout + result.stderr
     assert fleet.current(name) == expected
+
+
+@SIGNALS
+def test_an_operator_interrupted_during_the_preflight_says_nothing_changed_there_and_the_node_refuses(fleet):
+    # A breaker's case: Ctrl-C while the node was only in its preflight, and the summary said "switching on the
+    # node when interrupted (it carries on)": nothing had changed there, and without its operator the node
+    # refuses at its admission to drain. The node says where its switch stands (typed Progress messages).
+    name = "cyan"
+    fleet.new_hold(name)
+    before, invocation = fleet.current(name), fleet.engine_invocation(name)
+    offset = fleet.log_size(name)
+    slow = fleet.node(name).state_dir / "module" / "sitecustomize.py"
+    slow.write_bytes((SLOW_PARSE / "sitecustomize.py").read_bytes())
+    argv, env = fleet.argv("release", name)
+    operator = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+                                start_new_session=True, env={**os.environ, **env, "FLEET_SAFETY_SLOW_PARSE_S": "12"})
+    try:
+        fleet.wait_log(name, offset, r"preflight: can the new engine start\?", operator)
+        os.killpg(operator.pid, signal.SIGINT)
+        out = _finish(operator, 60)
+        assert _poll(lambda: fleet.lock_holder(name) is None, 120), "the node's switch never ended"
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+        slow.unlink()
+    _no_traceback(out, fleet.log_since(name, offset))
+    assert operator.returncode == 130, out
+    assert re.search(rf"^{name}: deciding on the node when interrupted \(its checks and preflight, before any "
+                     r"change\)", out, re.MULTILINE), out
+    assert "switching on the node" not in out, out
+    # What the node did, by its own records and systemd's: nothing changed, its engine never restarted.
+    assert fleet.current(name) == before and fleet.engine_invocation(name) == invocation
+    log = fleet.log_since(name, offset)
+    assert not re.search(r"step \d+/\d+ ", log) and "admission" in log, log
+    fleet.settled(name)
 
 
 # =====================================================================================================

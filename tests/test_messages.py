@@ -341,3 +341,21 @@ def test_fleet_answers_without_their_fields_say_so():
     if "no active release" not in first:
         failures.append(f"a node with no release yet: {first}")
     assert not failures, "\n".join(failures)
+
+
+@pytest.mark.parametrize("text, limit, expected", [
+    ("2 of the stopped engine's processes remain (pid 12345 python3 -m vllm)", 52,
+     "2 of the stopped engine's processes remain (pid…"),
+    ("held by pid 4321", 14, "held by pid…"),
+    ("fits", 4, "fits"),
+    ("x" * 30, 10, "x" * 9 + "…"),
+])
+def test_a_clipped_message_is_never_cut_inside_a_word_or_a_number(text, limit, expected):
+    # A breaker's case: an automatic rollback's reason cut at 200 characters ended "pid 1" (of pid 12345):
+    # a message that named init. A cut falls at a space and says it was cut.
+    from flatshare_ops.common.text import clip, clip_tail
+
+    assert clip(text, limit) == expected and len(clip(text, limit)) <= limit
+    tail = clip_tail("the build failed: pid 12345 exited 1", 20)
+    assert tail == "…pid 12345 exited 1" and len(tail) <= 20
+    assert clip_tail("the build failed: pid 12345 exited 1", 14) == "…exited 1"  # never "…345 exited 1"

@@ -10,6 +10,7 @@ typed protocol"). Text written for people is never parsed:
   (node/entry.py) refuses what it cannot run.
 - **Protocol lines** on the node's stdout, among the progress lines for
   people: :data:`PREFIX` + kind + one JSON object. The node sends
+  :class:`Progress` (where its switch stands, and its long waits),
   :class:`AdmitRequest` (it holds its lock and asks whether it may drain) and,
   last, :class:`Outcome` (what it did); the operator answers an admission
   request with one :class:`AdmitAnswer` line on the node's stdin.
@@ -47,6 +48,9 @@ AUTO_ROLLED_BACK = "rolled back automatically"
 NOTHING, PLANNED, REFUSED, FAILED, INTERRUPTED = "nothing to do", "planned", "refused", "failed", "interrupted"
 #: Results of a switch that left its node on the release asked for, serving.
 SUCCESS = (RELEASED, ROLLED_BACK, REPAIRED)
+#: Where a switch stands (:class:`Progress`): before any change (its refusals, preflight and admission: a node
+#: that ends here changed nothing), carrying out its plan's steps, or ending early (giving calls back).
+DECIDING, SWITCHING, ENDING_EARLY = "deciding", "switching", "ending early"
 
 
 @dataclass(frozen=True)
@@ -119,6 +123,40 @@ class Outcome:
     kind = "outcome"
 
 
+@dataclass(frozen=True)
+class Progress:
+    """Where the node's switch stands, sent as it moves on: when its phase or step changes, and every few
+    seconds of a long wait (the operator's side shows a wait as one live status line on a terminal).
+
+    Attributes:
+        switch: the switch's id.
+        phase: :data:`DECIDING`, :data:`SWITCHING` or :data:`ENDING_EARLY`.
+        step: the step under way (node/steps.py's names), ``""`` before the first.
+        waiting_for: what a wait waits for (``"http://127.0.0.2:8000/health to answer 200"``), ``""`` when none.
+        waited_s: how long the wait has lasted (seconds), when waiting.
+        bound_s: the wait's bound (seconds), when waiting.
+        engine_says: the engine's latest output line during its start, when it printed one.
+    """
+
+    switch: str
+    phase: str
+    step: str = ""
+    waiting_for: str = ""
+    waited_s: float | None = None
+    bound_s: float | None = None
+    engine_says: str | None = None
+    kind = "progress"
+
+
+def waiting_words(message: Progress) -> str:
+    """A wait's progress for people (both sides print it: the node in release.log, the operator on its
+    terminal): ``still waiting for WHAT (N s of BOUND s)``, then the engine's latest line when there is one."""
+    waited = f"{message.waited_s:.0f} s" if message.waited_s is not None else "some time"
+    bound = f" of {message.bound_s:g} s" if message.bound_s is not None else ""
+    said = f"; the engine's latest line: {message.engine_says}" if message.engine_says else ""
+    return f"still waiting for {message.waiting_for} ({waited}{bound}){said}"
+
+
 #: The steps that take a node out of calls, and those that give calls back (node/steps.py, the step table).
 DRAIN_STEPS, GIVE_BACK_STEPS = ("drain-voice", "stop-gateway"), ("start-gateway", "end-voice-drain")
 
@@ -132,10 +170,10 @@ def drain_window(timings: dict[str, tuple[float, float]]) -> float | None:
     return round(max(ends) - min(starts), 3) if starts and ends else None
 
 
-_KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome)}
+_KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome, Progress)}
 
 
-def line(message: AdmitRequest | AdmitAnswer | Outcome) -> str:
+def line(message: AdmitRequest | AdmitAnswer | Outcome | Progress) -> str:
     """The message as one protocol line (with its newline): ``::flatshare:KIND {json}``."""
     return f"{PREFIX}{message.kind} {json.dumps(asdict(message), sort_keys=True, allow_nan=False)}\n"
 
@@ -150,7 +188,7 @@ def is_protocol(text: str) -> bool:
     return text.startswith(PREFIX)
 
 
-def parse(text: str) -> AdmitRequest | Outcome | None:
+def parse(text: str) -> AdmitRequest | Outcome | Progress | None:
     """A protocol line read back; None for a line of an unknown kind or a damaged one."""
     if not text.startswith(PREFIX):
         return None

@@ -19,6 +19,26 @@ def control_character(value: str) -> str | None:
     return match.group() if match else None
 
 
+def clip(text: str, limit: int) -> str:
+    """``text`` at most ``limit`` characters long, cut at a space (never inside a word or a number: a cut
+    ``pid 12345`` must not read ``pid 1``), ``…`` marking the cut; unchanged when it fits."""
+    if len(text) <= limit:
+        return text
+    cut = text[:max(0, limit - 1)]
+    space = cut.rfind(" ")
+    return (cut[:space] if space > 0 else cut).rstrip() + "…"
+
+
+def clip_tail(text: str, limit: int) -> str:
+    """The end of ``text`` (where a command's failure is said), at most ``limit`` characters, cut at a space,
+    ``…`` marking the cut; unchanged when it fits."""
+    if len(text) <= limit:
+        return text
+    cut = text[len(text) - max(0, limit - 1):]
+    space = cut.find(" ")
+    return "…" + (cut[space + 1:] if 0 <= space < len(cut) - 1 else cut).lstrip()
+
+
 def one_line(value: object) -> str:
     """``value`` as text safe to print on one line of output: control characters (C0, DEL and every C1, the
     line separators U+2028 and U+2029), the bidirectional formatting characters (which reorder what a terminal

@@ -33,6 +33,7 @@ from . import known_hosts as known_hosts_file
 from ..render.units import engine_home, service_user
 from .ssh import SSHConnection
 from .targets import NodeTarget
+from ..common.text import clip_tail
 
 #: node_exporter's textfile directory's mode: group-writable for the service user's group, and sticky (a member
 #: may replace only the files it owns; chmod(1), "RESTRICTED DELETION FLAG").
@@ -329,7 +330,7 @@ class Bootstrap:
             return json.loads(output)
         except ValueError:
             self.line("FAIL", "python3", f"the node's python3 could not report its facts (exit {status}: "
-                      f"{output.strip()[-200:]}); install Debian's python3 and python3-venv")
+                      f"{clip_tail(output.strip(), 200)}); install Debian's python3 and python3-venv")
             return None
 
     def _platform(self, facts: dict) -> bool:
@@ -357,7 +358,7 @@ class Bootstrap:
             else:
                 status, output = self._run(["mkdir", "-p", *missing])
                 self.line("done" if status == 0 else "FAIL", "layout",
-                          f"created {', '.join(missing)}" if status == 0 else output.strip()[-200:])
+                          f"created {', '.join(missing)}" if status == 0 else clip_tail(output.strip(), 200))
         else:
             self.line("ok", "layout", "state, unit and module directories exist")
         user = service_user(p)
@@ -371,7 +372,7 @@ class Bootstrap:
                 status, output = self._run(["useradd", "--system", "--no-create-home", "--shell", "/usr/sbin/nologin",
                                             user])
                 self.line("done" if status == 0 else "FAIL", "service user",
-                          f"created system user {user}" if status == 0 else output.strip()[-200:])
+                          f"created system user {user}" if status == 0 else clip_tail(output.strip(), 200))
         else:
             self.line("ok", "service user", f"{user} exists")
         owned = f"{p.module.directory} (the engine builds its module there) and {engine_home(p)} (the engine's " \
@@ -381,7 +382,7 @@ class Bootstrap:
         else:
             status, output = self._run(["chown", "-R", f"{user}:", p.module.directory, engine_home(p)])
             self.line("done" if status == 0 else "FAIL", "ownership",
-                      f"{user} owns {owned}" if status == 0 else output.strip()[-200:])
+                      f"{user} owns {owned}" if status == 0 else clip_tail(output.strip(), 200))
         self._textfile(facts, user)
         if facts.get("journal_group"):
             self.line("ok", "journal", f"serving-check runs as {user} in the group systemd-journal (its unit's "
@@ -422,7 +423,7 @@ class Bootstrap:
         status, output = self._run(argv)
         self.line("done" if status == 0 else "FAIL", "textfile",
                   f"{what} {directory} as root:{user} {TEXTFILE_MODE:o}: serving-check writes there as {user}"
-                  if status == 0 else f"{directory}: {output.strip()[-200:]}")
+                  if status == 0 else f"{directory}: {clip_tail(output.strip(), 200)}")
         if status == 0:
             self._textfile_owner(facts, directory, user)
 
@@ -441,7 +442,7 @@ class Bootstrap:
         status, output = self._run(["chown", "-h", f"{user}:{user}", path])
         self.line("done" if status == 0 else "FAIL", "textfile",
                   f"{path} was {found}'s (a run of serving-check as {found}, from its crontab?): now {user}'s, so the "
-                  f"timer's runs replace it" if status == 0 else f"{path}: {output.strip()[-200:]}")
+                  f"timer's runs replace it" if status == 0 else f"{path}: {clip_tail(output.strip(), 200)}")
 
     # --- 4. flatshare-ops on the node -----------------------------------------------------------------
 
@@ -492,7 +493,7 @@ class Bootstrap:
         ])
         status, output = self._run(["sh", "-c", script], timeout_s=600)
         if status != 0:
-            self.line("FAIL", "flatshare-ops", f"the install into {venv} failed (exit {status}): {output.strip()[-300:]}")
+            self.line("FAIL", "flatshare-ops", f"the install into {venv} failed (exit {status}): {clip_tail(output.strip(), 300)}")
             return
         self.line("done", "flatshare-ops", f"installed into {venv} from {len(wheels.files)} wheels "
                   f"(requirements.lock {want[:12]}, --no-index --require-hashes)")
@@ -561,7 +562,7 @@ class Bootstrap:
         env = ["env", f"PYTHONPATH={m.directory}"]
         status, output = self._run([*env, *command], timeout_s=600)
         if status != 0:
-            self.line("FAIL", "module", f"the build failed (exit {status}): {output.strip()[-300:]}")
+            self.line("FAIL", "module", f"the build failed (exit {status}): {clip_tail(output.strip(), 300)}")
             return
         status, output = self._run(["sha256sum", m.path])
         built = output.split()[0] if status == 0 and output.split() else None

@@ -14,6 +14,7 @@ from __future__ import annotations
 from pathlib import Path
 
 from ..errors import FlatshareError, TransportError
+from ..common.text import clip_tail
 
 
 def doctor(root: Path, inventory: Path, echo) -> int:
@@ -93,7 +94,7 @@ def doctor(root: Path, inventory: Path, echo) -> int:
             continue
         except (ValueError, KeyError, TypeError, AttributeError):
             line("FAIL", f"{name} reach", f"answers over SSH, but its flatshare-node does not "
-                 f"({result.output.strip()[-200:] if result is not None else 'no output'}): "
+                 f"({clip_tail(result.output.strip(), 200) if result is not None else 'no output'}): "
                  f"'flatshare node bootstrap --node {name}'")
             conn.close()
             continue
@@ -163,7 +164,7 @@ def _lock_reading(conn, target) -> tuple[str, str, str]:
         if "invalid choice" in result.errors:  # argparse: a switcher from before the lock check
             return "WARN", item, ("the node's active switcher has no lock check (it predates adr/0011): "
                                   "release the node, then run doctor again")
-        return "FAIL", item, f"no answer ({(result.output + result.errors).strip()[-200:] or 'no output'})"
+        return "FAIL", item, f"no answer ({clip_tail((result.output + result.errors).strip(), 200) or 'no output'})"
     if ok is True:
         return "ok", item, str(detail)
     return "FAIL", item, f"{detail}; releases there cannot be seen by the other nodes' admission (adr/0011)"

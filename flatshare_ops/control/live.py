@@ -1,10 +1,10 @@
 """The operator's terminal during a release: a live status line for the long waits, colour for the verdicts.
 
-On a terminal (stdout or stderr a tty, ``NO_COLOR`` unset, no ``--plain``), a node's "still waiting" lines do
-not pile up: they become one status line, rewritten in place (carriage return, erase to the end of the line),
-quoting the engine's latest output line and the time used of its budget; the next ordinary line replaces it.
-Anywhere else (a pipe, a file, cron, ``--plain``) every line is printed as it comes, with no control characters.
-The wording of the lines is the node's (node/steps.py); this module only decides how they are shown.
+On a terminal (stdout or stderr a tty, ``NO_COLOR`` unset, no ``--plain``), a node's waits (its typed
+``Progress`` messages, common/protocol.py) do not pile up: they become one status line, rewritten in place
+(carriage return, erase to the end of the line), quoting the engine's latest output line and the time used of
+its budget; the next ordinary line replaces it. Anywhere else (a pipe, a file, cron, ``--plain``) each wait is
+printed as a line, with no control characters. No line's wording is read here: a wait is a message's kind.
 """
 
 from __future__ import annotations
@@ -15,8 +15,6 @@ import sys
 import threading
 from typing import TextIO
 
-#: A node's progress line in a wait (node/steps.py ``Switch.progress`` and the engine start's): shown live.
-_WAITING = re.compile(r"^\s*still waiting for ")
 #: Erase the current line: carriage return, then ECMA-48 "erase in line" to its end.
 _ERASE = "\r\x1b[K"
 #: The Nagios words and their colours (ECMA-48 SGR: green, yellow, red, magenta).
@@ -33,11 +31,6 @@ def is_live(stream: TextIO, plain: bool = False) -> bool:
     return tty and not plain and not os.environ.get("NO_COLOR") and os.environ.get("TERM") != "dumb"
 
 
-def is_waiting(text: str) -> bool:
-    """Whether a node's line is a progress line of a wait (shown as the live status line on a terminal)."""
-    return bool(_WAITING.match(text))
-
-
 class StatusLine:
     """Writes a release's lines to a stream; on a live terminal, waits as one status line rewritten in place.
 
@@ -52,10 +45,10 @@ class StatusLine:
         self._showing = False
         self._lock = threading.Lock()
 
-    def line(self, text: str) -> None:
-        """Print ``text``: as the status line when it is a wait's progress on a live terminal, else as a line."""
+    def status(self, text: str) -> None:
+        """A wait's progress: the status line, rewritten in place, on a live terminal; else a line."""
         with self._lock:
-            if self.live and is_waiting(text.split("] ", 1)[-1]):
+            if self.live:
                 width = _width(self.stream)
                 shown = " ".join(text.split())
                 if len(shown) > width - 1:
@@ -63,6 +56,11 @@ class StatusLine:
                 self._draw(_ERASE + shown)
                 self._showing = True
                 return
+        self.line(text)
+
+    def line(self, text: str) -> None:
+        """Print ``text`` as a line (erasing a status line shown)."""
+        with self._lock:
             if self._showing:
                 self._draw(_ERASE)
                 self._showing = False

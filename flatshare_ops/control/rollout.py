@@ -35,6 +35,7 @@ from .answers import admission_line, follow_up_report
 from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
+from ..common.text import clip
 
 
 class OperatorInterrupted(BaseException):
@@ -87,6 +88,7 @@ class Rollout:
         self._lock = threading.Lock()
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
+        self.progress: dict[str, protocol.Progress] = {}  # node -> where its switch last said it stands
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
@@ -433,7 +435,18 @@ class Rollout:
             return ("was asking for admission to drain", "without an answer it refuses and changes nothing "
                     f"({self.command('status')} shows it)")
         if t.result is None and t.name in self.switching:
-            return "switching on the node when interrupted", f"it carries on: {self.command('status')} follows it"
+            stands = self.progress.get(t.name)
+            if stands is None or stands.phase == protocol.DECIDING:
+                # Its refusals, preflight or admission: nothing changed there yet, and an admission no one
+                # answers now is refused (node/cli.py): it changes nothing unless its plan drains nothing.
+                return ("deciding on the node when interrupted (its checks and preflight, before any change)",
+                        "it refuses once its admission to drain goes unanswered (a plan that drains nothing goes "
+                        f"on): {self.command('status')} shows what it did")
+            where = f" (step {stands.step})" if stands.step else ""
+            if stands.phase == protocol.ENDING_EARLY:
+                return (f"ending its switch early on the node when interrupted{where}",
+                        f"it gives calls back: {self.command('status')} follows it")
+            return f"switching on the node when interrupted{where}", f"it carries on: {self.command('status')} follows it"
         if t.result is None:
             return "not started", None
         if self.dry_run and t.result == Exit.OK:
@@ -548,6 +561,10 @@ class Rollout:
                 elif isinstance(message, protocol.Outcome):
                     outcome = message
                     self.outcomes[target.name] = message
+                elif isinstance(message, protocol.Progress):
+                    self.progress[target.name] = message
+                    if message.waiting_for and not self.quiet:
+                        self.out.status(f"[{target.name} {self.elapsed()}]   {protocol.waiting_words(message)}")
             status = session.exit_status(10.0)
         except (Silence, Lost) as err:
             echo(f"flatshare: {err}")
@@ -654,7 +671,7 @@ class Rollout:
                                  f"{not_an_answer(result.status, result.output + result.errors, err)}")
                 return False
             if not isinstance(answer, dict):
-                seen["error"] = f"its status answer is not an object: {result.output.strip()[:200]}"
+                seen["error"] = f"its status answer is not an object: {clip(result.output.strip(), 200)}"
                 return False
             seen["answer"] = answer
             return answer.get("state") != "switching"

@@ -354,7 +354,7 @@ def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) 
         state = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
         if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:
             systemd.job(ctx.address, "start", GATEWAY_UNIT, 60,
-                        lambda waited: out.line(f"  still waiting for {GATEWAY_UNIT} to start ({waited:.0f} s of 60 s)"))
+                        lambda waited: out.waiting(f"{GATEWAY_UNIT} to start", waited, 60))
             out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
     except SystemdError as err:
         out.line(f"{ctx.node}: could not check or start {GATEWAY_UNIT}: {err}")

@@ -181,6 +181,8 @@ def switch(args) -> int:
         pass  # the switch names it (node/store.py ensure_releases_dir); release.log then says it is not kept
     out = ReleaseOutput(None if args.dry_run else ctx.log_path, nonblocking=True)
     out.watch_hangup()
+    if request.switch:  # the operator's side reads protocol lines: where the switch stands goes as Progress
+        out.switch = request.switch
 
     def admit(plan) -> str | None:
         out.line(f"{ctx.node}: asking the operator's side for admission to drain")

@@ -83,14 +83,15 @@ def _trusted(status: dict | None, drain: VoiceDrain) -> bool:
         and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S
 
 
-def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None, check=None) -> dict:
+def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None, check=None, waiting=None) -> dict:
     """Wait until the worker reports ``drained`` for this drain, in a status written after it began.
 
     Args:
         drain: the drain in progress.
         timeout_s: how long to wait, in seconds.
-        progress: called with a line when the number of calls in progress changes, and at
-            least every 10 s while waiting.
+        progress: called with a line when the number of calls in progress changes, and (without
+            ``waiting``) at least every 10 s while waiting.
+        waiting: called with the seconds waited, at least every 10 s while waiting (instead of a line).
         check: called at each poll while waiting; what it raises ends the wait (the switch's admission
             decided again).
 
@@ -125,7 +126,9 @@ def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None, check=None)
         return None
 
     def still(waited: float) -> None:
-        if progress:
+        if waiting:
+            waiting(waited)
+        elif progress:
             progress(f"still waiting for the voice worker to drain ({waited:.0f} s of {timeout_s:g} s)")
 
     status = poll_until(drained, timeout_s, POLL_S, still)

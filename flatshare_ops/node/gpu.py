@@ -11,6 +11,7 @@ import shutil
 import subprocess
 
 from ..errors import FlatshareError
+from ..common.text import clip
 
 #: nvidia-smi's bound (seconds).
 NVIDIA_SMI_TIMEOUT_S = 10.0
@@ -38,7 +39,7 @@ def compute_processes(timeout_s: float = NVIDIA_SMI_TIMEOUT_S) -> list[tuple[int
     except OSError as err:
         raise GpuUnreadable(f"cannot run {program}: {err.strerror or err}") from None
     if done.returncode != 0:
-        why = (done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1][:200]
+        why = clip((done.stderr.strip() or done.stdout.strip() or "no output").splitlines()[-1], 200)
         raise GpuUnreadable(f"nvidia-smi exited {done.returncode}: {why}")
     found = []
     for line in done.stdout.splitlines():

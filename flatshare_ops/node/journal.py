@@ -18,7 +18,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..common import durable
 from ..common.clock import is_time
 from ..common.node_files import JOURNAL, RELEASES
-from ..common.text import one_line as text_line
+from ..common.text import clip, one_line as text_line
 from ..common.files import Damaged, parse_json_object, read_bytes
 from ..errors import NodeStateError
 from ..schema_errors import one_line
@@ -147,7 +147,7 @@ def journal_summary(journal: Journal) -> str:
     done = [s.name for s in journal.steps if s.state == "done"]
     failed = [s for s in journal.steps if s.state == "failed"]
     stopped = f", failed at {failed[0].name}" if failed else ""
-    what = (f"automatic rollback ({text_line(journal.auto)[:200]}): switch" if journal.auto else "switch")
+    what = (f"automatic rollback ({clip(text_line(journal.auto), 200)}): switch" if journal.auto else "switch")
     return (f"{what} {journal.from_ or '(no release)'} -> {journal.to} by {journal.user}@{journal.host} pid "
             f"{journal.pid}, {len(done)}/{len(journal.steps)} steps done" + (f" (last: {done[-1]})" if done else "")
             + stopped)

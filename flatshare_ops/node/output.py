@@ -18,6 +18,7 @@ import sys
 from pathlib import Path
 from typing import TextIO
 
+from ..common import protocol
 from ..common.clock import utc_stamp
 from ..common.files import open_regular
 
@@ -41,6 +42,10 @@ class ReleaseOutput:
         self.log_error: str | None = None
         self._log = None
         self._fd = None
+        #: The switch whose progress goes to the operator as :class:`protocol.Progress` lines (set by the
+        #: switch command, whose operator reads them); None: waits are printed as lines for people.
+        self.switch: str | None = None
+        self.phase, self.step = protocol.DECIDING, ""
         if log_path is not None:
             try:  # never through a link, never blocking on a FIFO: release.log is the node's own record
                 fd = open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -109,6 +114,23 @@ class ReleaseOutput:
         text = f"{self.prefix}{text}"
         self._write_log(text)
         self._write_terminal(text)
+
+    def stage(self, phase: str, step: str = "") -> None:
+        """The switch moved on (:data:`protocol.DECIDING`, ``SWITCHING``, ``ENDING_EARLY``; the step under way):
+        the operator's side is told, in a :class:`protocol.Progress` line."""
+        self.phase, self.step = phase, step
+        if self.switch is not None:
+            self._write_terminal(protocol.line(protocol.Progress(self.switch, phase, step)).rstrip("\n"))
+
+    def waiting(self, what: str, waited_s: float, bound_s: float, engine_says: str | None = None) -> None:
+        """A long wait's progress: in release.log as a line for people (``  still waiting for ...``); to the
+        operator's side as a :class:`protocol.Progress` line (it shows it live on a terminal, or as that line),
+        or as the line itself when no operator reads protocol lines."""
+        message = protocol.Progress(self.switch or "", self.phase, self.step, what, round(waited_s, 1), bound_s,
+                                    engine_says)
+        text = f"{self.prefix}  {protocol.waiting_words(message)}"
+        self._write_log(text)
+        self._write_terminal(text if self.switch is None else protocol.line(message).rstrip("\n"))
 
     def log_only(self, text: str) -> None:
         """Write lines to the log only (a traceback kept for a bug report, never shown to the operator)."""

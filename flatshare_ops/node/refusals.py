@@ -102,8 +102,8 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
     """
     out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM itself in the engine venv, "
              "with the engine's environment)")
-    checked = preflight.run(new.serving, lambda waited: out.line(
-        f"  still waiting for vLLM ({waited:.0f} s of {preflight.PARSE_TIMEOUT_S:g} s)"), dry_run=dry_run)
+    checked = preflight.run(new.serving, lambda waited: out.waiting("vLLM", waited, preflight.PARSE_TIMEOUT_S),
+                            dry_run=dry_run)
     for note in checked.notes:
         out.line(f"  {note}")
     if checked.problems:

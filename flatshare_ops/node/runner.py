@@ -32,6 +32,7 @@ import time
 from pathlib import Path
 
 from . import systemd
+from ..common import protocol
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
@@ -122,10 +123,12 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
                                 f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was "
                                 "changed; free the space or fix the filesystem, then run the command again") from None
     step = "journal"
+    out.stage(protocol.SWITCHING)
     try:
         if abandon is not None:
             append_abandoned(ctx, abandon[0], out, abandon[1])
         for number, step in enumerate(p.steps, 1):
+            out.stage(protocol.SWITCHING, step)
             out.line(f"step {number}/{len(p.steps)} {step}")
             journals.mark(ctx.state_dir, journal, step, "running")
             started = time.monotonic()
@@ -167,6 +170,7 @@ def _refused_midway(sw: Switch, reason: str) -> None:
     """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        sw.out.stage(protocol.ENDING_EARLY, step)
         calls = give_back(sw)
         try:
             journals.remove_journal(sw.ctx.state_dir)
@@ -240,6 +244,7 @@ def early_end(sw: Switch, step: str, reason: str, recorded: bool = False, verdic
     """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
+        sw.out.stage(protocol.ENDING_EARLY, step)
         calls = give_back(sw)
         if not recorded:
             _record_failure(sw, step, reason, calls, verdict=verdict)

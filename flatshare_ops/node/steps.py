@@ -23,6 +23,7 @@ from ..errors import FlatshareError, Refused, SystemdError
 from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
+from ..common.text import clip
 
 #: How long starting the gateway or the voice worker, or a unit's reload, may take (seconds).
 UNIT_JOB_S = 60.0
@@ -98,8 +99,8 @@ class Switch:
         return self.new.serving
 
     def progress(self, what: str, bound_s: float) -> Callable[[float], None]:
-        """A progress callback for a wait: ``  still waiting for WHAT (N s of BOUND s)``."""
-        return lambda waited: self.out.line(f"  still waiting for {what} ({waited:.0f} s of {bound_s:g} s)")
+        """A progress callback for a wait (``waited`` seconds of ``bound_s``): :meth:`ReleaseOutput.waiting`."""
+        return lambda waited: self.out.waiting(what, waited, bound_s)
 
     def job(self, verb: str, unit: str, timeout_s: float) -> None:
         """Run one systemd job and wait for it (bounded), with progress lines."""
@@ -153,6 +154,7 @@ def drain_voice(sw: Switch) -> None:
     timeout_s = float(voice["drain_timeout_s"])
     sw.out.line(f"  drain {sw.drain.drain_id}: waiting for the voice worker (up to {timeout_s:g} s)")
     status = drain.wait_drained(sw.drain, timeout_s, progress=lambda line: sw.out.line(f"  {line}"),
+                                waiting=sw.progress("the voice worker to drain", timeout_s),
                                 check=lambda: decide_again(sw, "while the voice worker drains"))
     sw.out.line(f"  voice worker drained (status written {time.time() - float(status['written_at']):.1f} s ago)")
 
@@ -314,12 +316,8 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
     return last[0], exited[0]
 
 
-#: The prefix of the engine's latest line in a start's progress lines (the operator's side shows it live).
-ENGINE_SAYS = "; the engine's latest line: "
-
-
 def _engine_progress(sw: Switch, url: str, budget_s: float) -> Callable[[float], None]:
-    """The engine start's progress line: how long of its budget, and what the engine is doing (its latest output
+    """The engine start's progress: how long of its budget, and what the engine is doing (its latest output
     line since this start, from wherever the node keeps its output: common/unit_output.py), so that a start of
     many minutes on the card says more than the time."""
     from ..common.unit_output import last_lines
@@ -327,8 +325,7 @@ def _engine_progress(sw: Switch, url: str, budget_s: float) -> Callable[[float],
     def progress(waited: float) -> None:
         tail = last_lines((sw.serving or {}).get("layout") or {}, ENGINE_UNIT, 1, since=sw.engine_output_mark)
         latest = tail.lines[-1].strip() if tail.lines and tail.lines[-1].strip() else None
-        sw.out.line(f"  still waiting for {url} to answer 200 ({waited:.0f} s of {budget_s:g} s)"
-                    + (f"{ENGINE_SAYS}{latest[:200]}" if latest else ""))
+        sw.out.waiting(f"{url} to answer 200", waited, budget_s, clip(latest, 200) if latest else None)
 
     return progress
 

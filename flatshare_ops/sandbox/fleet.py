@@ -56,6 +56,7 @@ from ..schema_errors import one_line
 from ..node.systemd import ManagerAddress
 from .manager import ManagerDirs, SandboxError, refuse_long_socket_paths, start_manager, stop_manager
 from . import node_profile
+from ..common.text import clip_tail
 
 DEFAULT_ADDRESSES = {"cyan": "127.0.0.2", "peacock": "127.0.0.3"}
 SSH_PORT = 2222
@@ -912,7 +913,7 @@ def _build_module(node: SandboxNode) -> None:
     done = subprocess.run(list(module.build_command), capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not Path(module.path).is_file():
         raise SandboxError(f"{node.name}: the serve module's build failed (exit {done.returncode}): "
-                           f"{done.stderr.strip()[-300:]}")
+                           f"{clip_tail(done.stderr.strip(), 300)}")
 
 
 def status(base: Path) -> dict[str, dict]:
