@@ -177,3 +177,25 @@ def test_what_systemd_refuses_is_said_in_its_own_words_never_in_pystemds(user_ma
     assert said.endswith("not found. (NoSuchUnit)"), said  # systemd's error name (org.freedesktop.systemd1.NoSuchUnit)
     for pystemds in ("DBusBaseError", "[err ", "b'", "i bet"):
         assert pystemds not in said, said
+
+
+def test_an_engine_home_that_is_a_dangling_link_is_named_as_such_by_vllms_own_preflight_and_the_nodes(tmp_path):
+    # A breaker's case: HOME a symbolic link to nothing; the preflight blamed the directory above it ("... is
+    # not a directory it may write"), or passed as root, and the engine then failed at its start.
+    from flatshare_ops.node import preflight
+    from flatshare_ops.sandbox.node_profile import engine_venv
+
+    if not (engine_venv() / ".complete").is_file():
+        pytest.skip(f"{engine_venv()} is not built (scripts/vllm-venvs.sh)")
+    home = tmp_path / "engine"
+    home.symlink_to(tmp_path / "gone")
+    env = {"PATH": os.environ["PATH"], "HOME": str(home), "VLLM_LOGGING_LEVEL": "ERROR"}
+    answer = preflight.parse_with_venv(engine_venv(), [str(tmp_path / "model")], mode="preflight", env=env)
+    assert (answer["ok"], answer["stage"]) == (False, "cache"), answer
+    assert f"{home} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in answer["error"], answer
+    serving = {"engine": {"argv": [str(engine_venv() / "bin/vllm"), "serve", str(tmp_path / "model")],
+                          "venv": str(engine_venv()), "environment": {"HOME": str(home)}}}
+    found = preflight.run(serving).problems
+    assert any(f"the engine's home {home} is a symbolic link to {tmp_path / 'gone'}, which does not exist" in p
+               for p in found), found
+    assert not os.path.exists(tmp_path / "gone")  # nothing made behind the link

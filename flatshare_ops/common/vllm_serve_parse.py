@@ -699,6 +699,9 @@ def _unwritable_cache_root() -> str | None:
         else:  # made where vLLM would make it: the nearest existing directory must take it (nothing is made)
             parent = os.path.dirname(os.path.abspath(root))
             while not os.path.exists(parent):
+                if os.path.islink(parent):  # named for what it is, never for the directory above it
+                    raise FileNotFoundError(2, f"cannot make {root}: {parent} is a symbolic link to "
+                                               f"{os.readlink(parent)}, which does not exist")
                 parent = os.path.dirname(parent)
             if not os.path.isdir(parent) or not os.access(parent, os.W_OK | os.X_OK):
                 raise PermissionError(13, f"cannot make {root}: {parent} is not a directory it may write")

@@ -243,7 +243,11 @@ def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
     user = engine_user(serving)
     env = engine_environment(serving)
     home = env.get("HOME", "")
-    if user is not None and home.startswith("/") and not os.path.lexists(home):
+    if home.startswith("/") and os.path.islink(home) and not os.path.exists(home):
+        found.append(f"the engine's home {home} is a symbolic link to {os.readlink(home)}, which does not exist: "
+                     f"remove the link (rm {home}; systemd's StateDirectory= makes the directory at the engine's "
+                     "start)")
+    elif user is not None and home.startswith("/") and not os.path.lexists(home):
         if dry_run:
             env[SKIP_CACHE_VARIABLE] = "1"
             outcome.notes.append(f"the engine's home {home} does not exist yet (made before the engine starts): "
