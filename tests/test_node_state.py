@@ -1465,6 +1465,43 @@ def test_a_release_whose_new_engine_does_not_serve_is_rolled_back_by_the_node_it
 
 
 @ROLLBACKS
+def test_a_release_that_rolled_itself_back_is_refused_from_any_checkout_until_retried(fleet, tmp_path):
+    # Issue 34: after an automatic rollback the checkout still renders the failed release, and the next
+    # `flatshare release` (a timer, a second operator, the same one pressing up-arrow) drained the node for it
+    # again. It is refused, from this checkout or a copy of it, naming when and why it failed, until --retry.
+    import shutil
+
+    left = fleet.current()
+    edits = {'\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
+    with fleet.profile_edit(CYAN, edits):
+        failed = fleet.fresh()
+        first = fleet.operator_release()
+        assert first.returncode == 9, text_of(first)
+        invocation = fleet.engine()[1]
+        again = fleet.operator_release()
+        other = shutil.copytree(fleet.checkout, tmp_path / "other-checkout")
+        from_other = fleet.cli("release", "--node", CYAN, "--root", str(other))
+        refused_restarted = fleet.engine()[1] != invocation  # systemd's InvocationID: the same engine process
+        listed = fleet.cli("releases", "--node", CYAN)
+        retried = fleet.operator_release(CYAN, "--retry")
+    for refused in (again, from_other):
+        assert refused.returncode == 3, text_of(refused)
+        assert (f"this checkout's release for cyan ({failed}) failed there and was taken back (rolled back "
+                "automatically, " in text_of(refused)) and "serving-check failed: " in text_of(refused), text_of(refused)
+        assert "--retry" in text_of(refused) and "Traceback" not in text_of(refused)
+    # Nothing was done for the refused ones: the engine the rollback started runs on, no switch recorded.
+    records = fleet.history()
+    assert [r["result"] for r in records if r.get("target") == failed].count("failed") == 2, text_of(retried)
+    assert re.search(rf"^  FAILED {failed}: rolled back automatically \(serving-check failed: ", listed.stdout,
+                     re.MULTILINE), listed.stdout
+    # --retry tries it again: it fails as before and is rolled back again.
+    assert retried.returncode == 9, text_of(retried)
+    assert fleet.current() == left
+    assert not refused_restarted and invocation != fleet.engine()[1]  # the retry restarted it; the refusals never
+    fleet.settled()
+
+
+@ROLLBACKS
 @pytest.mark.parametrize("fault", [{"auto_rollback_journal_fails": "ENOSPC"}, {"auto_rollback_journal_fails": "EROFS"},
                                    {"signal_at_auto_rollback": "SIGTERM"}],
                          ids=["full-disk", "read-only", "sigterm"])

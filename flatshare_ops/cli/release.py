@@ -72,6 +72,9 @@ def release(
         "--no-auto-rollback", help="A node whose new engine does not serve stays failed (the profile's "
         "release.auto_rollback otherwise rolls it back by itself).")] = False,
     analysis: AnalysisOption = AnalysisMode.on,
+    retry: Annotated[bool, typer.Option(
+        "--retry", help="Release it even though it failed and was taken back on some node (rolled back "
+                        "automatically, or its canary analysis failed); without it, such a release is refused.")] = False,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
@@ -101,7 +104,7 @@ def release(
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
                       auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path,
-                      verbose=verbose, quiet=quiet, plain=plain)
+                      verbose=verbose, quiet=quiet, plain=plain, retry=retry)
     raise typer.Exit(_finish(rollout, as_json))
 
 

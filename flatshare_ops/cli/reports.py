@@ -114,6 +114,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
     from ..common.text import one_line
     from ..control import commands
     from ..control.answers import history_line
+    from ..node.history import failed_releases
 
     answers = fleet_answers(node, inventory, lambda t: commands.history(t.spec))
     codes = [c for c in (answer_code(a) for a in answers.values()) if c is not None]
@@ -131,12 +132,15 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
         if answer.get("disorder"):
             typer.echo(f"  damaged: {one_line(str(answer['disorder']))}: a rollback of {name} is refused until the "
                        "lines are in order (or the file is moved aside)")
-        for r in answer.get("records", []):
-            record = r if isinstance(r, dict) else {}
+        records = [r if isinstance(r, dict) else {} for r in answer.get("records", [])]
+        for record in records:
             typer.echo(f"  {history_line(record)}")
             if measurements:
                 for line in _measurement_lines(record):
                     typer.echo(f"    {line}")
+        for release, how in failed_releases(records).items():
+            typer.echo(f"  FAILED {release}: {how['how']} ({one_line(str(how['why']))}); 'flatshare release' "
+                       "refuses it on every node until given --retry")
     raise typer.Exit(code)
 
 

@@ -60,19 +60,21 @@ class Rollout:
         verbose: each node prints its whole plan (else a compact one; the whole plan is in its release.log).
         quiet: the nodes' progress lines are not shown (their errors, this side's lines and the summary are).
         plain: never a live status line or colour, even on a terminal (control/live.py).
+        retry: release even what failed and was taken back on some node (without it, such a release is refused
+            on every node: :meth:`_failed_before`).
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
                  undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
                  inventory: Path | None = None, verbose: bool = False, quiet: bool = False,
-                 plain: bool = False) -> None:
+                 plain: bool = False, retry: bool = False) -> None:
         from .live import StatusLine, is_live
 
         self.root, self.chosen, self.everyone = root, chosen, everyone
         # Every line of this run goes through the status line: on a live terminal, waits are drawn in place.
         self.out = StatusLine(out.line, out.stream, is_live(out.stream, plain))
-        self.verbose, self.quiet = verbose, quiet
+        self.verbose, self.quiet, self.retry = verbose, quiet, retry
         self.began = time.monotonic()
         self.code: int | None = None  # the run's exit code, once it ended
         self.node_times: dict[str, list] = {}  # node -> [its first switch's start, its last one's end] (monotonic s)
@@ -89,6 +91,7 @@ class Rollout:
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
         self.progress: dict[str, protocol.Progress] = {}  # node -> where its switch last said it stands
+        self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
@@ -272,8 +275,15 @@ class Rollout:
         worst = None
         failures: list[NodeTarget] = []
         try:
-            # The first batch, and the nodes its admission probes.
+            # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
+            refusal = self._failed_before() if self.mode == "release" and not self.retry else None
+            if refusal is not None:
+                self.out.line(f"flatshare: release refused: {refusal}")
+                for t in self.chosen:
+                    t.result = Exit.REFUSED
+                    self.refused[t.name] = refusal
+                batches, worst = [], Exit.REFUSED
             for number, batch in enumerate(batches):
                 self._run_batch(batch)
                 failures += [t for t in batch if t.result not in (Exit.OK, Exit.NOTHING_TO_DO)]
@@ -317,6 +327,46 @@ class Rollout:
         if len(self.chosen) > 1 or worst is not None:  # a line a node: what became of it, and why
             self._summary()
         return self.code
+
+    def _failed_before(self) -> str | None:
+        """Why this checkout's release is refused, or None: on some node of the inventory, the release this
+        checkout renders for it failed and was taken back (rolled back automatically, or its canary analysis
+        failed: node/history.py ``failed_releases``). Release ids are per node, so each node's history is read
+        for its own; a failure anywhere refuses the whole fleet until ``--retry``. A node whose history cannot
+        be read is said, and does not refuse."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from ..common.clock import utc_stamp
+        from ..node.history import failed_releases
+        from .bundle import bundle
+
+        def failed_on(target: NodeTarget) -> tuple[str, dict] | None:
+            release = bundle(self.root, target, ship=False)["id"]
+            try:
+                result = self.run_command(target, commands.history(target.spec))
+                records = answer_of(result).get("records")
+            except TransportError as err:
+                self.out.line(f"{target.name}: its history could not be read ({err}): whether this release "
+                              "failed there is not known")
+                return None
+            except (ValueError, AttributeError) as err:
+                self.out.line(f"{target.name}: its history did not answer JSON ({err}): whether this release "
+                              "failed there is not known")
+                return None
+            found = failed_releases(records if isinstance(records, list) else []).get(release)
+            return (release, found) if found else None
+
+        with ThreadPoolExecutor(max_workers=max(1, len(self.everyone))) as pool:
+            found = list(zip(self.everyone, pool.map(failed_on, self.everyone)))
+        for target, failure in found:
+            if failure is None:
+                continue
+            release, how = failure
+            when = utc_stamp(how["at"]) if isinstance(how.get("at"), (int, float)) else "at a time not recorded"
+            return (f"this checkout's release for {target.name} ({release}) failed there and was taken back "
+                    f"({how['how']}, {when}: {clip(str(how['why']), 300)}); it is refused on every node until asked "
+                    "for again with --retry")
+        return None
 
     def _canary_analysis(self, canaries: list[NodeTarget], later: list[list[NodeTarget]]) -> int | None:
         """Analyse the canaries that switched; None to go on with the next batch, else the rollout's exit code
@@ -431,6 +481,8 @@ class Rollout:
     def _result(self, t: NodeTarget) -> tuple[str, str | None]:
         """(what became of node ``t`` in a few words, the reason or what to do when there is one)."""
         outcome = self.outcomes.get(t.name)
+        if t.name in self.refused:
+            return EXIT_NAMES.get(Exit.REFUSED, "refused"), self.refused[t.name]
         if t.result is None and t.name in self.asking:
             return ("was asking for admission to drain", "without an answer it refuses and changes nothing "
                     f"({self.command('status')} shows it)")

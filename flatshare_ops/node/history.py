@@ -320,6 +320,39 @@ def served_releases(history: History) -> list[str]:
     return seen
 
 
+def failed_releases(records: list[dict]) -> dict[str, dict]:
+    """Releases that failed on this node and were taken back, each with how and when, from its history's
+    records (oldest first): a switch whose engine did not serve (its failure's ``verdict``) and that the node
+    rolled back by itself, or a release whose canary analysis failed (its ``analysed`` record). A release
+    that served again later (a release or rollback record with it ``after``, ``served``) is no longer listed:
+    the newest record decides. A release that failed and was left failed (no automatic rollback) is not
+    listed: the next release finishes or replaces its switch.
+
+    Returns:
+        ``{release id: {"how": "rolled back automatically" | "its canary analysis failed", "why": one line,
+        "at": Unix seconds of the record that took it back, "switch": that switch's id}}``.
+    """
+    failed: dict[str, dict] = {}
+    verdicts: dict[str, dict] = {}
+    for record in records:
+        result, target, switch = record.get("result"), record.get("target"), record.get("switch")
+        if result == "failed" and record.get("verdict") is True and isinstance(target, str) and isinstance(switch, str):
+            verdicts[switch] = record
+        elif result == "rolled back" and record.get("auto") and switch in verdicts:
+            cause = verdicts.pop(switch)
+            failed[cause["target"]] = {"how": "rolled back automatically", "at": record.get("finished_at"),
+                                       "switch": switch,
+                                       "why": f"{cause.get('step') or 'a step'} failed: {cause.get('reason') or 'no reason recorded'}"}
+        elif result == "analysed" and isinstance(target, str) and \
+                isinstance(record.get("analysis"), dict) and record["analysis"].get("phase") == "failed":
+            failed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
+                              "switch": switch, "why": record.get("reason") or "no summary recorded"}
+        elif result in SERVED_RESULTS and record.get("served") and isinstance(record.get("after"), str) \
+                and not record.get("auto"):
+            failed.pop(record["after"], None)
+    return failed
+
+
 def rollback_target(history: History, exclude: str | None, stored) -> str | None:
     """The release a rollback returns to: the newest release that served, other than ``exclude``, still stored.
 
