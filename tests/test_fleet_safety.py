@@ -201,8 +201,13 @@ class Fleet:
 
     def new_hold(self, *names: str) -> None:
         """Change the checkout's profile so that each of these nodes has something to release."""
+        # A value never asked for before in this module: a release that failed and was taken back is refused
+        # until --retry (control/rollout.py), so no test may render one an earlier test saw fail.
         running = {self.hold(n) for n in names or NODES}
-        self.set_hold(next(v for v in (48, 0, 16) if v not in running))
+        Fleet._fresh = getattr(Fleet, "_fresh", 100)
+        value = next(v for v in range(Fleet._fresh + 1, Fleet._fresh + 10) if v not in running)
+        Fleet._fresh = value
+        self.set_hold(value)
 
     @contextmanager
     def node_profile(self, names, load: str | None = None, start_timeout: int | None = None):

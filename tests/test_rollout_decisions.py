@@ -294,3 +294,33 @@ def test_min_serving_0_on_a_fleet_of_several_nodes_is_said_before_anything_drain
                                            "calls"), text
     quiet = fleet(cyan=FakeNode(switch_script=[outcome(0)]), peacock=FakeNode(switch_script=[outcome(0)]))
     assert "min_serving 0" not in run(quiet)[1]
+
+
+def _record(result: str, switch: str, target: str | None = None, **fields) -> dict:
+    return {"result": result, "switch": switch, "target": target, "finished_at": 1000.0 + len(switch), **fields}
+
+
+def test_which_releases_failed_and_were_taken_back_by_each_kind_of_record():
+    # The retry guard's reading of a node's history (node/history.py failed_releases), case by case.
+    from flatshare_ops.node.history import failed_releases
+
+    auto = [_record("released", "s1", "A", before=None, after="A", served=True),
+            _record("failed", "s2", "B", before="A", step="serving-check", reason="CRITICAL", verdict=True),
+            _record("rolled back", "s2", "A", before="B", after="A", served=True, auto="serving-check failed")]
+    assert failed_releases(auto) == {"B": {"how": "rolled back automatically", "at": auto[2]["finished_at"],
+                                           "switch": "s2", "why": "serving-check failed: CRITICAL"}}
+    # a failure that says nothing about the release (a signal: verdict false), or one left failed: not listed
+    assert failed_releases([auto[0], {**auto[1], "verdict": False}, auto[2]]) == {}
+    assert failed_releases(auto[:2]) == {}
+    # a canary analysis that failed: listed once the canary was rolled back from it, not while that is owed
+    analysed = [_record("released", "s3", "C", before="A", after="C", served=True),
+                _record("analysed", "s3", "C", before="C", after="C", reason="TTFT worse",
+                        analysis={"phase": "failed"})]
+    assert failed_releases(analysed) == {}
+    back = _record("rolled back", "s4", "A", before="C", after="A", served=True)
+    assert failed_releases(analysed + [back])["C"]["how"] == "its canary analysis failed"
+    # an inconclusive analysis is no failure
+    assert failed_releases([analysed[0], {**analysed[1], "analysis": {"phase": "inconclusive"}}, back]) == {}
+    # served again since (a --retry that held): no longer listed
+    again = _record("released", "s5", "B", before="A", after="B", served=True)
+    assert failed_releases(auto + [again]) == {}

@@ -323,7 +323,8 @@ def served_releases(history: History) -> list[str]:
 def failed_releases(records: list[dict]) -> dict[str, dict]:
     """Releases that failed on this node and were taken back, each with how and when, from its history's
     records (oldest first): a switch whose engine did not serve (its failure's ``verdict``) and that the node
-    rolled back by itself, or a release whose canary analysis failed (its ``analysed`` record). A release
+    rolled back by itself, or a release whose canary analysis failed (its ``analysed`` record) and that was
+    rolled back from (a canary whose rollback is still owed is not listed: the next rollout carries it out). A release
     that served again later (a release or rollback record with it ``after``, ``served``) is no longer listed:
     the newest record decides. A release that failed and was left failed (no automatic rollback) is not
     listed: the next release finishes or replaces its switch.
@@ -333,7 +334,8 @@ def failed_releases(records: list[dict]) -> dict[str, dict]:
         "at": Unix seconds of the record that took it back, "switch": that switch's id}}``.
     """
     failed: dict[str, dict] = {}
-    verdicts: dict[str, dict] = {}
+    verdicts: dict[str, dict] = {}  # switch id -> its failure that says the release does not serve
+    analysed: dict[str, dict] = {}  # release -> its failed canary analysis, until the canary is rolled back
     for record in records:
         result, target, switch = record.get("result"), record.get("target"), record.get("switch")
         if result == "failed" and record.get("verdict") is True and isinstance(target, str) and isinstance(switch, str):
@@ -345,11 +347,14 @@ def failed_releases(records: list[dict]) -> dict[str, dict]:
                                        "why": f"{cause.get('step') or 'a step'} failed: {cause.get('reason') or 'no reason recorded'}"}
         elif result == "analysed" and isinstance(target, str) and \
                 isinstance(record.get("analysis"), dict) and record["analysis"].get("phase") == "failed":
-            failed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
-                              "switch": switch, "why": record.get("reason") or "no summary recorded"}
-        elif result in SERVED_RESULTS and record.get("served") and isinstance(record.get("after"), str) \
-                and not record.get("auto"):
+            analysed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
+                                "switch": switch, "why": record.get("reason") or "no summary recorded"}
+        elif result == "rolled back" and record.get("before") in analysed:  # the canary taken back from it
+            failed[record["before"]] = {**analysed.pop(record["before"]), "at": record.get("finished_at")}
+        if result in SERVED_RESULTS and record.get("served") and isinstance(record.get("after"), str) \
+                and not record.get("auto") and record.get("before") != record.get("after"):
             failed.pop(record["after"], None)
+            analysed.pop(record["after"], None)
     return failed
 
 
