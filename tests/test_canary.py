@@ -330,8 +330,11 @@ def test_counters_the_canarys_engine_reset_during_the_analysis_count_from_zero_a
     assert done == [200], text
     assert code == 0, text
     windows = [line for line in text.splitlines() if line.startswith("measurement ")]
-    assert "the engine restarted in the window (counts since its start)" in windows[1], windows
-    assert all("engine restarted" not in line for line in windows[:1] + windows[2:]), windows
+    # One window holds the reset: the one after measurement 1 was printed, or a later one on a busy machine
+    # (the reset is asked for when the line is read, which may be after the next scrape began).
+    restarted = [i for i, line in enumerate(windows) if "engine restarted" in line]
+    assert len(restarted) == 1 and restarted[0] >= 1, windows
+    assert "the engine restarted in the window (counts since its start)" in windows[restarted[0]], windows
     assert re.search(r"analysis of canary cyan against baseline peacock: passed", text), text
     assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
     for name in NODES:
