@@ -69,9 +69,16 @@ class ProfileError(FlatshareError):
 
 
 class Refused(FlatshareError):
-    """The command will not start; nothing was changed (or only calls were given back)."""
+    """The command will not start; nothing was changed (or only calls were given back).
+
+    ``waits_for``: a refusal waiting may end (common/protocol.py ``REFUSED_FOR_ADMISSION``, ``REFUSED_FOR_BUSY``),
+    else None."""
 
     exit_code = Exit.REFUSED
+
+    def __init__(self, message: str = "", waits_for: str | None = None) -> None:
+        super().__init__(message)
+        self.waits_for = waits_for
 
 
 class SwitchFailed(FlatshareError):

@@ -1412,6 +1412,28 @@ def test_an_operator_interrupted_during_the_preflight_says_nothing_changed_there
     fleet.settled(name)
 
 
+def test_two_releases_started_at_once_with_wait_both_finish_one_after_the_other(fleet):
+    # Issue 34: single-node releases of cyan and peacock started together each saw the other "being released"
+    # and were both refused (exit 3); one had to be run again by hand. With --wait each asks again until the
+    # other's release ended.
+    fleet.new_hold()
+    expected = {name: fleet.expected_id(name) for name in NODES}
+    starts = {name: len(fleet.history(name)) for name in NODES}
+    operators = {name: fleet.popen(fleet.argv("release", name, None, "--wait", "4m")[0]) for name in NODES}
+    outs = {name: _finish(process, 300) for name, process in operators.items()}
+    for name, process in operators.items():
+        _no_traceback(outs[name])
+        assert process.returncode == 0, outs[name]
+        records = fleet.history(name)[starts[name]:]
+        assert records and (records[-1]["result"], records[-1]["after"]) == ("released", expected[name]), records
+    assert any(re.search(r"waiting \(--wait\): .*refused: .*; asking again in \d+ s", o) for o in outs.values()), outs
+    # The node histories say the two switches never overlapped in time (a node always took calls).
+    (a,), (b,) = ([r for r in fleet.history(n)[starts[n]:] if r["result"] == "released"] for n in NODES)
+    assert a["finished_at"] <= b["started_at"] or b["finished_at"] <= a["started_at"], (a, b)
+    for name in NODES:
+        fleet.settled(name)
+
+
 # =====================================================================================================
 # 9. Admission judges "takes calls" by what callers meet (the gateway), never by our own files
 # =====================================================================================================

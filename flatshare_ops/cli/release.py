@@ -59,6 +59,22 @@ PlainOption = Annotated[bool, typer.Option("--plain", help="Plain lines even on 
                                                            "colour (as NO_COLOR or a pipe).")]
 
 
+def _duration(text: str) -> float:
+    """``--wait``'s value in seconds: ``90``, ``90s``, ``5m``, ``1h``."""
+    import re
+
+    match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
+    if not match or float(match.group(1)) <= 0:
+        raise typer.BadParameter(f"{text!r} is not a duration; give one like 90s, 5m or 1h")
+    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+
+
+WaitOption = Annotated[Optional[float], typer.Option(
+    "--wait", metavar="DURATION", parser=_duration,
+    help="Wait up to DURATION (90s, 5m, 1h) for a node's admission to drain or for another release of it to end, "
+         "asking again every few seconds and saying why; without it such a node is refused at once (exit 3).")]
+
+
 @app.command("release", short_help='Switch nodes to what the checkout renders.')
 def release(
     node: NodesOption = None,
@@ -75,6 +91,7 @@ def release(
     retry: Annotated[bool, typer.Option(
         "--retry", help="Release it even though it failed and was taken back on some node (rolled back "
                         "automatically, or its canary analysis failed); without it, such a release is refused.")] = False,
+    wait: WaitOption = None,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
@@ -104,7 +121,7 @@ def release(
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
                       auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path,
-                      verbose=verbose, quiet=quiet, plain=plain, retry=retry)
+                      verbose=verbose, quiet=quiet, plain=plain, retry=retry, wait_s=wait)
     raise typer.Exit(_finish(rollout, as_json))
 
 

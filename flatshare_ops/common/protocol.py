@@ -48,6 +48,9 @@ AUTO_ROLLED_BACK = "rolled back automatically"
 NOTHING, PLANNED, REFUSED, FAILED, INTERRUPTED = "nothing to do", "planned", "refused", "failed", "interrupted"
 #: Results of a switch that left its node on the release asked for, serving.
 SUCCESS = (RELEASED, ROLLED_BACK, REPAIRED)
+#: Why a switch was refused, where waiting may end it (:attr:`Outcome.refused_for`): its admission to drain
+#: (too few other nodes take calls now, or they lack the headroom), or another release holds the node.
+REFUSED_FOR_ADMISSION, REFUSED_FOR_BUSY = "admission", "busy"
 #: Where a switch stands (:class:`Progress`): before any change (its refusals, preflight and admission: a node
 #: that ends here changed nothing), carrying out its plan's steps, or ending early (giving calls back).
 DECIDING, SWITCHING, ENDING_EARLY = "deciding", "switching", "ending early"
@@ -105,6 +108,8 @@ class Outcome:
         engine_start_s: seconds the ``restart-engine`` step took (stop, start, /health 200), when it ran.
         plan: the switch's plan as data (node/plan.py ``Plan``: ``node``, ``from_id``, ``to_id``, ``kind``,
             ``steps``, ``units``, ``reasons``, ``flag_changes``, ``drains``...), when one was made.
+        refused_for: a refusal that may end by waiting: :data:`REFUSED_FOR_ADMISSION` or
+            :data:`REFUSED_FOR_BUSY`; None for any other result or refusal (a preflight's, a hold's).
     """
 
     switch: str
@@ -120,6 +125,7 @@ class Outcome:
     drained_s: float | None = None
     engine_start_s: float | None = None
     plan: dict = field(default_factory=dict)
+    refused_for: str | None = None
     kind = "outcome"
 
 

@@ -62,19 +62,23 @@ class Rollout:
         plain: never a live status line or colour, even on a terminal (control/live.py).
         retry: release even what failed and was taken back on some node (without it, such a release is refused
             on every node: :meth:`_failed_before`).
+        wait_s: ``--wait``: how long (seconds, from the run's start) a node refused for its admission to drain or
+            because another release holds it is asked again (:meth:`_wait_again`); None refuses at once.
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
                  undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
                  inventory: Path | None = None, verbose: bool = False, quiet: bool = False,
-                 plain: bool = False, retry: bool = False) -> None:
+                 plain: bool = False, retry: bool = False, wait_s: float | None = None) -> None:
         from .live import StatusLine, is_live
 
         self.root, self.chosen, self.everyone = root, chosen, everyone
         # Every line of this run goes through the status line: on a live terminal, waits are drawn in place.
         self.out = StatusLine(out.line, out.stream, is_live(out.stream, plain))
         self.verbose, self.quiet, self.retry = verbose, quiet, retry
+        #: With --wait: when (time.monotonic()) waiting for a node's admission or lock ends.
+        self.wait_until = time.monotonic() + wait_s if wait_s else None
         self.began = time.monotonic()
         self.code: int | None = None  # the run's exit code, once it ended
         self.node_times: dict[str, list] = {}  # node -> [its first switch's start, its last one's end] (monotonic s)
@@ -572,9 +576,30 @@ class Rollout:
 
         times = self.node_times.setdefault(target.name, [time.monotonic(), None])
         try:
-            return self._switch(target, mode, echo)
+            while True:
+                code = self._switch(target, mode, echo)
+                pause = self._wait_again(target, code)
+                if pause is None:
+                    return code
+                echo(f"waiting (--wait): {self.outcomes[target.name].message}; asking again in {pause:.0f} s "
+                     f"({self.wait_until - time.monotonic():.0f} s of --wait left)")
+                time.sleep(pause)
         finally:
             times[1] = time.monotonic()
+
+    def _wait_again(self, target: NodeTarget, code: int) -> float | None:
+        """Seconds to wait before switching ``target`` again, or None: only with ``--wait``, for a refusal the
+        node says waiting may end (its admission to drain, or another release holding it: the outcome's
+        ``refused_for``), and while the wait's bound allows. Each pause is drawn at random (2 to 8 s), so that
+        releases refused by each other at once do not ask again at once."""
+        import random
+
+        outcome = self.outcomes.get(target.name)
+        if self.wait_until is None or code != Exit.REFUSED or outcome is None or outcome.refused_for not in (
+                protocol.REFUSED_FOR_ADMISSION, protocol.REFUSED_FOR_BUSY):
+            return None
+        pause = random.uniform(2.0, 8.0)
+        return pause if time.monotonic() + pause < self.wait_until else None
 
     def _switch(self, target: NodeTarget, mode: str, echo) -> int:
         from .bundle import bundle

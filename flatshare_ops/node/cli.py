@@ -212,7 +212,8 @@ def switch(args) -> int:
             out.line(f"flatshare: {ctx.node}: rolled back automatically: {done.message}")
     except FlatshareError as err:
         out.line(f"flatshare: {err}")
-        outcome = protocol.Outcome(request.switch, int(err.exit_code), _result_of(err), None, str(err))
+        outcome = protocol.Outcome(request.switch, int(err.exit_code), _result_of(err), None, str(err),
+                                   refused_for=getattr(err, "waits_for", None))
     except Exception as err:  # a bug: one line for the operator, the traceback kept in release.log
         import traceback
 

@@ -25,6 +25,7 @@ from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
 from ..common.wording import holder_phrase
 from ..common.files import dumps
+from ..common import protocol
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
@@ -171,9 +172,9 @@ def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> None:
                       "wait for it to finish") from None
     if pid is None:
         raise Refused(f"{action} refused: {ctx.node}'s release lock was held a moment ago and is free now; "
-                      "run the command again")
+                      "run the command again", waits_for=protocol.REFUSED_FOR_BUSY)
     raise Refused(f"{action} refused: {ctx.node} is being released by {describe_lock(ctx, pid)}; "
-                  "wait for it to finish")
+                  "wait for it to finish", waits_for=protocol.REFUSED_FOR_BUSY)
 
 
 def _write_holder(ctx: NodeContext, release: str | None, mode: str, started_at: float) -> None:

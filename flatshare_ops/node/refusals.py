@@ -16,6 +16,7 @@ from typing import Callable
 from . import systemd
 from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
+from ..common import protocol
 from ..errors import Refused
 from . import preflight
 from .calls import drain_files, served_here
@@ -139,5 +140,5 @@ def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseO
                  "it may, so it drains only when admitted")
     reason = admit(plan)
     if reason is not None:
-        raise Refused(f"{action} refused: {ctx.node} may not drain now: {reason}")
+        raise Refused(f"{action} refused: {ctx.node} may not drain now: {reason}", waits_for=protocol.REFUSED_FOR_ADMISSION)
     out.line(f"{ctx.node}: admitted to drain")

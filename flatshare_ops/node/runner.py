@@ -170,7 +170,7 @@ def _refused_midway(sw: Switch, reason: str) -> None:
     """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        sw.out.stage(protocol.ENDING_EARLY, step)
+        sw.out.stage(protocol.ENDING_EARLY, sw.out.step)
         calls = give_back(sw)
         try:
             journals.remove_journal(sw.ctx.state_dir)
@@ -181,7 +181,7 @@ def _refused_midway(sw: Switch, reason: str) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     raise Refused(f"{sw.ctx.node}: {reason}; nothing was changed (calls: {calls}: its voice drain ended and its "
-                  "gateway never stopped)")
+                  "gateway never stopped)", waits_for=protocol.REFUSED_FOR_ADMISSION)
 
 
 def _end_early(sw: Switch, step: str, reason: str, verdict: bool = False) -> None:
