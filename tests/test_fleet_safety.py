@@ -1463,6 +1463,60 @@ def _engine_behaves(name: str, **fields) -> None:
         assert answer.status == 200
 
 
+def _running(name: str) -> float | None:
+    """The engine's own ``vllm:num_requests_running`` (its /metrics, read by prometheus_client's parser)."""
+    from prometheus_client.parser import text_string_to_metric_families
+
+    try:
+        with urllib.request.urlopen(f"http://{ADDRESSES[name]}:8000/metrics", timeout=5) as answer:
+            text = answer.read().decode()
+    except OSError:
+        return None
+    return sum(s.value for f in text_string_to_metric_families(text) for s in f.samples
+               if s.name == "vllm:num_requests_running")
+
+
+def test_a_node_whose_carrier_lacks_the_room_waits_for_it_with_wait_and_then_drains(fleet):
+    # Issue 34: admission counted nodes, not load: a release moved a busy node's calls onto a card already full.
+    # cyan's profile gives its carriers 4 seats (seats_share 0.125 of peacock's max_num_seqs 32); peacock runs 4
+    # requests and cyan 1: 5 for 4 seats, refused with the numbers; --wait asks again until peacock's end.
+    from flatshare_ops.common.completions import post_completion, request_body
+
+    fleet.new_hold("cyan")
+    profile = fleet.node("cyan").profile
+    original = profile.read_text()
+    assert "[release" not in original  # the node's profile overrides the checkout's; this test adds a table
+    held = []
+    try:
+        profile.write_text(original + "\n[release.admission]\nseats_share = 0.125\n")
+        for name, count, seconds in (("peacock", 4, 15), ("cyan", 1, 20)):
+            _engine_behaves(name, ttft_s=seconds)  # read as each request is seated: these hold their seats
+            for i in range(count):
+                thread = threading.Thread(target=post_completion, daemon=True, args=(
+                    f"http://{ADDRESSES[name]}:8000", request_body("hold a seat", 1), f"seat-{name}-{i}", 90))
+                thread.start()
+                held.append(thread)
+            assert _poll(lambda: _running(name) == count, 30), _running(name)
+            _engine_behaves(name, ttft_s=0.02)  # every later call (the admission's own) answers at once
+        result = fleet.release("--node", "cyan", "--wait", "3m", timeout=300)
+    finally:
+        profile.write_text(original)
+        for name in NODES:
+            _engine_behaves(name, ttft_s=0.02)
+    out = result.stdout + result.stderr
+    _no_traceback(out)
+    assert result.returncode == 0, out
+    assert ("the nodes that would carry cyan's calls lack the room: peacock 4 running + 0 waiting of max_num_seqs "
+            "32; cyan moves 1 running + 0 waiting: 5 requests for 4 seats ([release.admission] seats_share 0.125)"
+            in out), out
+    assert re.search(r"waiting \(--wait\): .*lack the room.*; asking again in \d+ s", out), out
+    last = fleet.history("cyan")[-1]
+    assert last["result"] == "released", last
+    for thread in held:
+        thread.join(90)
+    _released_again(fleet, "cyan")  # its profile back as it was
+
+
 #: A breaker's cases: peacock's gateway and engine answer /health 200 while every call through it fails.
 CALLS_FAIL = {"every call ends in an error event": {"error_share": 1},
               # longer than the probe call's bound (node/calls.py CALL_TIMEOUT_S, 10 s)

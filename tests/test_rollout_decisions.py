@@ -324,3 +324,34 @@ def test_which_releases_failed_and_were_taken_back_by_each_kind_of_record():
     # served again since (a --retry that held): no longer listed
     again = _record("released", "s5", "B", before="A", after="B", served=True)
     assert failed_releases(auto + [again]) == {}
+
+
+def test_the_room_of_the_nodes_that_would_carry_a_drained_nodes_calls_by_each_kind_of_load():
+    # The admission's second question (control/rollout.py headroom), computed by hand for each case.
+    from flatshare_ops.config.profile import Admission
+    from flatshare_ops.control.rollout import headroom
+
+    settings = Admission()  # seats_share 1.0, kv_cache_max 0.95: an idle fleet is always admitted
+    idle = {"running": 0, "waiting": 0, "max_num_seqs": 4, "kv_cache_usage": 0.0}
+    assert headroom("cyan", idle, {"peacock": idle}, settings)[1] is None
+    full = {"running": 4, "waiting": 0, "max_num_seqs": 4, "kv_cache_usage": 0.5}
+    assert headroom("cyan", idle, {"peacock": full}, settings)[1] is None  # 4 of 4 seats: it fits
+    one = {"running": 1, "waiting": 0, "max_num_seqs": 4}
+    lines, refusal = headroom("cyan", one, {"peacock": full}, settings)
+    assert refusal == ("the nodes that would carry cyan's calls lack the room: peacock 4 running + 0 waiting of "
+                       "max_num_seqs 4; cyan moves 1 running + 0 waiting: 5 requests for 4 seats "
+                       "([release.admission] seats_share 1)"), refusal
+    # a share of the seats: int(0.5 x 4) = 2 seats; 1 + 1 = 2 fits, 2 + 1 = 3 does not
+    half = Admission(seats_share=0.5)
+    assert headroom("cyan", one, {"peacock": {**one, "max_num_seqs": 4}}, half)[1] is None
+    assert "3 requests for 2 seats" in headroom("cyan", one, {"peacock": {**one, "running": 2}}, half)[1]
+    # two carriers: their seats add up (6 + 1 = 7 of 8)
+    assert headroom("cyan", one, {"a": {**one, "running": 3}, "b": {**one, "running": 3}}, settings)[1] is None
+    # a KV cache used above the ceiling refuses whatever the seats
+    hot = headroom("cyan", idle, {"peacock": {**idle, "kv_cache_usage": 0.97}}, settings)[1]
+    assert hot == "peacock's KV cache is 97% used, above [release.admission] kv_cache_max 95%: it cannot take cyan's calls"
+    # a load not read is said and not judged; no max_num_seqs known: no seat count
+    lines, refusal = headroom("cyan", one, {"peacock": {"error": "http://x/metrics answered 500"}}, settings)
+    assert refusal is None and lines == ["peacock's engine load not read (http://x/metrics answered 500): its room "
+                                         "is not judged"]
+    assert headroom("cyan", one, {"peacock": {**full, "max_num_seqs": None}}, settings) == ([], None)

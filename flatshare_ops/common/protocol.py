@@ -66,12 +66,15 @@ class AdmitRequest:
         dry_run: a dry run asks too, so that the plan shows what the admission would say.
         node_id: what tells this node from every other whatever name reached it (node/probe.py
             ``node_identity``), so that the operator's side never counts it among the others; None when unknown.
+        load: what the node's engine carries now, which draining moves onto the others (node/probe.py
+            ``engine_load``: running, waiting, max_num_seqs, kv_cache_usage; or an error), None when not read.
     """
 
     node: str
     switch: str
     dry_run: bool = False
     node_id: str | None = None
+    load: dict | None = None
     kind = "admit"
 
 
@@ -233,6 +236,7 @@ def _build(cls, text: str):
 
 def _fits(value, annotation: str) -> bool:
     allowed = {"str": (str,), "int": (int,), "bool": (bool,), "dict": (dict,), "str | None": (str, type(None)),
+               "dict | None": (dict, type(None)),
                "float | None": (int, float, type(None))}
     types = allowed.get(annotation, (object,))
     if annotation in ("int", "float | None") and isinstance(value, bool):

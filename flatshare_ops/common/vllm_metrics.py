@@ -17,6 +17,10 @@ E2E_REQUEST_LATENCY = "vllm:e2e_request_latency_seconds"
 REQUEST_SUCCESS = "vllm:request_success_total"
 #: Gauge of the requests waiting to be scheduled.
 REQUESTS_WAITING = "vllm:num_requests_waiting"
+#: Gauge of the requests in the engine's running batches (at most its ``--max-num-seqs``).
+REQUESTS_RUNNING = "vllm:num_requests_running"
+#: Gauge of the KV cache's use, a share from 0 to 1 (1 = every block in use).
+KV_CACHE_USAGE = "vllm:kv_cache_usage_perc"
 
 #: ``finished_reason`` values (vLLM's ``FinishReason``): stop (a stop string or token), length (max_tokens or
 #: max_model_len), abort (the client went away), error (a request-level internal error, answered 500), repetition.

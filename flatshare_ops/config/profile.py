@@ -340,11 +340,25 @@ class Analysis(StrictModel):
         return self
 
 
+class Admission(StrictModel):
+    """Whether the nodes that would carry a draining node's calls have the room for them (the operator's
+    admission to drain, control/rollout.py), read from each engine's own gauges (vLLM's
+    ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``). The defaults
+    never refuse an idle fleet."""
+
+    seats_share: float = Field(1.0, gt=0, le=1, description=(
+        "the others' running + waiting requests, with the draining node's moved onto them, stay within this "
+        "share of their max_num_seqs"))
+    kv_cache_max: float = Field(0.95, gt=0, le=1, description=(
+        "a node whose KV cache is used above this share takes no other node's calls"))
+
+
 class Release(StrictModel):
     """How a release of this profile is judged: rolled back by the node itself, and analysed as a canary."""
 
     auto_rollback: bool = Field(description="a switch whose engine does not serve goes back by itself")
     analysis: Analysis
+    admission: Admission = Field(default_factory=Admission)
 
 
 class Card(StrictModel):

@@ -38,6 +38,52 @@ from .targets import NodeTarget
 from ..common.text import clip
 
 
+def headroom(draining: str, moved: object, loads: dict[str, object], settings) -> tuple[list[str], str | None]:
+    """Whether the nodes that would carry ``draining``'s calls have the room (``[release.admission]``,
+    config/profile.py ``Admission``): their running + waiting requests with ``draining``'s moved onto them
+    within ``seats_share`` of their ``max_num_seqs``, and none with its KV cache used above ``kv_cache_max``.
+
+    Args:
+        moved: the draining node's load (its admission request's ``load``: node/probe.py ``engine_load``).
+        loads: each node counted as serving -> its probe's ``load``.
+
+    Returns:
+        (lines saying what was read, one a node; the refusal with the numbers, or None to admit). A load not
+        read (an older node, its /metrics down) is said and not judged: whether the node takes calls was.
+    """
+    lines: list[str] = []
+    known = {name: load for name, load in loads.items()
+             if isinstance(load, dict) and isinstance(load.get("running"), int) and isinstance(load.get("waiting"), int)}
+    for name, load in loads.items():
+        if name not in known:
+            why = load.get("error") if isinstance(load, dict) else None
+            lines.append(f"{name}'s engine load not read ({why or 'its probe did not say'}): its room is not judged")
+    hot = [(name, load["kv_cache_usage"]) for name, load in known.items()
+           if isinstance(load.get("kv_cache_usage"), (int, float)) and load["kv_cache_usage"] > settings.kv_cache_max]
+    if hot:
+        return lines, "; ".join(f"{name}'s KV cache is {usage:.0%} used, above [release.admission] kv_cache_max "
+                                f"{settings.kv_cache_max:.0%}" for name, usage in hot) + f": it cannot take {draining}'s calls"
+    seats = {name: load for name, load in known.items() if isinstance(load.get("max_num_seqs"), int)}
+    if not seats:
+        return lines, None
+    extra = 0
+    if isinstance(moved, dict) and isinstance(moved.get("running"), int) and isinstance(moved.get("waiting"), int):
+        extra = moved["running"] + moved["waiting"]
+        said = f"{draining} moves {moved['running']} running + {moved['waiting']} waiting"
+    else:
+        said = f"{draining}'s own load not read ({moved.get('error') if isinstance(moved, dict) else 'not sent'}): counted as 0"
+    demand = extra + sum(load["running"] + load["waiting"] for load in seats.values())
+    room = sum(int(settings.seats_share * load["max_num_seqs"]) for load in seats.values())
+    carried = ", ".join(f"{name} {load['running']} running + {load['waiting']} waiting of max_num_seqs "
+                        f"{load['max_num_seqs']}" for name, load in seats.items())
+    lines.append(f"room: {carried}; {said}: {demand} of {room} seats ([release.admission] seats_share "
+                 f"{settings.seats_share:g})")
+    if demand > room:
+        return lines, (f"the nodes that would carry {draining}'s calls lack the room: {carried}; {said}: {demand} "
+                       f"requests for {room} seats ([release.admission] seats_share {settings.seats_share:g})")
+    return lines, None
+
+
 class OperatorInterrupted(BaseException):
     """Ctrl-C or SIGTERM reached the operator's side (nodes are left to finish what they do)."""
 
@@ -632,7 +678,7 @@ class Rollout:
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
                     self.asking.add(target.name)
-                    reason = self.admission(target, message.node_id)
+                    reason = self.admission(target, message.node_id, message.load)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
                     self.asking.discard(target.name)
                 elif isinstance(message, protocol.Outcome):
@@ -662,7 +708,7 @@ class Rollout:
             return self.follow_up(target, switch_id)
         return status
 
-    def admission(self, target: NodeTarget, node_id: str | None = None) -> str | None:
+    def admission(self, target: NodeTarget, node_id: str | None = None, load: dict | None = None) -> str | None:
         """May ``target`` drain now? None to admit, else why not.
 
         Asked by the node while it holds its own release lock: each other node is probed
@@ -671,9 +717,12 @@ class Rollout:
         are not being released. One node is counted once, whatever names reach it: two
         answers are the same node when their SSH host keys or their node ids (the
         machine and state directory each node reports, node/probe.py ``node_identity``;
-        ``node_id`` is the draining node's own) agree.
+        ``node_id`` is the draining node's own) agree. Then the room: the nodes counted must carry their own
+        load and ``load`` (the draining node's, from its request) within ``[release.admission]``
+        (:func:`headroom`).
         """
         serving = []
+        loads: dict[str, object] = {}
         draining = f"{target.name}, the node that would drain"
         nodes_by_key = {key: draining for key in [("SSH host key", self._identity(target)),
                                                   ("node id", node_id)] if key[1]}
@@ -710,9 +759,15 @@ class Rollout:
             self.out.line(f"admission for {target.name}: {line}")
             if counts:
                 serving.append(other.name)
+                loads[other.name] = answer.get("load")
         need = self.settings.serving_floor
         if len(serving) >= need:
-            return None
+            if need == 0:
+                return None
+            lines, refusal = headroom(target.name, load, loads, target.loaded.profile.release.admission)
+            for line in lines:
+                self.out.line(f"admission for {target.name}: {line}")
+            return refusal
         return (f"{len(serving)} other node(s) take calls and are not being released "
                 f"({', '.join(serving) or 'none'}); min_serving {need} must while {target.name} drains, "
                 "so that a node always takes calls")

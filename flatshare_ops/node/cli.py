@@ -188,7 +188,16 @@ def switch(args) -> int:
         out.line(f"{ctx.node}: asking the operator's side for admission to drain")
         from .probe import node_identity
 
-        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx)))
+        from ..errors import NodeStateError
+        from .calls import active_serving
+        from .probe import engine_load
+        from .store import current_release
+
+        try:  # what draining this node moves onto the others: its engine's load now
+            load = engine_load(active_serving(ctx, current_release(ctx.state_dir)))
+        except NodeStateError as err:
+            load = {"error": str(err)}
+        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         if answer is None and stdin.closed:
             return ("the operator's side went away before answering the admission request (interrupted, or "

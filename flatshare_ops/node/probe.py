@@ -81,17 +81,17 @@ def probe(ctx: NodeContext) -> dict:
 
     Returns:
         ``{"node", "takes_calls": bool, "problems": [why not], "locked": bool, "holder": str | None,
-        "gateway": URL | None, "node_id": str | None, "check_runs": dict | None}``; ``locked`` is true too when the lock table cannot be
+        "gateway": URL | None, "node_id": str | None, "check_runs": dict | None, "load": dict | None}``; ``locked`` is true too when the lock table cannot be
         read here (``holder`` says so); ``gateway`` is the gateway URL the answer was read at (the active
         release's ``gateway.url``), for the operator's side to check that it names this node; ``node_id``:
         :func:`node_identity`, so that one node reached by two names is counted once; ``check_runs``:
-        :func:`check_runs`.
+        :func:`check_runs`; ``load``: :func:`engine_load` when the node takes calls, else None.
     """
     from .store import current_release
     from .calls import active_serving, node_calls
 
     locked, holder = lock_reading(ctx)
-    gateway = None
+    gateway, serving = None, None
     try:
         serving = active_serving(ctx, current_release(ctx.state_dir))
         gateway = (serving.get("gateway") or {}).get("url") if serving else None
@@ -102,7 +102,50 @@ def probe(ctx: NodeContext) -> dict:
     # Anything not seen serving counts as not taking calls (docs/reference/release-protocol.md).
     return {"node": ctx.node, "takes_calls": takes, "problems": problems, "locked": locked, "holder": holder,
             "gateway": gateway if isinstance(gateway, str) else None, "node_id": node_identity(ctx),
-            "check_runs": check_runs(ctx)}
+            "check_runs": check_runs(ctx), "load": engine_load(serving) if takes else None}
+
+
+def engine_load(serving: dict | None) -> dict:
+    """What the node's engine carries now, from its own ``GET /metrics`` (vLLM's gauges,
+    common/vllm_metrics.py; docs/reference/vllm.md#metrics) and its command line's ``--max-num-seqs``.
+
+    Returns:
+        ``{"running": requests in its batches, "waiting": requests queued, "max_num_seqs": int or None (not on
+        its command line: vLLM's own default, not known here), "kv_cache_usage": share 0-1 or None (not
+        exported)}``, summed over the engine's data-parallel engines; or ``{"error": why not}``.
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    from ..common import vllm_metrics as vm
+    from ..common.http import http_fetch
+    from ..common.text import one_line
+
+    if not serving:
+        return {"error": "no readable active release: its engine's address is not known"}
+    url = serving["engine"]["url"] + "/metrics"
+    status, body, why = http_fetch(url, METRICS_TIMEOUT_S)
+    if status != 200:
+        return {"error": f"{url} {'answered ' + str(status) if status else one_line(why)}"}
+    found: dict[str, list[float]] = {vm.REQUESTS_RUNNING: [], vm.REQUESTS_WAITING: [], vm.KV_CACHE_USAGE: []}
+    try:
+        for family in text_string_to_metric_families(body.decode("utf-8", errors="replace")):
+            for sample in family.samples:
+                if sample.name in found:
+                    found[sample.name].append(float(sample.value))
+    except ValueError as err:
+        return {"error": f"{url}: not Prometheus' text format ({one_line(err)})"}
+    if not found[vm.REQUESTS_RUNNING] or not found[vm.REQUESTS_WAITING]:
+        return {"error": f"{url} has no {vm.REQUESTS_RUNNING} or {vm.REQUESTS_WAITING}"}
+    argv = list(serving["engine"].get("argv") or [])
+    seqs = None
+    for i, word in enumerate(argv):
+        value = argv[i + 1] if word == "--max-num-seqs" and i + 1 < len(argv) else (
+            word.split("=", 1)[1] if word.startswith("--max-num-seqs=") else None)
+        if value is not None and value.isdigit():
+            seqs = int(value)
+    usage = found[vm.KV_CACHE_USAGE]
+    return {"running": int(sum(found[vm.REQUESTS_RUNNING])), "waiting": int(sum(found[vm.REQUESTS_WAITING])),
+            "max_num_seqs": seqs, "kv_cache_usage": max(usage) if usage else None}
 
 
 def check_runs(ctx: NodeContext) -> dict | None:
