@@ -1463,6 +1463,43 @@ def _engine_behaves(name: str, **fields) -> None:
         assert answer.status == 200
 
 
+def test_release_all_preflights_every_node_at_once_and_refuses_before_any_drain(fleet):
+    # Issue 34: peacock's preflight ran only after cyan was drained, switched and analysed: a release peacock
+    # cannot start was found with cyan already switched. The fleet's preflight runs first, on every node at once.
+    fleet.new_hold()
+    profile = fleet.node("peacock").profile
+    original = profile.read_text()
+    model = re.search(r'^model = "([^"]+)"$', original, re.MULTILINE)
+    assert model, original
+    before = {name: (fleet.current(name), fleet.engine_invocation(name), len(fleet.history(name))) for name in NODES}
+    offsets = {name: fleet.log_size(name) for name in NODES}
+    try:
+        profile.write_text(original.replace(model.group(0), 'model = "/nonexistent/flatshare-model"'))
+        refused = fleet.release("--all", timeout=240)
+    finally:
+        profile.write_text(original)
+    out = refused.stdout + refused.stderr
+    _no_traceback(out)
+    assert refused.returncode == 3, out
+    assert ("the fleet's preflight found peacock cannot take this release, so no node was drained: peacock: release "
+            "refused before draining: peacock: the model path /nonexistent/flatshare-model does not exist") in out, out
+    # Neither node changed (systemd's InvocationID, the current link, the history), and cyan never drained.
+    for name in NODES:
+        assert (fleet.current(name), fleet.engine_invocation(name), len(fleet.history(name))) == before[name], name
+        assert not re.search(r"step \d+/\d+ ", fleet.log_since(name, offsets[name])), fleet.log_since(name, offsets[name])
+    # The same rollout once peacock can take it: each switch reuses the preflight the rollout ran first.
+    offsets = {name: fleet.log_size(name) for name in NODES}
+    released = fleet.release("--all", timeout=300)
+    assert released.returncode == 0, released.stdout + released.stderr
+    for name in NODES:
+        log = fleet.log_since(name, offsets[name])
+        assert f"preflight of {name}: passed" in released.stdout, released.stdout  # the fleet's, first
+        assert f"{name}: preflight passed in " not in log, log  # the switch ran none of its own...
+        assert f"{name}: preflight: reused the one passed at " in log, log  # ...it reused the fleet's
+        assert fleet.history(name)[-1]["result"] == "released"
+        fleet.settled(name)
+
+
 def _running(name: str) -> float | None:
     """The engine's own ``vllm:num_requests_running`` (its /metrics, read by prometheus_client's parser)."""
     from prometheus_client.parser import text_string_to_metric_families

@@ -417,11 +417,11 @@ def one_line_naming(text: str, name: str, damage: str) -> bool:
 
 def snapshot(directory: Path, skip: tuple[str, ...] = ("release.log", "outcomes.jsonl")) -> dict[str, bytes]:
     """Every regular file under ``directory`` with its bytes (links as their target), but the two files a
-    refused command may rightly append to."""
+    refused command may rightly append to, and the caches (unpacked switchers, kept preflights)."""
     out = {}
     for path in sorted(directory.rglob("*")):
         relative = str(path.relative_to(directory))
-        if relative.startswith(".switchers") or path.name in skip:
+        if relative.startswith((".switchers", ".preflight")) or path.name in skip:
             continue
         if path.is_symlink():
             out[relative] = b"-> " + os.readlink(path).encode()

@@ -328,6 +328,8 @@ class Rollout:
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
             refusal = self._failed_before() if self.mode == "release" and not self.retry else None
+            if refusal is None and self.mode == "release" and len(self.chosen) > 1 and not self.dry_run:
+                refusal = self._preflight_fleet()
             if refusal is not None:
                 self.out.line(f"flatshare: release refused: {refusal}")
                 for t in self.chosen:
@@ -377,6 +379,68 @@ class Rollout:
         if len(self.chosen) > 1 or worst is not None:  # a line a node: what became of it, and why
             self._summary()
         return self.code
+
+    def _preflight_fleet(self) -> str | None:
+        """Every chosen node's preflight at once, before any node drains (each node's switcher, in a
+        preflight-only dry run: its refusals and its preflight, kept for its switch to reuse); why the rollout is
+        refused, naming each node that cannot take the release, or None. A node refused for what waiting may
+        end (its lock) or that could not be asked is said and left to its switch."""
+        from concurrent.futures import ThreadPoolExecutor
+
+        from .bundle import bundle
+
+        def preflight(target: NodeTarget) -> tuple[int | None, protocol.Outcome | None, str]:
+            switch_id = uuid.uuid4().hex[:16]
+            try:
+                payload = bundle(self.root, target, ship=not target.local)
+                payload.update(progress_every_s=progress_cadence(self.settings.transport.silence_s),
+                               plan="compact", preflight_only=True)
+                session = self.start(target, commands.switch(target.spec, switch_id, rollout=self.id, force=self.force,
+                                                             dry_run=True))
+            except TransportError as err:
+                return None, None, str(err)
+            outcome, said = None, []
+            try:
+                session.send((json.dumps(payload) + "\n").encode())
+                for line in session.lines(self.settings.transport.silence_s):
+                    if not protocol.is_protocol(line):
+                        said.append(line)
+                        continue
+                    message = protocol.parse(line)
+                    if isinstance(message, protocol.AdmitRequest):  # never asked in a preflight: refused if it is
+                        session.send(protocol.answer_line(protocol.AdmitAnswer(False, "a preflight drains nothing")).encode())
+                    elif isinstance(message, protocol.Outcome):
+                        outcome = message
+                session.exit_status(10.0)
+            except (Silence, Lost) as err:
+                return None, None, str(err)
+            finally:
+                session.close()
+            return (outcome.code if outcome else None), outcome, (said[-1] if said else "no answer")
+
+        started = time.monotonic()
+        self.out.line(f"rollout {self.id}: the preflight of {', '.join(t.name for t in self.chosen)} at once, "
+                      "before any node drains")
+        with ThreadPoolExecutor(max_workers=len(self.chosen)) as pool:
+            answers = list(zip(self.chosen, pool.map(preflight, self.chosen)))
+        cannot = []
+        for target, (code, outcome, said) in answers:
+            if outcome is None:
+                self.out.line(f"preflight of {target.name}: not asked ({clip(said, 300)}); its switch runs its own")
+            elif code in (Exit.OK, Exit.NOTHING_TO_DO):
+                self.out.line(f"preflight of {target.name}: "
+                              + ("nothing to switch" if code == Exit.NOTHING_TO_DO else "passed"))
+            elif code == Exit.REFUSED and outcome.refused_for is None:
+                cannot.append((target.name, outcome.message or "refused, with no reason given"))
+                self.out.line(f"preflight of {target.name}: {outcome.message}")
+            else:
+                self.out.line(f"preflight of {target.name}: {outcome.result} ({clip(outcome.message or '', 300)}); "
+                              "its switch decides again")
+        self.out.line(f"rollout {self.id}: the fleet's preflight took {time.monotonic() - started:.1f} s")
+        if not cannot:
+            return None
+        return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this release, so "
+                f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot))
 
     def _failed_before(self) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this

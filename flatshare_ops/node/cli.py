@@ -174,7 +174,8 @@ def switch(args) -> int:
     request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
                       dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
                       auto_rollback=not args.no_auto_rollback,
-                      full_plan=not (isinstance(bundle, dict) and bundle.get("plan") == "compact"))
+                      full_plan=not (isinstance(bundle, dict) and bundle.get("plan") == "compact"),
+                      preflight_only=args.dry_run and isinstance(bundle, dict) and bundle.get("preflight_only") is True)
     try:
         ctx.releases.mkdir(parents=True, exist_ok=True)
     except OSError:

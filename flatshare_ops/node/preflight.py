@@ -294,3 +294,71 @@ def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
         found.append(f"vLLM in {venv} says it is {running} (importlib.metadata), the release needs {release}")
     outcome.seconds = time.monotonic() - started
     return outcome
+
+
+#: How long a passed preflight may be reused by a switch to the same release (seconds): a rollout's fleet
+#: preflight, then its switches, within the hour.
+KEPT_S = 3600.0
+#: Where passed preflights are kept, under the node's releases directory: ``RELEASE_ID.json`` each.
+KEPT_DIR = ".preflight"
+
+
+def fingerprint(release: str, serving: dict) -> str:
+    """What a preflight checked, as one digest: the release (its id covers the engine's command line,
+    environment and user), the engine venv's installed distributions (their ``*.dist-info`` names: each a name
+    and version), the model's ``config.json`` (its bytes' sha256, when the model is a local directory) and the
+    user the preflight ran as. Any change makes another digest, and the preflight runs again."""
+    import hashlib
+
+    engine = serving.get("engine", {})
+    venv = Path(str(engine.get("venv", "/nonexistent")))
+    dists = sorted(p.name for p in venv.glob("lib/python*/site-packages/*.dist-info"))
+    argv = list(engine.get("argv", []))
+    model = argv[argv.index("serve") + 1] if "serve" in argv[:3] and argv.index("serve") + 1 < len(argv) else ""
+    try:
+        config = hashlib.sha256((Path(model) / "config.json").read_bytes()).hexdigest() if model.startswith("/") else ""
+    except OSError:
+        config = "unreadable"
+    document = {"release": release, "dists": dists, "config": config, "user": engine_user(serving),
+                "euid": os.geteuid()}
+    return hashlib.sha256(json.dumps(document, sort_keys=True).encode()).hexdigest()
+
+
+def kept(releases: Path, release: str, serving: dict) -> dict | None:
+    """The passed preflight kept for ``release`` (:func:`keep`) when nothing it checked changed since and it is
+    younger than :data:`KEPT_S`: ``{"at": Unix seconds, "summary": what it checked}``; else None (none kept, a
+    damaged file, another digest: the preflight runs again)."""
+    from ..common.files import Damaged, read_json_object
+
+    try:
+        document = read_json_object(Path(releases) / KEPT_DIR / f"{release}.json")
+    except (Damaged, OSError, ValueError):
+        return None
+    if not isinstance(document, dict) or document.get("fingerprint") != fingerprint(release, serving):
+        return None
+    at, summary = document.get("at"), document.get("summary")
+    if not isinstance(at, (int, float)) or isinstance(at, bool) or not 0 <= time.time() - at <= KEPT_S \
+            or not isinstance(summary, str):
+        return None
+    return {"at": float(at), "summary": summary}
+
+
+def keep(releases: Path, release: str, serving: dict, outcome: Outcome) -> None:
+    """Keep a passed preflight of ``release`` for a later switch to reuse (written whole: a temporary file,
+    fsync, rename); a failed write is no failure of the preflight (the switch then runs its own)."""
+    from ..common import durable
+
+    directory = Path(releases) / KEPT_DIR
+    document = {"release": release, "fingerprint": fingerprint(release, serving), "at": time.time(),
+                "summary": outcome.summary(), "seconds": round(outcome.seconds, 3)}
+    try:
+        directory.mkdir(mode=0o755, exist_ok=True)
+        for old in directory.glob("*.json"):  # one kept preflight a release, none older than they may be used
+            try:
+                if time.time() - old.stat().st_mtime > KEPT_S:
+                    old.unlink()
+            except OSError:
+                pass
+        durable.write_atomic(directory / f"{release}.json", (json.dumps(document, sort_keys=True) + "\n").encode())
+    except OSError:
+        pass

@@ -19,6 +19,7 @@ from ..common.units import SERVICE_UNITS
 from ..common import protocol
 from ..errors import Refused
 from . import preflight
+from ..common.clock import utc_stamp
 from .calls import drain_files, served_here
 from .context import NodeContext
 from .output import ReleaseOutput
@@ -101,6 +102,12 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
     Raises:
         Refused: it cannot (vLLM's own message, one line per problem).
     """
+    kept = None if dry_run else preflight.kept(ctx.releases, new.id, new.serving)
+    if kept is not None:
+        out.line(f"{ctx.node}: preflight: reused the one passed at {utc_stamp(kept['at'])} ({kept['summary']}); "
+                 "nothing it checked changed since (the release, the engine venv's distributions, the model's "
+                 "config, the engine's user)")
+        return
     out.line(f"{ctx.node}: preflight: can the new engine start? (vLLM itself in the engine venv, "
              "with the engine's environment)")
     checked = preflight.run(new.serving, lambda waited: out.waiting("vLLM", waited, preflight.PARSE_TIMEOUT_S),
@@ -110,6 +117,8 @@ def refuse_what_cannot_start(ctx: NodeContext, new: ReleaseView, out: ReleaseOut
     if checked.problems:
         raise Refused(f"{action} refused before draining: {ctx.node}: {'; '.join(checked.problems)}")
     out.line(f"{ctx.node}: preflight passed in {checked.seconds:.1f} s ({checked.summary()})")
+    if not dry_run:
+        preflight.keep(ctx.releases, new.id, new.serving, checked)
 
 
 def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseOutput, admit: Admission,

@@ -70,6 +70,9 @@ class Request:
         auto_rollback: a release whose new engine does not serve goes back by itself.
         full_plan: print the whole plan (:func:`.plan.describe`); else a compact one (:func:`.plan.compact`),
             the whole plan going to release.log only.
+        preflight_only: (with ``dry_run``) the fleet's preflight before a rollout: the refusals and the preflight
+            only, no plan printed, no admission asked; a passing preflight is kept for the switch to reuse
+            (node/refusals.py), and the engine's missing home is made as the switch would make it.
     """
 
     mode: str = "release"
@@ -81,6 +84,7 @@ class Request:
     undo: str | None = None
     auto_rollback: bool = True
     full_plan: bool = True
+    preflight_only: bool = False
 
     def __post_init__(self) -> None:
         self.switch = self.switch or uuid.uuid4().hex[:16]
@@ -211,6 +215,9 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
         if request.mode != "release":  # a rollback's target is decided just now: lock.json names it from here on
             holder(work.new.id)
         _refuse(ctx, request, out, work, admit)
+        if request.preflight_only:
+            return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
+                        commit=(request.bundle or {}).get("commit"), plan=plan_document(work.plan))
         if request.dry_run:
             out.line("dry run: nothing changed")
             return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
@@ -376,8 +383,11 @@ def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
 
 
 def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, admit: Admission) -> None:
-    """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the admission."""
-    if request.full_plan or request.dry_run:
+    """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the admission
+    (a preflight-only run: no plan printed, no admission)."""
+    if request.preflight_only:
+        pass
+    elif request.full_plan or request.dry_run:
         for line in describe(work.plan):
             out.line(line)
     else:
@@ -387,8 +397,8 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
             out.line(line)
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
     if "restart-engine" in work.plan.steps:
-        refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run)
-    if work.plan.drains:
+        refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run and not request.preflight_only)
+    if work.plan.drains and not request.preflight_only:
         admit_to_drain(ctx, work.plan, work.new, out, admit, request.action)
         work.admitted_at = time.monotonic()
 
