@@ -516,6 +516,14 @@ def test_doctor_says_whether_serving_checks_timer_runs_it_and_how_its_last_run_e
     assert line and line.group(2).startswith("serving-check.timer active; last run ") \
         and line.group(2).endswith(f"ago: {verdict}"), said
     assert line.group(1) == ("ok" if verdict in ("OK", "WARNING", "CRITICAL") else "WARN"), said
+    # --json: one document on stdout, the same items as the lines (now on stderr), exit code inside it.
+    done = subprocess.run([str(BIN / "flatshare"), "doctor", "--json", "--inventory", str(fleet.inventory), "--root",
+                           str(fleet.checkout)], capture_output=True, text=True, timeout=120)
+    document = json.loads(done.stdout)
+    assert document["code"] == done.returncode
+    assert [f"{i['state']:5} {i['item']}: {i['detail']}" for i in document["items"]] == done.stderr.splitlines()
+    assert {"state": "ok", "item": "cyan serving-check"}.items() <= next(
+        i for i in document["items"] if i["item"] == "cyan serving-check").items()
     try:
         job(address, "stop", "serving-check.timer", 30)
         said = doctor()

@@ -58,13 +58,22 @@ def hold_place(
 
 
 @hold_app.command("status", short_help='Who holds each node, and why.')
-def hold_status(node: NodesOption = None, inventory: InventoryOption = None) -> None:
+def hold_status(node: NodesOption = None, inventory: InventoryOption = None,
+                as_json: Annotated[bool, typer.Option("--json", help="Print each node's answer as one JSON document "
+                                                                      "(node -> its hold, or why it was not asked).")] = False,
+                ) -> None:
     """Who holds each node, and why (default: every node)."""
+    import json
+
     from ..control.answers import hold_line
 
     codes = []
-    for name, answer in _hold(node, inventory).items():
-        typer.echo(hold_line(name, answer))
+    answers = _hold(node, inventory)
+    if as_json:
+        typer.echo(json.dumps(answers, indent=2, sort_keys=True))
+    for name, answer in answers.items():
+        if not as_json:
+            typer.echo(hold_line(name, answer))
         if "error" in answer or not isinstance(answer.get("held"), bool):
             codes.append(answer_code(answer) or Exit.UNREACHABLE)
     if codes:  # a node could not be asked (6), or said why not (its code: 5 for a damaged hold record)

@@ -44,10 +44,20 @@ def node_bootstrap(
 
 
 @app.command("doctor", short_help="Check the operator's side and the way to nodes.")
-def doctor(inventory: InventoryOption = None, root: RootOption = Path(".")) -> None:
+def doctor(inventory: InventoryOption = None, root: RootOption = Path("."),
+           as_json: Annotated[bool, typer.Option("--json", help="Print the items as one JSON document on stdout "
+                                                                 "(state, item, detail each; the lines go to stderr).")] = False,
+           ) -> None:
     """Check the operator's side (inventory, checkout, keys, known_hosts) and each node's reachability, one
     line per item (exit 1 if anything FAILs)."""
+    import json
+
     from ..config.inventory import inventory_path
     from ..control.doctor import doctor as run
 
-    raise typer.Exit(run(root, inventory_path(inventory), typer.echo))
+    items: list = []
+    code = run(root, inventory_path(inventory), (lambda text: typer.echo(text, err=True)) if as_json else typer.echo,
+               items)
+    if as_json:
+        typer.echo(json.dumps({"code": code, "items": items}, indent=2, sort_keys=True))
+    raise typer.Exit(code)

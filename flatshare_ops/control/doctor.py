@@ -17,8 +17,9 @@ from ..errors import FlatshareError, TransportError
 from ..common.text import clip_tail
 
 
-def doctor(root: Path, inventory: Path, echo) -> int:
-    """Run every check; returns 0 when nothing FAILs, 1 otherwise."""
+def doctor(root: Path, inventory: Path, echo, items: list | None = None) -> int:
+    """Run every check; returns 0 when nothing FAILs, 1 otherwise. ``items``, when given, gets each line as
+    ``{"state": "ok"|"WARN"|"FAIL", "item", "detail"}`` (``--json``)."""
     from ..render import render_profile
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
@@ -32,6 +33,8 @@ def doctor(root: Path, inventory: Path, echo) -> int:
         nonlocal failed
         failed += state == "FAIL"
         echo(f"{state:5} {item}: {detail}")
+        if items is not None:
+            items.append({"state": state, "item": item, "detail": detail})
 
     try:
         nodes = targets(inventory, [], True)
