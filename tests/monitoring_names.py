@@ -56,9 +56,10 @@ def rules(root: Path = REPO) -> list[dict]:
 
 
 def dashboard_exprs(root: Path = REPO) -> list[str]:
-    """Every query of the rendered dashboard's panels."""
+    """Every query of the rendered dashboard's panels and annotations."""
     document = json.loads((root / DASHBOARD).read_text())
-    return [target["expr"] for panel in document["panels"] for target in panel.get("targets", [])]
+    return [target["expr"] for panel in document["panels"] for target in panel.get("targets", [])] + [
+        annotation["expr"] for annotation in document.get("annotations", {}).get("list", [])]
 
 
 def used_names(root: Path = REPO) -> set[str]:

@@ -269,3 +269,42 @@ def test_the_rules_file_is_what_pyyaml_reads():
     for rule in document["groups"][1]["rules"]:
         assert rule["alert"].startswith("Flatshare") and rule["labels"]["severity"] in ("critical", "warning", "info")
         assert set(rule["annotations"]) == {"summary", "description", "runbook_url"}
+
+
+def test_the_dashboards_release_annotation_marks_the_minute_a_node_switched_and_no_other(tmp_path):
+    # Issue 35: an operator looking at a rise in time to first token could not see which release came before
+    # it. The annotation's query, as Grafana sends it with every node chosen ($node as .*), run by promtool on
+    # series where cyan switches from release A to B at minute 10 (serving-check's active-release series).
+    import json
+    import subprocess
+
+    document = json.loads((REPO / "monitoring/flatshare-dashboard.json").read_text())
+    (release, switch) = [a["expr"].replace("$node", ".*") for a in document["annotations"]["list"]]
+    info = 'flatshare_serving_check_active_release_info{{node="cyan",release="{}",profile="p",vllm_release="0.32.0"}}'
+    started = 'flatshare_serving_check_switch_started_timestamp_seconds{node="cyan"}'
+    test = {"rule_files": [], "evaluation_interval": "1m", "tests": [{
+        "interval": "1m",
+        # promtool's notation: "1x9" is ten samples (minutes 0-9), "_x10" ten missing ones.
+        "input_series": [{"series": info.format("A"), "values": "1x9 _x20"},
+                         {"series": info.format("B"), "values": "_x10 1x19"},
+                         {"series": 'flatshare_serving_check_active_release_info{node="peacock",release="C",'
+                                    'profile="p",vllm_release="0.32.0"}', "values": "1x30"},
+                         {"series": started, "values": "_x8 600x2 _x20"}],  # a switch began at minute 8
+        "promql_expr_test": [
+            {"expr": release, "eval_time": "5m", "exp_samples": []},
+            {"expr": release, "eval_time": "10m", "exp_samples": [{"labels": info.format("B"), "value": 1}]},
+            {"expr": release, "eval_time": "11m", "exp_samples": [{"labels": info.format("B"), "value": 1}]},
+            {"expr": release, "eval_time": "13m", "exp_samples": []},
+            {"expr": switch, "eval_time": "5m", "exp_samples": []},
+            {"expr": switch, "eval_time": "9m", "exp_samples": [{"labels": started, "value": 600}]},
+            {"expr": switch, "eval_time": "12m", "exp_samples": []},
+        ]}]}
+    path = tmp_path / "annotations_test.yml"
+    path.write_text(json.dumps(test))  # YAML is a superset of JSON
+    result = subprocess.run(["promtool", "test", "rules", str(path)], capture_output=True, text=True, timeout=60)
+    assert result.returncode == 0, result.stdout + result.stderr
+    variable = next(v for v in document["templating"]["list"] if v["name"] == "node")
+    assert variable["query"]["query"] == "label_values(flatshare_serving_check_last_run_timestamp_seconds, node)"
+    for panel in document["panels"]:  # every query follows the chosen nodes
+        for target in panel["targets"]:
+            assert 'node=~"$node"' in target["expr"], target["expr"]
