@@ -109,3 +109,31 @@ def test_rendering_is_byte_identical_on_every_run():
     loaded, first = _rendered()
     second = render_profile(load_profile(REPO / "profiles/rtx-5060-ti-serve.toml"))
     assert first.units == second.units and first.serving == second.serving
+
+
+def test_command_lines_read_from_several_threads_at_once_read_as_each_alone():
+    # A suite run's case: a rollout rendered its nodes' releases from several threads (the retry guard, the
+    # fleet's preflight), and a render read an engine flag as missing ("engine.model: vLLM 0.32.0 would read
+    # ... as None"): the shared parser kept each parse's state on itself. 8 threads x 100 readings, each
+    # compared with the same command line read alone.
+    import threading
+
+    from flatshare_ops.common import vllm_argv
+
+    argv = ["/v/bin/vllm", "serve", "/m", "--max-num-seqs", "4", "--enable-prefix-caching",
+            "--gpu-memory-utilization", "0.9"]
+    alone = vllm_argv.read_argv(argv)
+    wrong: list = []
+
+    def read() -> None:
+        for _ in range(100):
+            reading = vllm_argv.read_argv(argv)
+            if (reading.model, reading.values, reading.errors) != (alone.model, alone.values, alone.errors):
+                wrong.append(reading.values)
+
+    threads = [threading.Thread(target=read) for _ in range(8)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        thread.join()
+    assert alone.model == "/m" and not wrong, wrong[:2]

@@ -239,7 +239,8 @@ def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_a
     assert synced.returncode in (0, 4), synced.stdout + synced.stderr
     served, since = fleet.current("cyan"), len(fleet.history("cyan"))
     with fleet.node_profile("cyan", {"engine.make_room.decode_hold_tokens": 100000}):
-        failed = fleet.release("--node", "cyan", "--no-auto-rollback")
+        # --retry: the test before this one saw this very release fail and roll itself back (the guard refuses it)
+        failed = fleet.release("--node", "cyan", "--no-auto-rollback", "--retry")
     assert failed.returncode == 1 and REFUSAL in failed.stdout, failed.stdout + failed.stderr
     assert "the engine is still starting" not in failed.stdout, failed.stdout  # it exited: nothing to wait for
     broken = json.loads(fleet.journal("cyan").read_text())["to"]

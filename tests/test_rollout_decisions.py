@@ -331,7 +331,7 @@ def test_the_room_of_the_nodes_that_would_carry_a_drained_nodes_calls_by_each_ki
     from flatshare_ops.config.profile import Admission
     from flatshare_ops.control.rollout import headroom
 
-    settings = Admission()  # seats_share 1.0, kv_cache_max 0.95: an idle fleet is always admitted
+    settings = Admission(seats_share=1.0)  # kv_cache_max 0.95 (the default): an idle fleet is always admitted
     idle = {"running": 0, "waiting": 0, "max_num_seqs": 4, "kv_cache_usage": 0.0}
     assert headroom("cyan", idle, {"peacock": idle}, settings)[1] is None
     full = {"running": 4, "waiting": 0, "max_num_seqs": 4, "kv_cache_usage": 0.5}
@@ -345,6 +345,8 @@ def test_the_room_of_the_nodes_that_would_carry_a_drained_nodes_calls_by_each_ki
     half = Admission(seats_share=0.5)
     assert headroom("cyan", one, {"peacock": {**one, "max_num_seqs": 4}}, half)[1] is None
     assert "3 requests for 2 seats" in headroom("cyan", one, {"peacock": {**one, "running": 2}}, half)[1]
+    # the default, 2: a full batch running and one more waiting (4 + 1 = 5 of 8 seats)
+    assert headroom("cyan", one, {"peacock": full}, Admission())[1] is None
     # two carriers: their seats add up (6 + 1 = 7 of 8)
     assert headroom("cyan", one, {"a": {**one, "running": 3}, "b": {**one, "running": 3}}, settings)[1] is None
     # a KV cache used above the ceiling refuses whatever the seats

@@ -61,6 +61,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import threading
 import os
 import re
 
@@ -550,19 +551,23 @@ class _VllmParser:
         return typed
 
     def parse(self, args: list[str], run: _Run) -> None:
-        """``vllm serve ARGS`` through argparse; what it took is in ``run``. Raises _Stop."""
-        self.top.run = self.serve.run = run
-        self.top.parse_args(["serve", *args])
+        """``vllm serve ARGS`` through argparse; what it took is in ``run``. Raises _Stop. One parse at a time
+        (the parser is shared and ``run`` is set on it): a rollout reads command lines from several threads."""
+        with _PARSING:
+            self.top.run = self.serve.run = run
+            self.top.parse_args(["serve", *args])
 
 
 _PARSERS: dict[str, _VllmParser] = {}
+_PARSING = threading.RLock()
 
 
 def _parser(table: _Table) -> _VllmParser:
-    parser = _PARSERS.get(table.release)
-    if parser is None:
-        parser = _PARSERS[table.release] = _VllmParser(table)
-    return parser
+    with _PARSING:
+        parser = _PARSERS.get(table.release)
+        if parser is None:
+            parser = _PARSERS[table.release] = _VllmParser(table)
+        return parser
 
 
 # --------------------------------------------------------------------------

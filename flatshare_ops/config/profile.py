@@ -346,9 +346,9 @@ class Admission(StrictModel):
     ``vllm:num_requests_running``, ``vllm:num_requests_waiting``, ``vllm:kv_cache_usage_perc``). The defaults
     never refuse an idle fleet."""
 
-    seats_share: float = Field(1.0, gt=0, le=1, description=(
+    seats_share: float = Field(2.0, gt=0, le=10, description=(
         "the others' running + waiting requests, with the draining node's moved onto them, stay within this "
-        "share of their max_num_seqs"))
+        "many times their max_num_seqs (2: a full batch running and one more waiting behind it)"))
     kv_cache_max: float = Field(0.95, gt=0, le=1, description=(
         "a node whose KV cache is used above this share takes no other node's calls"))
 

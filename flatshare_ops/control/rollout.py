@@ -27,6 +27,7 @@ from concurrent.futures import Future
 from pathlib import Path
 
 from ..common import protocol
+from ..config.profile import Admission
 from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.output import ReleaseOutput
@@ -828,7 +829,9 @@ class Rollout:
         if len(serving) >= need:
             if need == 0:
                 return None
-            lines, refusal = headroom(target.name, load, loads, target.loaded.profile.release.admission)
+            loaded = getattr(target, "loaded", None)
+            settings = loaded.profile.release.admission if loaded is not None else Admission()
+            lines, refusal = headroom(target.name, load, loads, settings)
             for line in lines:
                 self.out.line(f"admission for {target.name}: {line}")
             return refusal
