@@ -2109,8 +2109,9 @@ KEPT = {
         (["--node", "cyan"], "cyan", r"cyan: preflight: can the new engine start", "peacock"),
     "release --all, during cyan's engine load (peacock's switch is next)":
         (["--all"], "cyan", r"waiting for http://\S+/health to answer 200", "peacock"),
+    # (--all preflights every node first: peacock's switch reuses that preflight, at the same place)
     "release --all, during peacock's preflight (the admission probe of cyan, switched already, is next)":
-        (["--all"], "peacock", r"peacock: preflight: can the new engine start", "cyan"),
+        (["--all"], "peacock", r"peacock: preflight: (can the new engine start|reused the one passed)", "cyan"),
     "release --all, during peacock's engine load (the rollout's summary of cyan is next)":
         (["--all"], "peacock", r"waiting for http://\S+/health to answer 200", "cyan"),
 }

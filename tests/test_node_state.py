@@ -860,6 +860,7 @@ def write_calls(fleet) -> list[tuple[str, str]]:
     assert result.returncode == 0, text_of(result)
     calls = [tuple(line.split("\t", 1)) for line in record.read_text().splitlines()]
     assert calls and not any("/releases/." in path for _, path in calls), calls  # both ends already stored
+    # (the kept preflight, releases/.preflight/, is a cache written without these primitives)
     fleet.settled()
     return calls
 

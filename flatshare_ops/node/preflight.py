@@ -344,9 +344,10 @@ def kept(releases: Path, release: str, serving: dict) -> dict | None:
 
 
 def keep(releases: Path, release: str, serving: dict, outcome: Outcome) -> None:
-    """Keep a passed preflight of ``release`` for a later switch to reuse (written whole: a temporary file,
-    fsync, rename); a failed write is no failure of the preflight (the switch then runs its own)."""
-    from ..common import durable
+    """Keep a passed preflight of ``release`` for a later switch to reuse. A cache, not one of the switch's
+    durable records: written whole (a temporary file renamed over it) without fsync (one lost in a crash is
+    run again), and a failed write is no failure of the preflight (the switch then runs its own)."""
+    import tempfile
 
     directory = Path(releases) / KEPT_DIR
     document = {"release": release, "fingerprint": fingerprint(release, serving), "at": time.time(),
@@ -359,6 +360,12 @@ def keep(releases: Path, release: str, serving: dict, outcome: Outcome) -> None:
                     old.unlink()
             except OSError:
                 pass
-        durable.write_atomic(directory / f"{release}.json", (json.dumps(document, sort_keys=True) + "\n").encode())
+        with tempfile.NamedTemporaryFile("w", dir=directory, prefix=f".{release}.", delete=False) as scratch:
+            scratch.write(json.dumps(document, sort_keys=True) + "\n")
+        os.chmod(scratch.name, 0o644)
+        os.replace(scratch.name, directory / f"{release}.json")
     except OSError:
-        pass
+        try:
+            os.unlink(scratch.name)
+        except (OSError, NameError):
+            pass
