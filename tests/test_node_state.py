@@ -33,6 +33,7 @@ import re
 import shutil
 import signal
 import subprocess
+import threading
 import time
 from collections import Counter
 from contextlib import contextmanager
@@ -1476,8 +1477,19 @@ def test_a_release_that_rolled_itself_back_is_refused_from_any_checkout_until_re
     edits = {'\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
     with fleet.profile_edit(CYAN, edits):
         failed = fleet.fresh()
-        first = fleet.operator_release()
-        assert first.returncode == 9, text_of(first)
+        # Two identical releases at once, both with --wait (a breaker's case: the one that waited went ahead
+        # once the other had failed and rolled back): one switches and rolls itself back, the other waits for
+        # it and is then refused by the guard, asked again after each wait.
+        env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN}
+        argv = [str(BIN / "flatshare"), "release", "--root", str(fleet.checkout), "--wait", "90s"]
+        runs = [subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env)
+                for _ in range(2)]
+        outs = [run.communicate(timeout=300)[0] for run in runs]
+        codes = sorted(zip((run.returncode for run in runs), outs))
+        assert [c for c, _ in codes] == [3, 9], outs
+        waited = codes[0][1]
+        assert "waiting (--wait): " in waited and f"this checkout's release for cyan ({failed}) failed there" in \
+            waited.split("waiting (--wait)")[-1], waited
         invocation = fleet.engine()[1]
         again = fleet.operator_release()
         other = shutil.copytree(fleet.checkout, tmp_path / "other-checkout")

@@ -695,6 +695,12 @@ class Rollout:
                 echo(f"waiting (--wait): {self.outcomes[target.name].message}; asking again in {pause:.0f} s "
                      f"({self.wait_until - time.monotonic():.0f} s of --wait left)")
                 time.sleep(pause)
+                # The release may have failed and been taken back meanwhile (the run it waited for): asked again.
+                refusal = self._failed_before() if mode == "release" and not self.retry else None
+                if refusal is not None:
+                    echo(f"flatshare: release refused: {refusal}")
+                    self.refused[target.name] = refusal
+                    return Exit.REFUSED
         finally:
             times[1] = time.monotonic()
 

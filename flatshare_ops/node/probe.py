@@ -143,6 +143,10 @@ def engine_load(serving: dict | None) -> dict:
             word.split("=", 1)[1] if word.startswith("--max-num-seqs=") else None)
         if value is not None and value.isdigit():
             seqs = int(value)
+    import math
+
+    if not all(math.isfinite(v) for values in found.values() for v in values):
+        return {"error": f"{url} gives a gauge that is not a finite number"}
     usage = found[vm.KV_CACHE_USAGE]
     return {"running": int(sum(found[vm.REQUESTS_RUNNING])), "waiting": int(sum(found[vm.REQUESTS_WAITING])),
             "max_num_seqs": seqs, "kv_cache_usage": max(usage) if usage else None}
