@@ -136,13 +136,14 @@ def engine_load(serving: dict | None) -> dict:
         return {"error": f"{url}: not Prometheus' text format ({one_line(err)})"}
     if not found[vm.REQUESTS_RUNNING] or not found[vm.REQUESTS_WAITING]:
         return {"error": f"{url} has no {vm.REQUESTS_RUNNING} or {vm.REQUESTS_WAITING}"}
-    argv = list(serving["engine"].get("argv") or [])
-    seqs = None
-    for i, word in enumerate(argv):
-        value = argv[i + 1] if word == "--max-num-seqs" and i + 1 < len(argv) else (
-            word.split("=", 1)[1] if word.startswith("--max-num-seqs=") else None)
-        if value is not None and value.isdigit():
-            seqs = int(value)
+    from ..common import vllm_argv
+
+    try:  # the command line as the engine's vLLM reads it (its option table), never scanned by hand
+        seqs = vllm_argv.read_argv(list(serving["engine"].get("argv") or []),
+                                   str(serving.get("vllm_release", vllm_argv.DEFAULT_RELEASE))).values.get("max_num_seqs")
+    except (ValueError, TypeError):
+        seqs = None
+    seqs = seqs if isinstance(seqs, int) and not isinstance(seqs, bool) else None
     import math
 
     if not all(math.isfinite(v) for values in found.values() for v in values):
