@@ -612,6 +612,25 @@ def test_each_measurement_is_one_line_with_the_window_verdict_and_both_nodes_val
     assert "None" not in line
 
 
+def test_each_measurement_is_one_row_of_the_table_under_its_header():
+    from flatshare_ops.control.analysis import table_header
+
+    m = one_measurement({0.05: 30, 0.6: 10}, {0.05: 30, 0.2: 10})
+    header, row = table_header(), m.row()
+    assert "\n" not in row and "None" not in row
+    # Each value sits under its column's name: the header's words start where the row's cells do.
+    columns = ["#", "canary", "window", "verdict", "TTFT p95 (s)", "requests", "errors", "baseline p95 (s)", "why"]
+    starts = [header.index(name) for name in columns]
+    cell = lambda name, width=None: row[starts[columns.index(name)]:][:width]
+    assert cell("#").startswith("1/4 ") and cell("canary").startswith("cyan ")
+    assert cell("window").startswith("12:00:00-12:00:30Z ") and cell("verdict").startswith("fail ")
+    # canary: rank 38 in (0.5, 0.75], 0.5 + 0.25 x 8/10 = 0.70 to the bounds' 2 places; baseline 0.1 + 0.15 x 0.8
+    assert cell("TTFT p95 (s)").startswith("(0.5, 0.75] ~0.70 ")
+    assert row[:header.index("requests") + len("requests")].endswith("      40")  # right-aligned count
+    assert cell("errors").startswith("0 (0%) ") and cell("baseline p95 (s)").startswith("(0.1, 0.25] ~0.22 ")
+    assert cell("why").startswith("TTFT p95 > 0.5 s, over ttft_p95_max_s 0.5"), row
+
+
 def test_the_document_is_json_and_carries_every_measurement_with_its_figures():
     result = run([F, P, P, P])
     document = json.loads(json.dumps(result.document(), allow_nan=False))

@@ -28,6 +28,11 @@ NODES = ("cyan", "peacock")
 ENGINE = "flatshare-engine.service"
 HOLD_FLAG = "--additional-config.make_room.decode_hold_tokens"
 #: Short measurements (the profile's values are minutes of calls).
+def _rows(text: str) -> list[str]:
+    """The canary analysis table's rows in a rollout's output (``  1/3  cyan  12:00:00-12:00:02Z  pass ...``)."""
+    return [line.strip() for line in text.splitlines() if re.match(r"\s+\d+/\d+\s", line)]
+
+
 FAST_ANALYSIS = {"interval_s": 1.5, "count": 3, "min_requests": 4, "failure_limit": 0, "inconclusive_limit": 0}
 
 
@@ -108,8 +113,10 @@ class Fleet:
         assert result.returncode == 0, result.stdout + result.stderr
 
     @contextmanager
-    def node_profile(self, name: str, env: dict[str, str] | None = None, analysis: dict | None = None):
-        """The node's own profile with engine environment and [release.analysis] values, restored after."""
+    def node_profile(self, name: str, env: dict[str, str] | None = None, analysis: dict | None = None,
+                     golden: dict | None = None):
+        """The node's own profile with engine environment, [release.analysis] and [release.analysis.golden]
+        values, restored after."""
         path = self.node(name).profile
         original = path.read_text()
         text = original
@@ -119,6 +126,8 @@ class Fleet:
             assert text != original, f"{path} has no [engine.environment] table"
         if analysis:
             text += "\n[release.analysis]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in analysis.items())
+        if golden:
+            text += "\n[release.analysis.golden]\n" + "".join(f"{k} = {json.dumps(v)}\n" for k, v in golden.items())
         path.write_text(text)
         try:
             yield
@@ -172,7 +181,7 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     assert analysis["canary"] == "cyan" and analysis["baseline"] == "peacock" and analysis["phase"] == "failed"
     index, judged = _first_judged(analysis)
     # With --json the lines for people are on stderr, the document alone on stdout.
-    assert re.search(rf"^measurement {index + 1} of 3, .*: fail \(.*ttft_p95_max_s", result.stderr, re.MULTILINE), text
+    assert re.search(rf"^\s+{index + 1}/3\s+cyan\s+\S+\s+fail\s.*ttft_p95_max_s", result.stderr, re.MULTILINE), text
     rules = {c["rule"]: c["verdict"] for c in judged["checks"]}
     assert rules.get("ttft_p95_max_s") == "fail" and rules.get("baseline") == "fail", rules
     # cyan: released, analysed, rolled back to what it left; peacock never switched.
@@ -183,7 +192,7 @@ def test_a_canary_whose_time_to_first_token_is_worse_fails_its_analysis_and_roll
     assert recorded["phase"] == "failed" and len(recorded["measurements"]) >= 1
     # `flatshare releases` gives the analysis back: each measurement's line as the rollout printed it, and whole
     # as JSON (what history.jsonl on the node holds, read here from the file).
-    printed = [line for line in result.stderr.splitlines() if line.startswith("measurement ")]  # --json: on stderr
+    printed = _rows(result.stderr)  # --json: on stderr
     shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--measurements",
                             "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr
@@ -223,7 +232,7 @@ def test_with_no_calls_the_analysis_is_inconclusive_and_does_what_the_profile_sa
         result = fleet.cli("release", "--all")
     text = result.stdout + result.stderr
     assert result.returncode == code, text
-    assert re.search(r"measurement 1 of 3, .*: inconclusive \(.*min_requests", result.stdout), text
+    assert re.search(r"^\s+1/3\s+cyan\s+\S+\s+inconclusive\s.*min_requests", result.stdout, re.MULTILINE), text
     assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == cyan_after
     peacock = [r for r, _ in _since(fleet, "peacock", start["peacock"])]
     assert peacock == (["released"] if inconclusive == "pass" else []), text
@@ -279,7 +288,7 @@ def test_a_metrics_page_without_vllms_series_is_a_measurement_not_taken_and_enou
     with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_METRICS": page}, analysis=analysis), fleet.calls():
         result = fleet.cli("release", "--all")
     assert result.returncode == 10, result.stdout + result.stderr
-    assert re.search(r"measurement 1 of 3, .*: error", result.stdout), result.stdout
+    assert re.search(r"^\s+1/3\s+cyan\s+\S+\s+error\s", result.stdout, re.MULTILINE), result.stdout
     assert "2 measurements in a row could not be taken" in result.stdout, result.stdout
     assert "Traceback" not in result.stdout + result.stderr
     assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
@@ -303,7 +312,8 @@ def test_a_canary_whose_requests_end_in_error_fails_once_more_measurements_fail_
     for i in failed:
         rules = {c["rule"]: c["verdict"] for c in doc["measurements"][i]["checks"]}
         assert rules.get("error_share_max") == "fail", doc["measurements"][i]
-    assert re.search(rf"measurement {failed[0] + 1} of 4, .*: fail \(.*error_share_max", result.stderr), result.stderr
+    assert re.search(rf"^\s+{failed[0] + 1}/4\s+cyan\s+\S+\s+fail\s.*error_share_max", result.stderr,
+                     re.MULTILINE), result.stderr
     assert "more than failure_limit 1" in result.stdout, result.stdout
     assert [r for r, _ in _since(fleet, "cyan", start)] == ["released", "analysed", "rolled back"]
 
@@ -321,7 +331,7 @@ def test_counters_the_canarys_engine_reset_during_the_analysis_count_from_zero_a
     done: list = []
 
     def on_line(line: str) -> None:
-        if line.startswith("measurement 1 of ") and not done:  # between the second scrape and the third
+        if re.match(r"\s+1/\d+\s", line) and not done:  # between the second scrape and the third
             with urllib.request.urlopen(reset, timeout=10) as answer:
                 done.append(answer.status)
 
@@ -329,7 +339,7 @@ def test_counters_the_canarys_engine_reset_during_the_analysis_count_from_zero_a
         code, text = fleet.release_reading(on_line)
     assert done == [200], text
     assert code == 0, text
-    windows = [line for line in text.splitlines() if line.startswith("measurement ")]
+    windows = _rows(text)
     # One window holds the reset: the one after measurement 1 was printed, or a later one on a busy machine
     # (the reset is asked for when the line is read, which may be after the next scrape began).
     restarted = [i for i, line in enumerate(windows) if "engine restarted" in line]
@@ -377,7 +387,7 @@ def test_a_rollout_stopped_during_its_analysis_analyses_the_canary_again_before_
     assert again.returncode == 11, text  # no calls: inconclusive, and the profile says pause
     assert re.search(r"^cyan runs this release, but no canary analysis passed it \(its switch [0-9a-f]+\)",
                      again.stdout, re.MULTILINE), text
-    assert re.search(r"measurement 1 of 3, .*: inconclusive", again.stdout), text
+    assert re.search(r"^\s+1/3\s+cyan\s+\S+\s+inconclusive\s", again.stdout, re.MULTILINE), text
     assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
     assert _since(fleet, "peacock", start["peacock"]) == []  # peacock never switched
     resumed = fleet.cli("release", "--all", "--analysis", "skip")
@@ -401,7 +411,8 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
         code, text = fleet.release_reading(hold_at_the_analysis)
         try:
             assert code == 3, text  # the rollback's own code (refused by the hold), not 10
-            assert "cyan: refused (analysis failed, its rollback ended with exit 3)" in text, text
+            assert re.search(r"^cyan: refused: rollback refused: cyan is held by .*: looking at it; .* \(analysis "
+                             r"failed, its rollback ended with exit 3\)$", text, re.MULTILINE), text
             assert fleet.current("cyan") != left["cyan"] and fleet.current("peacock") == left["peacock"]
         finally:
             lifted = fleet.hold_command("lift", "--node", "cyan")
@@ -429,7 +440,7 @@ def test_an_analysis_whose_canary_another_rollback_switches_stops_and_decides_no
         seen: dict[str, str] = {}
 
         def roll_back_at_the_first_measurement(line: str) -> None:
-            if line.startswith("measurement 1 of 8"):
+            if re.match(r"\s+1/8\s", line):
                 seen["new"] = fleet.current("cyan")
                 back = fleet.cli("rollback", "--node", "cyan")
                 assert back.returncode == 0, back.stdout + back.stderr
@@ -463,3 +474,51 @@ def test_rollback_all_after_a_paused_canary_analysed_again_undoes_the_release_no
     assert fleet.current("cyan") == left["cyan"] and fleet.current("peacock") == left["peacock"]
     for name in NODES:
         fleet.settled(name)
+
+
+GOLDEN = {"prompts": ["The capital of France is", "1, 2, 3,"], "max_tokens": 8}
+
+
+def test_golden_answers_equal_on_both_nodes_pass_and_are_recorded_with_the_analysis(fleet):
+    # The stand-ins answer as greedy decoding of the same weights does: the same token ids for the same prompt.
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", analysis=FAST_ANALYSIS, golden=GOLDEN), fleet.calls():
+        result = fleet.cli("release", "--all", "--json")
+    assert result.returncode == 0, result.stdout + result.stderr
+    (doc,) = json.loads(result.stdout)["analyses"]
+    golden = doc["golden"]
+    assert (golden["against"], golden["failed"], golden["differences"], golden["errors"]) == ("peacock", False, [], [])
+    assert golden["canary_answers"] == golden["other_answers"]
+    assert [len(a) for a in golden["canary_answers"]] == [8, 8]  # max_tokens each (the stand-in never stops early)
+    recorded = fleet.history("cyan")[start["cyan"] + 1]["analysis"]["golden"]
+    assert recorded["canary_answers"] == golden["canary_answers"]
+    assert [r for r, _ in _since(fleet, "peacock", start["peacock"])] == ["released"]
+
+
+@pytest.mark.parametrize("changes_answers", [False, True])
+def test_golden_answers_that_differ_fail_the_analysis_named_unless_the_release_says_it_changes_answers(
+        fleet, changes_answers):
+    # cyan's new engine answers differently from the fourth token on (position 3).
+    start = {n: len(fleet.history(n)) for n in NODES}
+    fleet.new_hold()
+    with fleet.node_profile("cyan", env={"FLATSHARE_STANDIN_ANSWER_SHIFT": "3"}, analysis=FAST_ANALYSIS,
+                            golden=GOLDEN), fleet.calls():
+        result = fleet.cli("release", "--all", "--json", *(["--changes-answers"] if changes_answers else []))
+    text = result.stdout + result.stderr
+    (doc,) = json.loads(result.stdout)["analyses"]
+    golden = doc["golden"]
+    assert [(d["prompt_number"], d["position"]) for d in golden["differences"]] == [(1, 3), (2, 3)], golden
+    for d, mine, theirs in zip(golden["differences"], golden["canary_answers"], golden["other_answers"]):
+        assert mine[:3] == theirs[:3] and (d["canary_token"], d["other_token"]) == (mine[3], theirs[3])
+    assert golden["changes_answers"] is changes_answers
+    if changes_answers:
+        assert result.returncode == 0, text
+        assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed"]
+        assert fleet.history("cyan")[start["cyan"] + 1]["analysis"]["golden"]["changes_answers"] is True
+    else:
+        assert result.returncode == 10, text
+        assert doc["phase"] == "failed" and doc["measurements"] == []  # decided before any measurement
+        assert "prompt 1 ('The capital of France is') first differs at token 3" in doc["reason"], doc["reason"]
+        assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed", "rolled back"]
+        assert _since(fleet, "peacock", start["peacock"]) == []

@@ -99,3 +99,13 @@ def test_a_wrong_analysis_mode_is_said_in_our_words():
     done = run_cli("release", "--analysis", "maybe", "--dry-run")
     assert done.returncode == 2 and "maybe is not an analysis mode; use on, dry-run or skip" in done.stderr, done
     assert "Value error" not in done.stderr
+
+
+@pytest.mark.parametrize("value, said", [("1e400", "is not a duration"), ("99999h", "more than a day"),
+                                         ("86401", "more than a day"), ("0", "is not a duration")])
+def test_wait_is_a_bounded_duration(value, said, tmp_path):
+    # Refused as a usage error before anything is read (the inventory does not exist).
+    result = run_cli("release", "--wait", value, "--node", "cyan", "--inventory", str(tmp_path / "none.toml"))
+    assert result.returncode == 2 and said in result.stderr, result.stderr
+    accepted = run_cli("release", "--wait", "24h", "--node", "cyan", "--inventory", str(tmp_path / "none.toml"))
+    assert accepted.returncode == 2 and "inventory file not found" in accepted.stderr, accepted.stderr

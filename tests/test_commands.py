@@ -42,3 +42,16 @@ def test_hold_passes_the_message_as_one_word_even_when_it_looks_like_an_option()
     assert commands.hold(SPEC, acquire="--release", who="ops@laptop") == \
         NODE + ["hold", *base, "--acquire=--release", "--who=ops@laptop"]
     assert commands.hold(SPEC, release=True) == NODE + ["hold", *base, "--release"]
+
+
+def test_answers_passes_the_prompts_as_one_json_word_and_the_node_reads_them_back():
+    import json
+    import shlex
+
+    prompts = ["--prompts", "it's \"quoted\"; $(rm -rf /)\n"]
+    argv = commands.answers(SPEC, prompts, 16, 25.0)
+    assert argv == NODE + ["answers", "--node", "cyan", "--state-dir", "/var/lib/flatshare", "--scope", "system",
+                           "--prompts", json.dumps(prompts), "--max-tokens", "16", "--budget", "25"]
+    # Joined for SSH and split as a shell would: the same words, the prompts whole.
+    words = shlex.split(shlex.join(argv))
+    assert json.loads(words[words.index("--prompts", len(NODE) + 1) + 1]) == prompts

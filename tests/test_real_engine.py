@@ -302,7 +302,7 @@ def test_with_no_calls_the_canarys_analysis_is_inconclusive_and_pauses_as_the_pr
         with fleet.node_profile("cyan", FAST_ANALYSIS):
             result = fleet.release("--all", "-v")  # -v: each node's whole plan, its steps and "why"
         assert result.returncode == 11, result.stdout + result.stderr  # paused: production's inconclusive = "pause"
-        assert "measurement 1 of 2" in result.stdout and "inconclusive" in result.stdout, result.stdout
+        assert re.search(r"^\s+1/2\s+cyan\s+\S+\s+inconclusive\s", result.stdout, re.MULTILINE), result.stdout
         assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]
         assert _results(fleet, "peacock", since["peacock"]) == []
         assert "restart-engine" not in result.stdout.split("plan for cyan")[1].split("why:")[0], result.stdout

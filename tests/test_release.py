@@ -427,6 +427,9 @@ def test_an_e2_drop_in_linked_without_a_reload_is_refused_and_shown_by_a_dry_run
         assert dry.returncode == 3 and f"{ENGINE}.d/e2-late.conf -> {target}" in dry.stdout
         refused = fleet.release("--node", name)
         assert refused.returncode == 3 and "E2 drop-ins linked" in refused.stdout
+        # The run's last line for the node says why, not only "refused" (a breaker's single-node case).
+        said = [line for line in refused.stdout.splitlines() if line.startswith(f"{name}: refused")]
+        assert said and "E2 drop-ins linked" in said[-1], refused.stdout
     finally:
         link.unlink()
     fleet.settled(name)

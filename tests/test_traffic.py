@@ -563,3 +563,17 @@ def test_spread_seats_start_at_each_gateway_so_both_nodes_take_calls_and_each_fa
     assert {r.gateway for r in reports} == {"cyan", "peacock"}
     # In order (no spread), every call goes to the first gateway that serves.
     assert {r.gateway for r in run_calls(gateways, concurrency=2, calls=4, tokens=2, timeout_s=30)} == {"cyan"}
+
+
+def test_the_callers_summary_counts_calls_that_moved_by_their_path():
+    """The demo's caller (--brief) says the calls that moved to another gateway as counts in its summary, not a
+    line each: counted here from the reports themselves."""
+    from flatshare_ops.sandbox.caller import CallReport, summary
+
+    reports = [CallReport(1, 0.0, "peacock", [{"gateway": "cyan", "refusal": "HTTP 503"}], done=True),
+               CallReport(2, 0.0, "peacock", [{"gateway": "cyan", "refusal": "connection refused"}], done=True),
+               CallReport(3, 0.0, "cyan", [{"gateway": "peacock", "refusal": "HTTP 503"}], done=True),
+               CallReport(4, 0.0, "cyan", done=True)]
+    line = summary(reports)
+    assert "moved to another gateway: 3 (cyan -> peacock 2, peacock -> cyan 1)" in line, line
+    assert "moved to another gateway: 0" in summary(reports[3:]), summary(reports[3:])

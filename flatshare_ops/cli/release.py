@@ -59,14 +59,21 @@ PlainOption = Annotated[bool, typer.Option("--plain", help="Plain lines even on 
                                                            "colour (as NO_COLOR or a pipe).")]
 
 
+#: The longest ``--wait``: a day (seconds). A release waiting longer is not what anyone meant.
+MAX_WAIT_S = 86400.0
+
+
 def _duration(text: str) -> float:
-    """``--wait``'s value in seconds: ``90``, ``90s``, ``5m``, ``1h``."""
+    """``--wait``'s value in seconds: ``90``, ``90s``, ``5m``, ``1h``; more than 0, at most a day."""
     import re
 
     match = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smh]?)\s*", text or "")
     if not match or float(match.group(1)) <= 0:
         raise typer.BadParameter(f"{text!r} is not a duration; give one like 90s, 5m or 1h")
-    return float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    seconds = float(match.group(1)) * {"": 1, "s": 1, "m": 60, "h": 3600}[match.group(2)]
+    if seconds > MAX_WAIT_S:
+        raise typer.BadParameter(f"{text.strip()!r} is more than a day (24h); give at most 24h")
+    return seconds
 
 
 WaitOption = Annotated[Optional[float], typer.Option(
@@ -92,6 +99,9 @@ def release(
         "--retry", help="Release it even though it failed and was taken back on some node (rolled back "
                         "automatically, or its canary analysis failed); without it, such a release is refused.")] = False,
     wait: WaitOption = None,
+    changes_answers: Annotated[bool, typer.Option(
+        "--changes-answers", help="This release is meant to change the engine's answers: golden answers that "
+        "differ are said and recorded, not a failure of the canary analysis.")] = False,
     as_json: JsonOption = False,
     verbose: VerboseOption = False,
     quiet: QuietOption = False,
@@ -121,7 +131,8 @@ def release(
     _on_signals()
     rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
                       auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path,
-                      verbose=verbose, quiet=quiet, plain=plain, retry=retry, wait_s=wait)
+                      verbose=verbose, quiet=quiet, plain=plain, retry=retry, wait_s=wait,
+                      changes_answers=changes_answers)
     raise typer.Exit(_finish(rollout, as_json))
 
 

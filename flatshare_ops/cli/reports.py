@@ -145,12 +145,16 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
 
 
 def _measurement_lines(record: dict) -> list[str]:
-    """An analysis record's measurement lines as the rollout printed them (none for other records)."""
+    """An analysis record's measurements as the rollout printed them: the table's header and one row each
+    (a record written before the table has each measurement's line); none for other records."""
     from ..common.text import one_line
+    from ..control.analysis import table_header
 
     analysis = record.get("analysis")
     found = analysis.get("measurements") if isinstance(analysis, dict) else None
-    if not isinstance(found, list):
+    if not isinstance(found, list) or not found:
         return []
+    if all(isinstance(m, dict) and isinstance(m.get("row"), str) for m in found):
+        return [table_header().strip(), *(one_line(m["row"]).strip() for m in found)]
     return [one_line(m["line"]) if isinstance(m, dict) and isinstance(m.get("line"), str)
             else f"measurement {n}: its line was not recorded" for n, m in enumerate(found, 1)]

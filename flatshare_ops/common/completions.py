@@ -42,6 +42,13 @@ def request_body(prompt: str, max_tokens: int, stream: bool = True, turn_hint: b
     return body
 
 
+def golden_body(prompt: str, max_tokens: int) -> dict:
+    """A golden answer's request: greedy (``temperature`` 0), not streamed, and asking for the generated
+    token ids (vLLM 0.32.0's ``return_token_ids``: the answer's ``choices[0].token_ids``); the engine stops
+    at its end-of-sequence token as for any call, so the answers' lengths are compared too."""
+    return {"prompt": prompt, "max_tokens": max_tokens, "temperature": 0, "stream": False, "return_token_ids": True}
+
+
 @dataclass
 class CompletionOutcome:
     """What a client received for one completion request.
@@ -58,6 +65,8 @@ class CompletionOutcome:
         ttft_s: seconds from sending the request to the first token received.
         duration_s: seconds from sending the request to the end of the answer.
         error: what went wrong, in one line (an error event, a status, a cut stream), else None.
+        token_ids: a plain answer's generated token ids, when the request asked for them
+            (``return_token_ids``) and the engine sent them; else None.
     """
 
     status: int = 0
@@ -71,6 +80,7 @@ class CompletionOutcome:
     ttft_s: float | None = None
     duration_s: float = 0.0
     error: str | None = None
+    token_ids: list[int] | None = None
 
     def as_dict(self) -> dict:
         """The outcome as a JSON-ready dict."""
@@ -170,6 +180,9 @@ def _read_document(data: bytes, outcome: CompletionOutcome, started: float) -> N
         outcome.error = f"an answer that is not a completion: {data[:80]!r}"
         return
     outcome.tokens, outcome.finish_reason, outcome.done = outcome.completion_tokens, choice.get("finish_reason"), True
+    ids = choice.get("token_ids") if isinstance(choice, dict) else None
+    if isinstance(ids, list) and all(isinstance(i, int) and not isinstance(i, bool) for i in ids):
+        outcome.token_ids = ids
     outcome.ttft_s = time.monotonic() - started
 
 

@@ -292,6 +292,25 @@ class Layout(StrictModel):
         return self
 
 
+class Golden(StrictModel):
+    """Golden answers: prompts sent with greedy sampling (``temperature`` 0) to the canary and the baseline (or
+    the canary's reference answers) during a canary analysis, their generated token ids compared (vLLM's
+    ``return_token_ids``, docs/reference/vllm.md#completions). A difference fails the analysis unless the
+    release is said to change answers (``flatshare release --changes-answers``). No prompts: no check."""
+
+    prompts: list[str] = Field(default_factory=list, max_length=16, description=(
+        "prompts whose greedy answers a release must leave the same (at most 16, each 1 to 2000 characters)"))
+    max_tokens: int = Field(16, ge=1, le=256, description="tokens generated for each prompt (1 to 256)")
+
+    @model_validator(mode="after")
+    def _prompts_sized(self) -> "Golden":
+        for number, prompt in enumerate(self.prompts, 1):
+            if not 1 <= len(prompt) <= 2000 or not prompt.strip():
+                raise ValueError(f"prompts: prompt {number} must be 1 to 2000 characters and not only blanks, "
+                                 f"got {len(prompt)} character(s)")
+        return self
+
+
 class Analysis(StrictModel):
     """The canary's analysis in a rollout (``release --all``), and the thresholds the alert rules share.
 
@@ -324,6 +343,7 @@ class Analysis(StrictModel):
     consecutive_error_limit: Positive = Field(
         description="this many measurements in a row that could not be taken fail the analysis")
     inconclusive: Literal["fail", "pause", "pass"] = Field(description="what an inconclusive analysis does")
+    golden: Golden = Field(default_factory=Golden)
 
     @model_validator(mode="after")
     def _limits_below_count(self) -> "Analysis":

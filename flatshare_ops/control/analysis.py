@@ -38,6 +38,7 @@ from ..common import vllm_metrics as vm
 from ..common.clock import utc_stamp
 from ..common.text import one_line
 from ..config.profile import Analysis as Settings
+from .golden import GoldenCheck
 
 #: The quantile the analysis judges (the profile's ``ttft_p95_max_s``).
 Q = 0.95
@@ -144,6 +145,13 @@ class Quantile:
         shown = f"{round(self.interpolated_s, places):.{places}f}"
         around = f"{what} <= " if self.lower_s == 0 else f"{_figure(self.lower_s)} < {what} <= "
         return f"{around}{_figure(self.upper_s)} s (interpolated {shown})"
+
+    def cell(self) -> str:
+        """The table's form: ``(0.25, 0.5] ~0.41``, ``> 2.5 ~2.5`` in the ``+Inf`` bucket (seconds)."""
+        if self.upper_s == math.inf:
+            return f"> {_figure(self.lower_s)} ~{_figure(self.interpolated_s)}"
+        places = max(_places(self.lower_s), _places(self.upper_s))
+        return f"({_figure(self.lower_s)}, {_figure(self.upper_s)}] ~{round(self.interpolated_s, places):.{places}f}"
 
     def document(self) -> dict[str, Any]:
         """JSON-ready: ``upper_s`` is null in the ``+Inf`` bucket (no upper bound)."""
@@ -514,6 +522,26 @@ class Measurement:
         """Why the verdict: the reasons of the checks that gave it."""
         return tuple(c.reason for c in self.checks if c.verdict == self.verdict)
 
+    def row(self) -> str:
+        """The measurement as a row of :func:`table_header`'s table: number, canary, window, verdict, the canary's
+        TTFT p95 bucket, finished requests and errors, the baseline's TTFT p95, and why (the reasons of the
+        checks that gave a verdict other than pass, an engine restart in either window)."""
+        why = ["every check passed"] if self.verdict == Verdict.PASS else list(self.reasons)
+        for window in (self.canary, self.baseline):
+            if isinstance(window, Window) and window.engine_restarted:
+                why.append(f"{window.node}: the engine restarted in the window (counts since its start)")
+        if isinstance(self.canary, Window):
+            errors = f"{self.canary.errors}" + (f" ({_percent(self.canary.error_share())})" if self.canary.requests
+                                                else "")
+            cells = (_p95_cell(self.canary), str(self.canary.requests), errors)
+        else:
+            cells = ("not measured", "-", "-")
+        baseline = ("none" if self.baseline is None else _p95_cell(self.baseline)
+                    if isinstance(self.baseline, Window) else "not measured")
+        window = f"{_clock(self.canary.start)[:-1]}-{_clock(self.canary.end)}"
+        return _ROW.format(f"{self.number}/{self.count}", self.canary.node, window, str(self.verdict), *cells,
+                           baseline, "; ".join(why))
+
     def line(self) -> str:
         """The operator's line: the window, the verdict and why, the canary's and the baseline's values."""
         span = f"{_clock(self.canary.start)}-{_clock(self.canary.end)}"
@@ -526,7 +554,23 @@ class Measurement:
         return {"number": self.number, "count": self.count, "verdict": str(self.verdict),
                 "reasons": list(self.reasons), "checks": [c.document() for c in self.checks],
                 "canary": self.canary.document(),
-                "baseline": None if self.baseline is None else self.baseline.document(), "line": self.line()}
+                "baseline": None if self.baseline is None else self.baseline.document(), "line": self.line(),
+                "row": self.row()}
+
+
+#: The canary analysis's table, one row a measurement (:meth:`Measurement.row`).
+_ROW = "  {:<5} {:<10} {:<18} {:<12} {:<20} {:>8} {:<12} {:<20} {}"
+
+
+def table_header() -> str:
+    """The header of the measurements' table; TTFT p95 cells are the bucket that holds it, in seconds, and
+    Prometheus' interpolated value after ``~``."""
+    return _ROW.format("#", "canary", "window", "verdict", "TTFT p95 (s)", "requests", "errors",
+                       "baseline p95 (s)", "why").rstrip()
+
+
+def _p95_cell(window: Window) -> str:
+    return window.p95().cell() if window.first_tokens else "no first token"
 
 
 def measure(number: int, settings: Settings, canary: tuple[ScrapeResult, ScrapeResult],
@@ -647,6 +691,7 @@ class AnalysisResult:
         action: what the analysis decides (in a dry run, what it would have done).
         done: no more measurements are needed (a failure stops early; a dry run measures all ``count``).
         reason: why the phase, one sentence.
+        golden: the golden answers' check (:mod:`.golden`), None when the profile names no prompts.
     """
 
     canary: str
@@ -658,6 +703,7 @@ class AnalysisResult:
     action: Action
     done: bool
     reason: str
+    golden: GoldenCheck | None = None
 
     @property
     def tally(self) -> dict[str, int]:
@@ -695,20 +741,22 @@ class AnalysisResult:
              "rollout_action": ..., "done": bool, "reason": TEXT, "summary": TEXT,
              "tally": {"pass": N, "fail": N, "inconclusive": N, "error": N},
              "measurements": [{"number", "count", "verdict", "reasons", "checks": [{"rule", "verdict", "reason"}],
-                               "canary": WINDOW, "baseline": WINDOW or null, "line"}]}
+                               "canary": WINDOW, "baseline": WINDOW or null, "line", "row"}],
+             "golden": GOLDEN or null}
 
         A WINDOW is ``{"node", "start", "end" (UTC stamps), "start_s", "end_s" (Unix seconds),
         "engine_restarted", "requests", "finished" {reason: N}, "errors", "error_share" (null: no request),
         "first_tokens", "waiting", "ttft_p95", "e2e_p95" (QUANTILE or null: no observation), "ttft_buckets"
         {le: cumulative count}}``, or ``{"node", "start", "end", "start_s", "end_s", "error": TEXT}`` when it could
         not be measured. A QUANTILE is ``{"q", "lower_s", "upper_s" (null: the +Inf bucket), "interpolated_s",
-        "observations", "text"}``.
+        "observations", "text"}``. GOLDEN is :meth:`.golden.GoldenCheck.document`.
         """
         return {"schema": SCHEMA, "canary": self.canary, "baseline": self.baseline, "dry_run": self.dry_run,
                 "settings": self.settings.model_dump(), "phase": str(self.phase), "action": str(self.action),
                 "rollout_action": str(self.rollout_action), "done": self.done, "reason": self.reason,
                 "summary": self.summary(), "tally": self.tally,
-                "measurements": [m.document() for m in self.measurements]}
+                "measurements": [m.document() for m in self.measurements],
+                "golden": None if self.golden is None else self.golden.document()}
 
 
 _TALLY_WORDS = {Verdict.PASS: "passed", Verdict.FAIL: "failed", Verdict.INCONCLUSIVE: "inconclusive",
@@ -721,7 +769,7 @@ _INCONCLUSIVE_DOES = {"fail": Action.ROLLBACK, "pause": Action.PAUSE, "pass": Ac
 
 
 def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: str, baseline: str | None,
-           dry_run: bool = False) -> AnalysisResult:
+           dry_run: bool = False, golden: GoldenCheck | None = None) -> AnalysisResult:
     """The analysis's result after ``measurements`` (in order), with Argo Rollouts' semantics.
 
     (docs/reference/canary-analysis.md#the-analysis.) Failed once more than ``failure_limit`` measurements
@@ -737,6 +785,9 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
     profile turns inconclusive into a failure. A dry run computes the same phase and action but measures all
     ``count`` and acts on nothing (:attr:`AnalysisResult.rollout_action`).
 
+    Golden answers that differ (``golden``, :attr:`.golden.GoldenCheck.failed`) fail the analysis before any
+    measurement decides, whatever the measurements say.
+
     Raises:
         ValueError: more measurements than ``count`` (a bug of the caller).
     """
@@ -748,7 +799,10 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
     unclear = taken - failed - verdicts.count(Verdict.PASS)
     streak = _longest_run(verdicts, Verdict.ERROR)
     finished = taken == settings.count
-    if failed > settings.failure_limit:
+    if golden is not None and golden.failed:
+        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        reason = golden.reason()
+    elif failed > settings.failure_limit:
         phase, action, early = Phase.FAILED, Action.ROLLBACK, True
         reason = f"{failed} measurements failed, more than failure_limit {settings.failure_limit}"
     elif streak >= settings.consecutive_error_limit:
@@ -774,7 +828,8 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
         phase, action, early = Phase.RUNNING, Action.MEASURE, False
         reason = f"{settings.count - taken} measurements to go"
     done = finished if dry_run else (early or finished)
-    return AnalysisResult(canary, baseline, settings, dry_run, tuple(measurements), phase, action, done, reason)
+    return AnalysisResult(canary, baseline, settings, dry_run, tuple(measurements), phase, action, done, reason,
+                          golden)
 
 
 def _longest_run(verdicts: Sequence[Verdict], verdict: Verdict) -> int:
@@ -802,6 +857,7 @@ class AnalysisRun:
     canary_scrapes: tuple[ScrapeResult, ...] = ()
     baseline_scrapes: tuple[ScrapeResult, ...] = ()
     measurements: tuple[Measurement, ...] = ()
+    golden: GoldenCheck | None = None
 
     def record(self, canary: ScrapeResult, baseline: ScrapeResult | None = None) -> AnalysisRun:
         """The state after one more pair of scrapes (``baseline`` None exactly when the run has no baseline).
@@ -823,12 +879,12 @@ class AnalysisRun:
             base = (_start(self.baseline_scrapes), baseline) if baseline is not None else None
             measurements = (*measurements, measure(len(measurements) + 1, self.settings, pair, base))
         return AnalysisRun(self.settings, self.canary, self.baseline, self.dry_run, canary_scrapes,
-                           baseline_scrapes, measurements)
+                           baseline_scrapes, measurements, self.golden)
 
     @property
     def result(self) -> AnalysisResult:
         return assess(self.measurements, self.settings, canary=self.canary, baseline=self.baseline,
-                      dry_run=self.dry_run)
+                      dry_run=self.dry_run, golden=self.golden)
 
 
 def _start(scrapes: Sequence[ScrapeResult]) -> ScrapeResult:

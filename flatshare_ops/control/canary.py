@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, replace
 from typing import Callable
 
 from ..common.clock import utc_stamp
@@ -21,8 +21,9 @@ from ..common.text import one_line
 from ..errors import TransportError
 from .connection import Lost
 from . import commands
-from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape
+from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape, table_header
 from .fanout import answer_of
+from .golden import GoldenCheck, answers_of, reference_of
 from .targets import NodeTarget
 
 #: What the rollout does after several canaries' analyses: the most cautious action wins.
@@ -71,6 +72,12 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
         "with no baseline (no node is left on the old release)"
     out.line(f"canary analysis of {', '.join(runs)} {against}: {settings.count} measurement(s), one every "
              f"{settings.interval_s:g} s" + (" (dry run: nothing is acted on)" if dry_run else ""))
+    if settings.golden.prompts:
+        for target in canaries:
+            check = golden_answers(rollout, target, baseline)
+            out.line(check.line())
+            runs[target.name] = replace(runs[target.name], golden=check)
+    out.line(table_header())
     # What is judged: each canary on the release its switch installed, against the baseline on the release it
     # ran at the first scrape. Another release or rollback may switch either while they are measured (a
     # breaker's case: a rollback of the canary mid-analysis, then measurements of the old release that
@@ -97,7 +104,7 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
                 return Verdict({n: r.result for n, r in runs.items()}, aborted=why)
             run = runs[name] = run.record(measured, base)
             if len(run.measurements) > before:
-                out.line(run.measurements[-1].line())
+                out.line(run.measurements[-1].row())
         if all(run.result.done for run in runs.values()):
             break
         deadline += settings.interval_s
@@ -108,6 +115,42 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
     for result in verdict.results.values():
         out.line(result.summary())
     return verdict
+
+
+def golden_answers(rollout, canary: NodeTarget, baseline: NodeTarget | None) -> GoldenCheck:
+    """The canary's golden answers (its profile's ``[release.analysis.golden]``) compared with the baseline's,
+    or with no baseline with the canary's reference from its history (:mod:`.golden`); asked through the
+    nodes (``flatshare-node answers``). What a node could not answer is in the check's errors, never raised."""
+    golden = canary.loaded.profile.release.analysis.golden
+    prompts = list(golden.prompts)
+    # The node answers within the command's bound, less a margin for the connection.
+    budget = max(1.0, rollout.settings.transport.command_timeout_s - 5)
+    mine, errors = answers_of(canary.name, _ask(rollout, canary, commands.answers(
+        canary.spec, prompts, golden.max_tokens, budget)), len(prompts))
+    against: str | None
+    if baseline is not None:
+        against = baseline.name
+        theirs, more = answers_of(baseline.name, _ask(rollout, baseline, commands.answers(
+            baseline.spec, prompts, golden.max_tokens, budget)), len(prompts))
+        errors += more
+    else:
+        history = _ask(rollout, canary, commands.history(canary.spec))
+        records = history.get("records") if isinstance(history, dict) else None
+        reference = reference_of(records if isinstance(records, list) else [], prompts, golden.max_tokens)
+        against, theirs = ("reference", reference) if reference is not None else (None, ())
+    return GoldenCheck(canary.name, against, tuple(prompts), golden.max_tokens, mine, theirs, tuple(errors),
+                       rollout.changes_answers)
+
+
+def _ask(rollout, target: NodeTarget, argv: list[str]) -> dict:
+    """A read-only node command's JSON answer, or ``{"error"}`` saying why there is none."""
+    try:
+        answer = answer_of(rollout.run_command(target, argv))
+    except TransportError as err:
+        return {"error": f"the node could not be asked: {err}"}
+    except ValueError as err:
+        return {"error": f"the node's answer is not JSON ({err})"}
+    return answer if isinstance(answer, dict) else {"error": "the node's answer is not a JSON object"}
 
 
 def scrape(rollout, target: NodeTarget):

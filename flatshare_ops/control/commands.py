@@ -106,6 +106,15 @@ def serving_check(spec: NodeSpec) -> list[str]:
     return argv
 
 
+def answers(spec: NodeSpec, prompts: list[str], max_tokens: int, budget_s: float) -> list[str]:
+    """``flatshare-node answers``: the node's engine's greedy answers to golden prompts (token ids) as JSON,
+    all within ``budget_s`` seconds."""
+    import json
+
+    return _node(spec, "answers") + ["--prompts", json.dumps(prompts), "--max-tokens", str(max_tokens),
+                                     "--budget", f"{budget_s:g}"]
+
+
 def metrics(spec: NodeSpec) -> list[str]:
     """``flatshare-node metrics``: the node's engine ``/metrics`` as JSON (a canary analysis's scrape)."""
     return _node(spec, "metrics")

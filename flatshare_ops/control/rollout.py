@@ -111,19 +111,22 @@ class Rollout:
             on every node: :meth:`_failed_before`).
         wait_s: ``--wait``: how long (seconds, from the run's start) a node refused for its admission to drain or
             because another release holds it is asked again (:meth:`_wait_again`); None refuses at once.
+        changes_answers: ``--changes-answers``: golden answers that differ do not fail the canary analysis.
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
                  mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
                  undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
                  inventory: Path | None = None, verbose: bool = False, quiet: bool = False,
-                 plain: bool = False, retry: bool = False, wait_s: float | None = None) -> None:
+                 plain: bool = False, retry: bool = False, wait_s: float | None = None,
+                 changes_answers: bool = False) -> None:
         from .live import StatusLine, is_live
 
         self.root, self.chosen, self.everyone = root, chosen, everyone
         # Every line of this run goes through the status line: on a live terminal, waits are drawn in place.
         self.out = StatusLine(out.line, out.stream, is_live(out.stream, plain))
         self.verbose, self.quiet, self.retry = verbose, quiet, retry
+        self.changes_answers = changes_answers
         #: With --wait: when (time.monotonic()) waiting for a node's admission or lock ends.
         self.wait_until = time.monotonic() + wait_s if wait_s else None
         self.began = time.monotonic()
@@ -630,7 +633,7 @@ class Rollout:
             result, message = self._result(t)
             if message and t.result is None and t.name in self.switching and t.name not in self.asking:
                 label = f"{result} ({message})"
-            elif message and (t.result is None or t.result == Exit.ROLLED_BACK):
+            elif message and t.result != Exit.OK:  # not started, refused, failed, rolled back: and why
                 label = f"{result}: {message}"
             else:
                 label = result

@@ -216,3 +216,59 @@ def engine_metrics(ctx: NodeContext) -> dict:
         return {"node": ctx.node, "at": at, "release": release, "error": f"{url} {heard}"}
     return {"node": ctx.node, "at": at, "release": release, "status": status,
             "text": body.decode("utf-8", errors="replace")}
+
+
+def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_s: float = 25.0) -> dict:
+    """The node's engine's greedy answers to golden prompts (a canary analysis's golden answers), each a
+    ``POST /v1/completions`` with ``temperature`` 0 and vLLM 0.32.0's ``return_token_ids``
+    (common/completions.py :func:`golden_body`, docs/reference/vllm.md#completions), one after another.
+
+    Args:
+        prompts_json: the prompts, a JSON list of 1 to 16 strings (as the operator's profile gives them).
+        max_tokens: tokens generated for each, 1 to 256.
+        budget_s: the bound on all the answers together (seconds; the operator's command bound less a margin):
+            a prompt not answered within it is said as such.
+
+    Returns:
+        ``{"node", "at" (Unix seconds), "release", "answers": [{"token_ids": [int, ...]} or {"error"}, ...]}``
+        (one answer per prompt, in order), or ``{"node", "at", "release"?, "error"}`` naming what is missing.
+    """
+    import json
+    import time
+
+    from ..common.completions import golden_body, post_completion
+    from .calls import active_serving
+    from .store import current_release
+
+    at = time.time()
+    try:
+        prompts = json.loads(prompts_json)
+    except ValueError as err:
+        return {"node": ctx.node, "at": at, "error": f"--prompts is not JSON ({err})"}
+    if (not isinstance(prompts, list) or not 1 <= len(prompts) <= 16
+            or not all(isinstance(p, str) and 1 <= len(p) <= 2000 for p in prompts) or not 1 <= max_tokens <= 256):
+        return {"node": ctx.node, "at": at,
+                "error": "--prompts must be a JSON list of 1 to 16 strings of 1 to 2000 characters, and "
+                         "--max-tokens 1 to 256"}
+    try:
+        release = current_release(ctx.state_dir)
+        serving = active_serving(ctx, release)
+    except NodeStateError as err:
+        return {"node": ctx.node, "at": at, "error": str(err)}
+    if serving is None:
+        return {"node": ctx.node, "at": at, "release": release,
+                "error": "no readable active release: its engine's address is not known"}
+    answers: list[dict] = []
+    deadline = time.monotonic() + budget_s
+    for number, prompt in enumerate(prompts, 1):
+        left = deadline - time.monotonic()
+        if left < 1:
+            answers.append({"error": f"not asked: the answers' {budget_s:g} s ran out"})
+            continue
+        outcome = post_completion(serving["engine"]["url"], golden_body(prompt, max_tokens),
+                                  f"flatshare-golden-{int(at)}-{number}", left)
+        if outcome.error is not None or outcome.token_ids is None:
+            answers.append({"error": outcome.error or "the answer carries no token_ids (vLLM's return_token_ids)"})
+        else:
+            answers.append({"token_ids": outcome.token_ids})
+    return {"node": ctx.node, "at": at, "release": release, "answers": answers}

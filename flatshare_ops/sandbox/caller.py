@@ -192,7 +192,14 @@ def summary(reports: list[CallReport]) -> str:
         by_gateway[report.gateway or "none"] = by_gateway.get(report.gateway or "none", 0) + 1
     answered = ", ".join(f"{name} {count}" for name, count in sorted(by_gateway.items()))
     well = sum(r.ended_well for r in reports)
-    return f"calls: {len(reports)}, ended with [DONE] and no error: {well}; answered by: {answered or 'none'}"
+    moved: dict[tuple[str, str], int] = {}
+    for report in reports:
+        if report.attempts and report.gateway:
+            path = (report.attempts[0]["gateway"], report.gateway)
+            moved[path] = moved.get(path, 0) + 1
+    paths = ", ".join(f"{a} -> {b} {count}" for (a, b), count in sorted(moved.items()))
+    return (f"calls: {len(reports)}, ended with [DONE] and no error: {well}; answered by: {answered or 'none'}; "
+            f"moved to another gateway: {sum(moved.values())}" + (f" ({paths})" if paths else ""))
 
 
 def inventory_gateways(path: Path) -> list[Gateway]:
@@ -236,7 +243,8 @@ def main(argv: list[str] | None = None) -> int:
     output = parser.add_mutually_exclusive_group()
     output.add_argument("--json", action="store_true", help="the reports as one JSON document")
     output.add_argument("--brief", action="store_true",
-                        help="a line only for calls that moved to another gateway or did not end well, then the summary")
+                        help="a line only for calls that did not end well, then the summary (which counts the "
+                             "calls that moved to another gateway)")
     args = parser.parse_args(argv)
     for name, value, least in (("--concurrency", args.concurrency, 1), ("--tokens", args.tokens, 1),
                                ("--calls", args.calls, 1), ("--for", args.duration_s, 0), ("--timeout", args.timeout, 1),
@@ -259,7 +267,7 @@ def main(argv: list[str] | None = None) -> int:
     print(f"caller: {args.concurrency} call(s) at once through {', '.join(g.name for g in gateways)}"
           + (" (spread: each seat starts at another gateway)" if args.spread else ""), flush=True)
     def said(report: CallReport) -> None:
-        if not args.brief or report.attempts or not report.ended_well:
+        if not args.brief or not report.ended_well:
             print(f"  {report.line()}", flush=True)
 
     reports = run_calls(gateways, args.concurrency, args.calls, args.duration_s, args.tokens, args.timeout, stop,

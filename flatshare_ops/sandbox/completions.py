@@ -15,6 +15,7 @@ Shapes from vLLM 0.32.0's ``vllm/entrypoints/openai/completion/{protocol,serving
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from dataclasses import dataclass
@@ -53,6 +54,8 @@ class CompletionRequest:
         stream: server-sent events or one JSON document.
         include_usage: ``stream_options.include_usage``: a usage chunk before ``[DONE]``.
         turn_hint: ``vllm_xargs.flatshare_turn_hint`` was given and is not 0/false.
+        prompt: the prompt as sent (the stand-in's token ids are drawn from it).
+        return_token_ids: the answer carries the generated token ids (vLLM's ``return_token_ids``).
     """
 
     request_id: str
@@ -62,6 +65,8 @@ class CompletionRequest:
     stream: bool
     include_usage: bool
     turn_hint: bool
+    prompt: object = None
+    return_token_ids: bool = False
 
 
 def read_request(document: object, header_id: str | None, served_names: list[str]) -> CompletionRequest:
@@ -105,7 +110,8 @@ def read_request(document: object, header_id: str | None, served_names: list[str
     return CompletionRequest(
         request_id=request_id, model=model or served_names[0], prompt_tokens=max(prompt_tokens, 1),
         max_tokens=max_tokens, stream=stream, include_usage=bool(options.get("include_usage")),
-        turn_hint=xargs.get(TURN_HINT_XARG) not in (None, 0, False, "0", "false"))
+        turn_hint=xargs.get(TURN_HINT_XARG) not in (None, 0, False, "0", "false"), prompt=prompt,
+        return_token_ids=document.get("return_token_ids") is True)
 
 
 def error_document(message: str, err_type: str, code: int, param: str | None = None) -> dict:
@@ -137,13 +143,25 @@ def error_event(message: str = "Internal server error") -> bytes:
     return _event(error_document(message, "InternalServerError", 500))
 
 
+def answer_token_ids(prompt: object, count: int, shift_from: int | None = None) -> list[int]:
+    """The stand-in's generated token ids for ``prompt``: the same for the same prompt on every stand-in (as
+    greedy decoding of the same weights is), ``count`` of them, each below 50,000; from position
+    ``shift_from`` (0 for the first) on, each is one more (a node whose answers changed:
+    ``FLATSHARE_STANDIN_ANSWER_SHIFT``)."""
+    seed = hashlib.sha256(json.dumps(prompt, sort_keys=True).encode()).digest()
+    ids = [int.from_bytes(hashlib.sha256(seed + i.to_bytes(4, "big")).digest()[:4], "big") % 50_000
+           for i in range(count)]
+    return [v + 1 if shift_from is not None and i >= shift_from else v for i, v in enumerate(ids)]
+
+
 def completion_document(request: CompletionRequest, created: int, text: str, finish_reason: str,
-                        completion_tokens: int) -> dict:
-    """vLLM's ``CompletionResponse`` (a request without ``stream``)."""
+                        completion_tokens: int, token_ids: list[int] | None = None) -> dict:
+    """vLLM's ``CompletionResponse`` (a request without ``stream``); ``token_ids`` when the request asked for
+    them (``return_token_ids``)."""
     return {
         "id": f"cmpl-{request.request_id}", "object": "text_completion", "created": created, "model": request.model,
         "choices": [{"index": 0, "text": text, "logprobs": None, "finish_reason": finish_reason, "stop_reason": None,
-                     "token_ids": None, "prompt_logprobs": None, "prompt_token_ids": None}],
+                     "token_ids": token_ids, "prompt_logprobs": None, "prompt_token_ids": None}],
         "service_tier": None, "system_fingerprint": None, "usage": _usage(request, completion_tokens),
         "kv_transfer_params": None}
 

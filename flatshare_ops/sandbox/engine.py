@@ -204,7 +204,9 @@ class Engine:
                 reason = value
         if reason == "error":
             return json_body(500, c.error_document("Internal server error", "InternalServerError", 500))
-        return json_body(200, c.completion_document(request, created, "".join(texts), reason, len(texts)))
+        ids = (c.answer_token_ids(request.prompt, len(texts), self.behaviour.answer_shift)
+               if request.return_token_ids else None)
+        return json_body(200, c.completion_document(request, created, "".join(texts), reason, len(texts), ids))
 
     # --- control ----------------------------------------------------------------------------------
 

@@ -10,6 +10,7 @@ engine's module docstring says where a test changes it.
 | ``error_share`` | ``FLATSHARE_STANDIN_ERROR_SHARE`` | share of requests that end in ``error`` (0) |
 | ``abort_share`` | ``FLATSHARE_STANDIN_ABORT_SHARE`` | share of requests that end in ``abort`` (0) |
 | ``metrics`` | ``FLATSHARE_STANDIN_METRICS`` | ``vllm`` (vLLM's series), ``empty`` or ``malformed`` |
+| ``answer_shift`` | ``FLATSHARE_STANDIN_ANSWER_SHIFT`` | from this token position on (0 the first), answers' token ids differ from every other stand-in's (none: "") |
 """
 
 from __future__ import annotations
@@ -28,6 +29,7 @@ ENVIRONMENT = {
     "error_share": "FLATSHARE_STANDIN_ERROR_SHARE",
     "abort_share": "FLATSHARE_STANDIN_ABORT_SHARE",
     "metrics": "FLATSHARE_STANDIN_METRICS",
+    "answer_shift": "FLATSHARE_STANDIN_ANSWER_SHIFT",
 }
 #: The longest time to first token or between tokens a behaviour may ask for (seconds).
 MAX_DELAY_S = 600.0
@@ -46,11 +48,12 @@ class Behaviour:
     error_share: Fraction = Fraction(0)
     abort_share: Fraction = Fraction(0)
     metrics: str = "vllm"
+    answer_shift: int | None = None
 
     def as_dict(self) -> dict:
         """JSON-ready (shares as floats)."""
         return {"ttft_s": self.ttft_s, "token_s": self.token_s, "error_share": float(self.error_share),
-                "abort_share": float(self.abort_share), "metrics": self.metrics}
+                "abort_share": float(self.abort_share), "metrics": self.metrics, "answer_shift": self.answer_shift}
 
 
 def _delay(name: str, value: object) -> float:
@@ -79,7 +82,20 @@ def _mode(name: str, value: object) -> str:
     return str(value)
 
 
-_READERS = {"ttft_s": _delay, "token_s": _delay, "error_share": _share, "abort_share": _share, "metrics": _mode}
+def _position(name: str, value: object) -> int | None:
+    if value is None:
+        return None
+    try:
+        number = int(str(value)) if not isinstance(value, bool) else None
+    except ValueError:
+        number = None
+    if number is None or not 0 <= number <= 100_000:
+        raise BehaviourError(f"{name}: must be a token position from 0 to 100000, got {value!r}")
+    return number
+
+
+_READERS = {"ttft_s": _delay, "token_s": _delay, "error_share": _share, "abort_share": _share, "metrics": _mode,
+            "answer_shift": _position}
 
 
 def changed(behaviour: Behaviour, document: Mapping[str, object], source: Mapping[str, str] | None = None) -> Behaviour:
