@@ -322,7 +322,6 @@ def test_counters_the_canarys_engine_reset_during_the_analysis_count_from_zero_a
     # The stand-in engine's counters and histograms go back to zero in the middle of the analysis, as after an
     # engine restart (its /flatshare-standin/reset): that window counts from zero, says the engine restarted,
     # and a harmless change still passes.
-    import threading
     import urllib.request
 
     start = {n: len(fleet.history(n)) for n in NODES}

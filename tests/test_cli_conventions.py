@@ -56,7 +56,6 @@ def test_minus_h_is_help_as_much_as_double_dash_help():
 def test_the_command_reference_names_every_command_and_option_and_is_drift_checked(checkout):
     """docs/reference/commands.md is generated from the command line; `make profiles` fails when it drifts."""
     import typer.main
-    from typer import _click as click
 
     from flatshare_ops.cli import app
 

@@ -158,3 +158,13 @@ def test_parallel_test_processes_keep_each_group_in_one_process(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
     workers = {g: set(re.findall(rf"\[(gw\d+)\] .*PASSED .*test_{g}\[", result.stdout)) for g in ("one", "two")}
     assert all(len(w) == 1 for w in workers.values()), (workers, result.stdout)
+
+
+def test_ruff_finds_nothing_on_the_whole_tree():
+    """ruff (pinned in requirements-dev.lock, configured in pyproject.toml) checks every Python file of the
+    checkout: unused imports and names, undefined names, f-strings without a placeholder, ambiguous names."""
+    from conftest import BIN
+
+    result = subprocess.run([str(BIN / "ruff"), "check", "--output-format", "concise", "--no-cache", str(REPO)],
+                            capture_output=True, text=True, timeout=300, cwd=REPO)
+    assert result.returncode == 0, result.stdout + result.stderr

@@ -33,7 +33,6 @@ import re
 import shutil
 import signal
 import subprocess
-import threading
 import time
 from collections import Counter
 from contextlib import contextmanager

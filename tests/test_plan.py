@@ -52,7 +52,7 @@ def test_a_description_or_comment_change_restarts_nothing(release):
 
 def test_an_exec_start_quoted_differently_but_running_the_same_argv_restarts_nothing(release):
     text = release.units["flatshare-gateway.service"]
-    line = next(l for l in text.splitlines() if l.startswith("ExecStart="))
+    line = next(row for row in text.splitlines() if row.startswith("ExecStart="))
     argv = unit_file.exec_commands(line.removeprefix("ExecStart="))[0][1]
     requoted = "ExecStart=" + " ".join(a.replace(" ", "\\x20") if " " in a else a for a in argv)
     new = changed(release, "flatshare-gateway.service", line, requoted)

@@ -123,7 +123,7 @@ def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet,
     finally:
         conn.close()
     assert result.status == 3, result.output
-    lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
+    lines = [row for row in result.output.splitlines() if not row.startswith("::flatshare:")]
     assert len(lines) == 1 and message in lines[0], result.output
     assert fleet.current("peacock") == before
 
@@ -166,7 +166,7 @@ def test_a_switcher_older_than_the_node_runs_is_refused_and_a_stored_one_is_not_
     finally:
         conn.close()
     assert result.status == 3, result.output
-    lines = [l for l in result.output.splitlines() if not l.startswith("::flatshare:")]
+    lines = [row for row in result.output.splitlines() if not row.startswith("::flatshare:")]
     assert len(lines) == 1 and ("the release's switcher is generation 1, older than this node runs (2" in lines[0]), lines
     assert fleet.current("peacock") == before and len(fleet.history("peacock")) == records
     assert not (releases / ".switchers" / old["sha256"]).exists()  # never unpacked, so never run

@@ -172,7 +172,7 @@ def test_a_release_whose_engine_vllm_rejects_is_refused_before_any_drain(fleet):
     argv[argv.index("--served-model-name") + 1] = "--port"  # vLLM: expected at least one argument
     serving["engine"]["argv"] = argv
     unit = payload["files"][f"units/{ENGINE}"]
-    line = next(l for l in unit.splitlines() if l.startswith("ExecStart="))
+    line = next(row for row in unit.splitlines() if row.startswith("ExecStart="))
     payload["files"][f"units/{ENGINE}"] = unit = unit.replace(line, "ExecStart=" + exec_command(argv))
     serving["units"][ENGINE] = hashlib.sha256(unit.encode()).hexdigest()
     payload["files"]["serving.json"] = json.dumps(serving)

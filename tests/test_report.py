@@ -11,8 +11,8 @@ def test_textfile_label_values_are_escaped_as_the_prometheus_text_format_says():
     text = textfile(report, 1700000000.0)
     assert 'node="cy\\"an\\\\node\\nx"' in text
     # No sample line carries a timestamp (node_exporter's textfile collector rejects them).
-    samples = [l for l in text.splitlines() if l and not l.startswith("#")]
-    assert all(len(l.rsplit("} ", 1)[1].split()) == 1 for l in samples)
+    samples = [row for row in text.splitlines() if row and not row.startswith("#")]
+    assert all(len(row.rsplit("} ", 1)[1].split()) == 1 for row in samples)
 
 
 def test_perfdata_has_units_seconds_get_s_counts_none():

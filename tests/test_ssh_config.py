@@ -22,7 +22,7 @@ def _inventory(tmp_path: Path, node: str, transport: str = "") -> Path:
 
 def _target(tmp_path, node: str, config: str, transport: str = "", monkeypatch=None):
     (tmp_path / "ssh_config").write_text(config)
-    path = _inventory(tmp_path, node, transport or f'[transport]\nssh_config = "ssh_config"\n')
+    path = _inventory(tmp_path, node, transport or '[transport]\nssh_config = "ssh_config"\n')
     inventory = load_inventory(path)
     return ssh_target("cyan", inventory.nodes["cyan"], path, inventory)
 

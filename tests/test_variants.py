@@ -38,7 +38,7 @@ def _point(fleet, name: str, profile: str) -> str:
     """Point node ``name`` at another profile in the sandbox inventory; returns the old text."""
     text = fleet.inventory.read_text()
     block = text.split(f"[nodes.{name}]")[1].split("[nodes.")[0]
-    line = next(l for l in block.splitlines() if l.startswith("profile = "))
+    line = next(row for row in block.splitlines() if row.startswith("profile = "))
     fleet.inventory.write_text(text.replace(f"[nodes.{name}]{block}",
                                             f"[nodes.{name}]{block.replace(line, f'profile = {json.dumps(profile)}')}"))
     return text

@@ -116,7 +116,7 @@ def build(root: Path, echo=print) -> Wheels:
     node_lock = _node_lock(target)
     (target / "requirements.node.lock").write_text(node_lock)
     (target / "requirements.self.lock").write_text(
-        "\n".join(l for l in node_lock.splitlines() if l.startswith(("#", "flatshare-ops=="))) + "\n")
+        "\n".join(row for row in node_lock.splitlines() if row.startswith(("#", "flatshare-ops=="))) + "\n")
     files = tuple(sorted(p.name for p in target.glob("*.whl")))
     return Wheels(target, files, local_platform())
 

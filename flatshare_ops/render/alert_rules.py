@@ -224,7 +224,7 @@ def _engine_alerts(a: _Alerts, watches: dict[str, Watch]) -> None:
     for watch, sel in _groups(watches, "error_share_max"):
         limit = number(watch.error_share_max)
         a.add("RequestErrorShareHigh", f"{ERROR_SHARE}{_sel(sel)} > {limit}", ENGINE_FOR, "warning",
-              f"{{{{ $value | humanizePercentage }}}} of requests on {{{{ $labels.node }}}} end in error or abort",
+              "{{ $value | humanizePercentage }} of requests on {{ $labels.node }} end in error or abort",
               f"{{{{ $value | humanizePercentage }}}} of the requests that finished on {{{{ $labels.node }}}} over "
               f"{WINDOW} ended in error or abort (vllm:request_success_total's finished_reason), above "
               f"{limit} (release.analysis.error_share_max, the canary analysis' threshold), for {ENGINE_FOR}.")

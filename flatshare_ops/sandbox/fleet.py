@@ -346,7 +346,8 @@ def write_ssh_files(base: Path, sandbox_nodes: list[SandboxNode]) -> set[str]:
     _write_if_changed(base / "ssh/authorized_keys", client_key.with_suffix(".pub").read_bytes(), 0o600)
     bare_labels = {f"[{n.address}]:{SSH_PORT}" for n in sandbox_nodes if n.bare}
     try:  # a bare node's key is added by 'flatshare node bootstrap --accept-host-key': keep it
-        kept = [l + "\n" for l in (base / "ssh/known_hosts").read_text().splitlines() if l.split(" ")[0] in bare_labels]
+        kept = [row + "\n" for row in (base / "ssh/known_hosts").read_text().splitlines()
+                if row.split(" ")[0] in bare_labels]
     except FileNotFoundError:
         kept = []
     known = list(kept)
