@@ -521,3 +521,41 @@ def test_golden_answers_that_differ_fail_the_analysis_named_unless_the_release_s
         assert "prompt 1 ('The capital of France is') first differs at token 3" in doc["reason"], doc["reason"]
         assert [r for r, _ in _since(fleet, "cyan", start["cyan"])] == ["released", "analysed", "rolled back"]
         assert _since(fleet, "peacock", start["peacock"]) == []
+
+
+def test_a_damaged_history_on_another_node_is_said_in_the_nodes_own_words_and_refuses_nothing(fleet):
+    # A breaker's case: the retry guard reads every node's history; peacock's, a symlink (the node's reader
+    # refuses it: exit 5), was said as "did not answer JSON", not as what the node said.
+    path = fleet.node("peacock").state_dir / "releases/history.jsonl"
+    kept = path.with_name("history.kept")
+    os.replace(path, kept)
+    os.symlink(kept, path)
+    try:
+        fleet.new_hold()
+        result = fleet.cli("release", "--node", "cyan")
+    finally:
+        os.unlink(path)
+        os.replace(kept, path)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text  # not known there: said, and cyan's release goes ahead
+    said = [line for line in text.splitlines() if line.startswith("peacock: its history could not be read")]
+    assert said and "exit 5: " in said[0] and "history.jsonl" in said[0], text
+    assert "did not answer JSON" not in text and "Traceback" not in text
+
+
+def test_a_profile_that_does_not_load_on_another_node_is_said_and_stops_nothing_here(fleet):
+    # A breaker's case: peacock's profile with a key of the wrong type stopped `release --node cyan` (exit 2):
+    # the retry guard renders every node's release to read its history for it.
+    path = fleet.node("peacock").profile
+    original = path.read_text()
+    path.write_text(original + "\n[release.admission]\nseats_share = \"many\"\n")
+    try:
+        fleet.new_hold()
+        result = fleet.cli("release", "--node", "cyan")
+    finally:
+        path.write_text(original)
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text
+    said = [line for line in text.splitlines() if line.startswith("peacock: its profile does not render")]
+    assert said and "seats_share" in said[0], text
+    assert fleet.history("cyan")[-1]["result"] == "released"

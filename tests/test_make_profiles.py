@@ -8,6 +8,7 @@ import json
 
 from conftest import REPO, run_cli, snapshot
 from flatshare_ops.config.profile import load_profile
+from flatshare_ops.render import render_profile
 
 
 def test_committed_files_match_the_profile():
@@ -178,3 +179,17 @@ def test_the_variant_renders_beside_production_and_is_drift_checked(checkout):
     variant.write_text(variant.read_text() + "# hand edit\n")
     result = run_cli("profiles", "render", "--root", str(checkout))
     assert result.returncode == 1 and "units/rtx-5060-ti-serve-vllm-0.33/flatshare-engine.service" in result.stdout
+
+
+def test_profiles_verify_json_is_one_document_on_stdout_with_its_findings(checkout):
+    # A threshold no vLLM bucket bound equals: a warning, in the document too.
+    changed = run_cli("profiles", "set", "release.analysis.ttft_p95_max_s", "0.3", "--root", str(checkout))
+    assert changed.returncode == 0, changed.stderr
+    result = run_cli("profiles", "verify", "--json", "--vllm", str(REPO / ".venv-vllm"), "--root", str(checkout))
+    assert result.returncode == 0, result.stdout + result.stderr
+    document = json.loads(result.stdout)  # the whole of stdout; people's lines on stderr
+    rendered = render_profile(load_profile(checkout / "profiles/rtx-5060-ti-serve.toml"))
+    assert document["units"] == sorted(rendered.units) and document["systemd_analyze"] == ""
+    assert (document["ok"], document["vllm"]["ok"], document["vllm"]["error"]) == (True, True, None)
+    assert len(document["warnings"]) == 1 and "0.3" in document["warnings"][0], document["warnings"]
+    assert "systemd-analyze verify printed nothing" in result.stderr

@@ -135,6 +135,11 @@ def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback
         assert result.returncode == 0, result.stdout + result.stderr
         (analysis,) = json.loads(result.stdout)["analyses"]
         assert (analysis["canary"], analysis["baseline"], analysis["phase"]) == ("cyan", "peacock", "passed"), analysis
+        # Golden answers (production's two prompts): the real engines' greedy token ids, equal for a make-room
+        # change (same dummy weights, seeded), each prompt answered by both.
+        golden = analysis["golden"]
+        assert (golden["against"], golden["differences"], golden["errors"]) == ("peacock", [], []), golden
+        assert golden["canary_answers"] == golden["other_answers"] and all(golden["canary_answers"]), golden
         passed = [m for m in analysis["measurements"] if m["verdict"] == "pass"]
         assert len(passed) >= 2 and all(m["canary"]["requests"] >= 3 for m in passed), analysis["measurements"]
         assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed"]

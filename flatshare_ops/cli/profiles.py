@@ -158,10 +158,16 @@ def profiles_verify(
         "--vllm", metavar="VENV",
         help="Also parse the engine's command line with the vLLM installed in VENV (e.g. .venv-vllm), "
              "as a release's preflight does on the node.")] = None,
+    as_json: Annotated[bool, typer.Option(
+        "--json", help="Print one JSON document on stdout: {profile, units, systemd_analyze (its output, empty "
+                       "when clean), vllm (null without --vllm, else {venv, ok, error}), warnings, ok}; people's "
+                       "lines go to stderr.")] = False,
 ) -> None:
     """Render the profile's units and check them with systemd-analyze verify (exit 1 on any output);
     with --vllm, also with vLLM's own parser (exit 1 if it rejects the command line). A canary threshold
     the analysis can never decide (ttft_p95_max_s not a vLLM bucket bound) is a warning."""
+    import json as _json
+
     from ..config.profile import load_profile
     from ..control.analysis import threshold_warnings
     from ..render import render_profile
@@ -170,20 +176,33 @@ def profiles_verify(
     from ..render.verify import verify_units
 
     loaded = load_profile(root / (profile or DEFAULT_PROFILE))
-    for warning in threshold_warnings(loaded.profile.release.analysis):
+    warnings = threshold_warnings(loaded.profile.release.analysis)
+    for warning in warnings:
         typer.echo(f"warning: {warning}", err=True)
     rendered = render_profile(loaded)
     output = verify_units(rendered.units, unit_programs(loaded.profile))
+    document = {"profile": loaded.profile.name, "units": sorted(rendered.units), "systemd_analyze": output,
+                "vllm": None, "warnings": warnings, "ok": not output}
+
+    def done(code: int) -> None:
+        if as_json:
+            typer.echo(_json.dumps(document, indent=2, sort_keys=True))
+        raise typer.Exit(code)
+
     if output:
         typer.echo(output, nl=False, err=True)
         typer.echo("profiles: systemd-analyze verify reported the above for the rendered units", err=True)
-        raise typer.Exit(1)
-    typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
+        done(1)
+    typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing",
+               err=as_json)
     if vllm is not None:
         from ..node.preflight import parse_with_venv
 
         answer = parse_with_venv(vllm, rendered.argv[2:])
+        document["vllm"] = {"venv": str(vllm), "ok": bool(answer.get("ok")), "error": answer.get("error")}
         if not answer.get("ok"):
+            document["ok"] = False
             typer.echo(f"profiles: vLLM in {vllm} rejects the engine's command line: {answer.get('error')}", err=True)
-            raise typer.Exit(1)
-        typer.echo(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line")
+            done(1)
+        typer.echo(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line", err=as_json)
+    done(0)

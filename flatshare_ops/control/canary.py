@@ -22,7 +22,7 @@ from ..errors import TransportError
 from .connection import Lost
 from . import commands
 from .analysis import Action, AnalysisResult, AnalysisRun, FailedScrape, read_scrape, table_header
-from .fanout import answer_of
+from .fanout import answer_of, not_an_answer
 from .golden import GoldenCheck, answers_of, reference_of
 from .targets import NodeTarget
 
@@ -145,11 +145,13 @@ def golden_answers(rollout, canary: NodeTarget, baseline: NodeTarget | None) -> 
 def _ask(rollout, target: NodeTarget, argv: list[str]) -> dict:
     """A read-only node command's JSON answer, or ``{"error"}`` saying why there is none."""
     try:
-        answer = answer_of(rollout.run_command(target, argv))
+        result = rollout.run_command(target, argv)
     except TransportError as err:
         return {"error": f"the node could not be asked: {err}"}
+    try:
+        answer = answer_of(result)
     except ValueError as err:
-        return {"error": f"the node's answer is not JSON ({err})"}
+        return {"error": not_an_answer(result.status, f"{result.output}\n{result.errors}", err)}
     return answer if isinstance(answer, dict) else {"error": "the node's answer is not a JSON object"}
 
 

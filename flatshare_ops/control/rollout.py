@@ -109,8 +109,9 @@ class Rollout:
         plain: never a live status line or colour, even on a terminal (control/live.py).
         retry: release even what failed and was taken back on some node (without it, such a release is refused
             on every node: :meth:`_failed_before`).
-        wait_s: ``--wait``: how long (seconds, from the run's start) a node refused for its admission to drain or
-            because another release holds it is asked again (:meth:`_wait_again`); None refuses at once.
+        wait_s: ``--wait``: how long (seconds, from the node's first attempt: a canary analysis before it does
+            not count) a node refused for its admission to drain or because another release holds it is asked
+            again (:meth:`_wait_again`); None refuses at once.
         changes_answers: ``--changes-answers``: golden answers that differ do not fail the canary analysis.
     """
 
@@ -128,7 +129,7 @@ class Rollout:
         self.verbose, self.quiet, self.retry = verbose, quiet, retry
         self.changes_answers = changes_answers
         #: With --wait: when (time.monotonic()) waiting for a node's admission or lock ends.
-        self.wait_until = time.monotonic() + wait_s if wait_s else None
+        self.wait_s = wait_s
         self.began = time.monotonic()
         self.code: int | None = None  # the run's exit code, once it ended
         self.node_times: dict[str, list] = {}  # node -> [its first switch's start, its last one's end] (monotonic s)
@@ -144,6 +145,7 @@ class Rollout:
         self._lock = threading.Lock()
         self.switching: set[str] = set()
         self.asking: set[str] = set()  # nodes waiting for our admission answer right now
+        self.waiting: dict[str, str] = {}  # node -> the refusal it waits (--wait) to ask again after, right now
         self.progress: dict[str, protocol.Progress] = {}  # node -> where its switch last said it stands
         self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
@@ -459,18 +461,29 @@ class Rollout:
         from .bundle import bundle
 
         def failed_on(target: NodeTarget) -> tuple[str, dict] | None:
-            release = bundle(self.root, target, ship=False)["id"]
+            try:
+                release = bundle(self.root, target, ship=False)["id"]
+            except FlatshareError as err:
+                if target in self.chosen:
+                    raise
+                # Another node's profile that does not render stops nothing here: its own release would say it.
+                self.out.line(f"{target.name}: its profile does not render ({err}): whether this release failed "
+                              "there is not known")
+                return None
             try:
                 result = self.run_command(target, commands.history(target.spec))
-                records = answer_of(result).get("records")
             except TransportError as err:
                 self.out.line(f"{target.name}: its history could not be read ({err}): whether this release "
                               "failed there is not known")
                 return None
-            except (ValueError, AttributeError) as err:
-                self.out.line(f"{target.name}: its history did not answer JSON ({err}): whether this release "
+            try:
+                answer = answer_of(result)
+            except ValueError as err:  # the node's own one line (a damaged history: exit 5), said as it said it
+                said = not_an_answer(result.status, f"{result.output}\n{result.errors}", err)
+                self.out.line(f"{target.name}: its history could not be read ({said}): whether this release "
                               "failed there is not known")
                 return None
+            records = answer.get("records") if isinstance(answer, dict) else None
             found = failed_releases(records if isinstance(records, list) else []).get(release)
             return (release, found) if found else None
 
@@ -601,6 +614,9 @@ class Rollout:
         outcome = self.outcomes.get(t.name)
         if t.name in self.refused:
             return EXIT_NAMES.get(Exit.REFUSED, "refused"), self.refused[t.name]
+        if t.result is None and t.name in self.waiting:
+            return ("waiting (--wait) to ask again when interrupted",
+                    f"its last attempt was refused ({self.waiting[t.name]}); nothing changed on it")
         if t.result is None and t.name in self.asking:
             return ("was asking for admission to drain", "without an answer it refuses and changes nothing "
                     f"({self.command('status')} shows it)")
@@ -689,15 +705,25 @@ class Rollout:
                 self.out.line(f"[{target.name} {self.elapsed()}] {text}")
 
         times = self.node_times.setdefault(target.name, [time.monotonic(), None])
+        wait_until = time.monotonic() + self.wait_s if self.wait_s else None
         try:
             while True:
+                attempt = time.monotonic()
                 code = self._switch(target, mode, echo)
-                pause = self._wait_again(target, code)
+                pause = self._wait_again(target, code, wait_until, time.monotonic() - attempt)
                 if pause is None:
                     return code
-                echo(f"waiting (--wait): {self.outcomes[target.name].message}; asking again in {pause:.0f} s "
-                     f"({self.wait_until - time.monotonic():.0f} s of --wait left)")
-                time.sleep(pause)
+                why = self.outcomes[target.name].message or "refused"
+                # This side's decision: said even with -q.
+                self.out.line(f"[{target.name} {self.elapsed()}] waiting (--wait): {why}; asking again in "
+                              f"{pause:.0f} s ({wait_until - time.monotonic():.0f} s of --wait left)")
+                self.switching.discard(target.name)
+                self.progress.pop(target.name, None)
+                self.waiting[target.name] = why
+                try:
+                    time.sleep(pause)
+                finally:
+                    self.waiting.pop(target.name, None)
                 # The release may have failed and been taken back meanwhile (the run it waited for): asked again.
                 refusal = self._failed_before() if mode == "release" and not self.retry else None
                 if refusal is not None:
@@ -707,19 +733,22 @@ class Rollout:
         finally:
             times[1] = time.monotonic()
 
-    def _wait_again(self, target: NodeTarget, code: int) -> float | None:
+    def _wait_again(self, target: NodeTarget, code: int, wait_until: float | None,
+                    attempt_s: float = 0.0) -> float | None:
         """Seconds to wait before switching ``target`` again, or None: only with ``--wait``, for a refusal the
         node says waiting may end (its admission to drain, or another release holding it: the outcome's
-        ``refused_for``), and while the wait's bound allows. Each pause is drawn at random (2 to 8 s), so that
-        releases refused by each other at once do not ask again at once."""
+        ``refused_for``), and while the wait's bound (``wait_until``, monotonic seconds) leaves room for the
+        pause and one more attempt as long as the last (``attempt_s``: its checks and preflight), so that the
+        wait never overruns its bound by an attempt. Each pause is drawn at random (2 to 8 s), so that releases
+        refused by each other at once do not ask again at once."""
         import random
 
         outcome = self.outcomes.get(target.name)
-        if self.wait_until is None or code != Exit.REFUSED or outcome is None or outcome.refused_for not in (
+        if wait_until is None or code != Exit.REFUSED or outcome is None or outcome.refused_for not in (
                 protocol.REFUSED_FOR_ADMISSION, protocol.REFUSED_FOR_BUSY):
             return None
         pause = random.uniform(2.0, 8.0)
-        return pause if time.monotonic() + pause < self.wait_until else None
+        return pause if time.monotonic() + pause + attempt_s < wait_until else None
 
     def _switch(self, target: NodeTarget, mode: str, echo) -> int:
         from .bundle import bundle
