@@ -17,7 +17,7 @@ from flatshare_ops.check.run import run_checks
 from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
+from flatshare_ops.common.systemd import ManagerAddress, connect, unit_property
 
 ENGINE = "flatshare-engine.service"
 GATEWAY = "flatshare-gateway.service"

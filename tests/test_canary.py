@@ -21,7 +21,7 @@ import pytest
 from conftest import BIN, calls_through_both, loopback_pair, scratch_sandbox
 
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, unit_property
+from flatshare_ops.common.systemd import ManagerAddress, connect, unit_property
 
 ADDRESSES = loopback_pair(82)
 NODES = ("cyan", "peacock")

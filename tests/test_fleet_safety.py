@@ -41,7 +41,7 @@ from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.engine_behaviour import Behaviour
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
+from flatshare_ops.common.systemd import ManagerAddress, connect, run_job, unit_property
 
 ADDRESSES = loopback_pair(61)
 OTHER_HOST = ADDRESSES["cyan"].rsplit(".", 1)[0] + ".9"  # in known_hosts lines for a host that is not in the fleet
@@ -1575,7 +1575,7 @@ def test_admission_counts_the_other_nodes_gateway_as_what_callers_meet(fleet, fa
         os.kill(pid, signal.SIGSTOP)
         undo = lambda: os.kill(pid, signal.SIGCONT)  # noqa: E731
     else:
-        from flatshare_ops.node import systemd
+        from flatshare_ops.common import systemd
 
         systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)
         assert _poll(lambda: fleet.unit_state("peacock", GATEWAY) == "inactive", 30)
@@ -2154,7 +2154,7 @@ def test_a_kept_connection_killed_while_another_node_switches_is_reopened_not_re
 def test_an_interrupt_while_waiting_to_ask_again_says_so_and_the_wait_is_said_even_with_quiet(fleet):
     # Breakers' cases: Ctrl-C during a --wait pause said the node was "deciding on the node" (its refused
     # attempt's state), and -q hid the "waiting (--wait)" lines, this side's own decision.
-    from flatshare_ops.node import systemd
+    from flatshare_ops.common import systemd
 
     fleet.new_hold("cyan")
     before, invocation = fleet.current("cyan"), _main_pid(fleet, "cyan", ENGINE)

@@ -45,6 +45,14 @@ def test_node_check_and_common_never_import_the_operators_side_or_the_renderer(p
     assert offenders == {}
 
 
+def test_serving_check_never_imports_the_nodes_side():
+    """check/ reaches systemd through common/systemd.py, as node/ does: serving-check depends on nothing of the
+    switch's."""
+    offenders = {str(p.relative_to(REPO)): sorted(n for n in _imports(p) if n.startswith("flatshare_ops.node"))
+                 for p in sorted((PACKAGE / "check").rglob("*.py"))}
+    assert {path: names for path, names in offenders.items() if names} == {}
+
+
 def test_common_imports_only_the_standard_library():
     modules = sorted(f"flatshare_ops.common.{p.stem}" for p in (PACKAGE / "common").glob("*.py")
                      if p.stem not in ("__init__", "vllm_serve_parse"))

@@ -19,7 +19,7 @@ from conftest import loopback_pair, run_cli, snapshot
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.errors import NodeStateError
 from flatshare_ops.node.store import current_release
-from flatshare_ops.node.systemd import connect, daemon_reload, manager, unit_property
+from flatshare_ops.common.systemd import connect, daemon_reload, manager, unit_property
 
 VARIANT = Path("profiles/rtx-5060-ti-serve-vllm-0.33.toml")
 OLD = "rtx-5060-ti-serve-vllm-0.33"

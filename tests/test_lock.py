@@ -30,7 +30,7 @@ from flatshare_ops.errors import Refused
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
 from flatshare_ops.node.probe import probe
-from flatshare_ops.node.systemd import ManagerAddress
+from flatshare_ops.common.systemd import ManagerAddress
 
 ADDRESSES = loopback_pair(79)
 
@@ -41,7 +41,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
-from flatshare_ops.node.systemd import ManagerAddress
+from flatshare_ops.common.systemd import ManagerAddress
 with node_lock(NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", None)), "test-release"):
     print("locked", flush=True)
     sys.stdin.read()
@@ -497,7 +497,7 @@ def test_doctor_says_whether_serving_checks_timer_runs_it_and_how_its_last_run_e
     # nothing the operator runs said so; doctor now reads the timer's runs as the node's systemd records them.
     import re
 
-    from flatshare_ops.node.systemd import job, properties
+    from flatshare_ops.common.systemd import job, properties
 
     address = fleet.address("cyan")
 

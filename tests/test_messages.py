@@ -34,7 +34,7 @@ from flatshare_ops.node.journal import JournalError, journal_summary, read_journ
 from flatshare_ops.node.lock import node_lock
 from flatshare_ops.node.probe import probe
 from flatshare_ops.node.status import node_status, switch_state
-from flatshare_ops.node.systemd import ManagerAddress
+from flatshare_ops.common.systemd import ManagerAddress
 
 STARTED = 1_795_000_000.5  # a time whose stamp is distinctive: 2026-11-17T...
 PLACEHOLDERS = re.compile(r"\bNone\b|\bnull\b|(?:^|[^\w])\?(?:[^\w]|$)")
@@ -47,7 +47,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
-from flatshare_ops.node.systemd import ManagerAddress
+from flatshare_ops.common.systemd import ManagerAddress
 with node_lock(NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", Path(sys.argv[3]))), "feedfacecafe0001"):
     print("locked", flush=True)
     sys.stdin.read()
@@ -161,7 +161,7 @@ from pathlib import Path
 sys.path.insert(0, sys.argv[1])
 from flatshare_ops.node.context import NodeContext
 from flatshare_ops.node.lock import node_lock
-from flatshare_ops.node.systemd import ManagerAddress
+from flatshare_ops.common.systemd import ManagerAddress
 ctx = NodeContext("cyan", Path(sys.argv[2]), ManagerAddress("user", Path(sys.argv[3])))
 with node_lock(ctx, None, action="rollback", mode=sys.argv[4]) as decided:
     print("locked", flush=True)

@@ -227,7 +227,7 @@ def test_serving_checks_textfile_has_every_name_the_rules_and_dashboard_read(fle
 def test_a_stopped_gateway_or_a_drain_file_means_the_node_takes_no_calls(fleet, tmp_path):
     from flatshare_ops.common.http import wait_for_200
     from flatshare_ops.sandbox.fleet import SandboxNode
-    from flatshare_ops.node.systemd import ManagerAddress, connect, run_job
+    from flatshare_ops.common.systemd import ManagerAddress, connect, run_job
 
     node = SandboxNode("peacock", ADDRESSES["peacock"], fleet)
     serving = json.loads((node.state_dir / "releases/current/serving.json").read_text())

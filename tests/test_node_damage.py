@@ -55,7 +55,7 @@ from flatshare_ops.common.locks import held_by
 from flatshare_ops.control.bundle import bundle as make_bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, run_job, unit_property
+from flatshare_ops.common.systemd import ManagerAddress, connect, run_job, unit_property
 
 ADDRESSES = loopback_pair(81)
 CYAN = "cyan"

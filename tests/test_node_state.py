@@ -50,7 +50,7 @@ from flatshare_ops.control.targets import targets
 from flatshare_ops.node.store import release_id
 from flatshare_ops.render import render_profile
 from flatshare_ops.sandbox.fleet import ENGINE_PORT, GATEWAY_PORT, SandboxNode
-from flatshare_ops.node.systemd import (
+from flatshare_ops.common.systemd import (
     ManagerAddress,
     connect,
     daemon_reload,
@@ -1633,7 +1633,7 @@ def test_a_node_left_serving_by_an_interrupted_switch_asks_admission_once_for_it
     fleet.change()
     log = fleet.releases() / "release.log"
     mark = log.stat().st_size
-    from flatshare_ops.node import systemd
+    from flatshare_ops.common import systemd
 
     systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)
     try:

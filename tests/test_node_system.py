@@ -16,7 +16,7 @@ import pytest
 from flatshare_ops.control.bootstrap import FACTS, textfile_directory
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.node import gpu
-from flatshare_ops.node.systemd import (ManagerAddress, control_group_processes, job, properties, reload,
+from flatshare_ops.common.systemd import (ManagerAddress, control_group_processes, job, properties, reload,
                                         unit_processes)
 
 

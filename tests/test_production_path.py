@@ -15,7 +15,7 @@ from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.sandbox.fleet import reboot
-from flatshare_ops.node.systemd import connect, unit_property
+from flatshare_ops.common.systemd import connect, unit_property
 from release_fleet import ENGINE, GATEWAY, VOICE, sandbox_fleet
 
 ADDRESSES = loopback_pair(17)
@@ -199,7 +199,7 @@ def test_a_switcher_older_than_the_node_runs_is_refused_and_a_stored_one_is_not_
 
 def _bus_owner(socket) -> int:
     """The pid owning org.freedesktop.systemd1 on the bus at ``socket`` (asked of the bus itself)."""
-    from flatshare_ops.node.systemd import dbuslib
+    from flatshare_ops.common.systemd import dbuslib
 
     lib = dbuslib()
     bus = lib.DBusAddress(f"unix:path={socket}".encode())

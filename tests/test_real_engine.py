@@ -66,7 +66,7 @@ def fleet(tmp_path_factory):
 
 
 def _main_pid(fleet: Fleet, name: str) -> int:
-    from flatshare_ops.node.systemd import connect, unit_property
+    from flatshare_ops.common.systemd import connect, unit_property
 
     with connect(fleet.address(name)) as bus:
         return int(unit_property(bus, ENGINE, "Service", "MainPID"))

@@ -22,7 +22,7 @@ from node_processes import switch_pids
 from release_fleet import ENGINE, HOLD_FLAG, Fleet, sandbox_fleet  # noqa: F401
 from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.node.drain import DrainError, begin, wait_drained
-from flatshare_ops.node.systemd import connect, daemon_reload, run_job, unit_property
+from flatshare_ops.common.systemd import connect, daemon_reload, run_job, unit_property
 
 ADDRESSES = loopback_pair(3)
 

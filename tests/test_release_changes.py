@@ -20,7 +20,7 @@ from flatshare_ops.control.bundle import bundle
 from flatshare_ops.control.targets import targets
 from flatshare_ops.node.store import release_id
 from flatshare_ops.render.systemd_escape import exec_command
-from flatshare_ops.node.systemd import connect, daemon_reload, run_job, unit_property
+from flatshare_ops.common.systemd import connect, daemon_reload, run_job, unit_property
 from release_fleet import ENGINE, GATEWAY, VOICE, HOLD_FLAG, sandbox_fleet
 
 ADDRESSES = loopback_pair(11)

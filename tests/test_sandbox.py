@@ -27,7 +27,7 @@ from flatshare_ops.errors import TransportError
 from flatshare_ops.render import render_profile
 from flatshare_ops.sandbox.fleet import SandboxNode, down, status, up
 from flatshare_ops.sandbox.manager import start_manager, stop_manager
-from flatshare_ops.node.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
+from flatshare_ops.common.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property
 
 
 def _address(base: Path, node: str) -> ManagerAddress:

@@ -21,7 +21,7 @@ from flatshare_ops.common.http import wait_for_200
 from flatshare_ops.common.vllm_argv import differences, read_argv
 from flatshare_ops.render.systemd_escape import exec_command
 from flatshare_ops.sandbox.fleet import SandboxNode
-from flatshare_ops.node.systemd import ManagerAddress, connect, daemon_reload, run_job
+from flatshare_ops.common.systemd import ManagerAddress, connect, daemon_reload, run_job
 
 ENGINE = "flatshare-engine.service"
 
@@ -252,7 +252,7 @@ def test_an_unfinished_switch_is_a_warning(sandbox):
 
 def _voice_environment(sandbox: Path, name: str) -> dict[str, str]:
     """The running voice worker's environment, read from /proc by its MainPID as systemd gives it."""
-    from flatshare_ops.node.systemd import unit_property
+    from flatshare_ops.common.systemd import unit_property
 
     with connect(ManagerAddress("user", _node(sandbox, name).manager.runtime_dir)) as bus:
         pid = int(unit_property(bus, "flatshare-voice.service", "Service", "MainPID"))
@@ -406,7 +406,7 @@ def test_a_local_check_imports_no_ssh_templates_schema_or_cli_framework(sandbox)
     assert (status, heavy) == ("0", "[]"), result.stdout + result.stderr
     # Only serving-check's own modules, the shared standard-library part, the node's systemd module (and its
     # package, whose __init__ is a docstring) and the error table: none of the node's switch.
-    allowed = ("flatshare_ops.check", "flatshare_ops.common", "flatshare_ops.node.systemd", "flatshare_ops.errors")
+    allowed = ("flatshare_ops.check", "flatshare_ops.common", "flatshare_ops.common.systemd", "flatshare_ops.errors")
     assert all(m.startswith(allowed) or m == "flatshare_ops.node" for m in eval(ours)), ours  # noqa: S307
 
 

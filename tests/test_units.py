@@ -18,7 +18,7 @@ from conftest import REPO
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 from flatshare_ops.render.units import UNIT_NAMES, unit_programs
-from flatshare_ops.node.systemd import (
+from flatshare_ops.common.systemd import (
     ManagerAddress, connect, daemon_reload, exec_start_argv, manager, run_job, unit_property,
 )
 from flatshare_ops.render.verify import verify_units
@@ -144,7 +144,7 @@ def test_the_unit_reader_splits_commands_where_systemd_does(user_manager):
 
 
 def test_an_answer_that_came_while_the_caller_was_stopped_is_read_not_called_late(user_manager, tmp_path):
-    """A bounded systemd exchange (node/systemd.py ``_in_child``) whose caller was stopped (SIGSTOP, a paused VM)
+    """A bounded systemd exchange (common/systemd.py ``_in_child``) whose caller was stopped (SIGSTOP, a paused VM)
     until after its deadline, while the child got the manager's answer, returns that answer: the bound is on the
     manager, not on the caller's own pause. (A CI run saw a switch stopped by a test fault fail with "no answer
     from the user manager within 5 s" though the answer was waiting in the pipe.)"""
@@ -152,7 +152,7 @@ def test_an_answer_that_came_while_the_caller_was_stopped_is_read_not_called_lat
     script.write_text(
         "import os, signal, sys, time\n"
         "from pathlib import Path\n"
-        "from flatshare_ops.node import systemd\n"
+        "from flatshare_ops.common import systemd\n"
         "address = systemd.ManagerAddress('user', Path(sys.argv[1]))\n"
         "def work(bus):\n"
         "    parent = os.getppid()\n"

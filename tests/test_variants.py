@@ -16,7 +16,7 @@ import pytest
 
 from conftest import loopback_pair, run_cli
 from flatshare_ops.render.systemd_escape import exec_command
-from flatshare_ops.node.systemd import connect, daemon_reload, run_job
+from flatshare_ops.common.systemd import connect, daemon_reload, run_job
 from release_fleet import ENGINE, sandbox_fleet
 
 ADDRESSES = loopback_pair(13)

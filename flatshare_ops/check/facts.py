@@ -180,7 +180,7 @@ def systemd_facts(serving: dict, runtime_dir: Path | None, timeout_s: float) -> 
         SystemdError: the manager could not be reached or did not answer within ``timeout_s``
             (the message names the bound).
     """
-    from ..node import systemd
+    from ..common import systemd
     from ..common.drop_ins import on_disk
 
     scope = serving["layout"]["scope"]

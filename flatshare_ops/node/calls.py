@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from . import systemd
+from ..common import systemd
 from ..common import serving_shape
 from ..common.files import Damaged, loads
 from ..common.release_files import read_release

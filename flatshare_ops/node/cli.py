@@ -110,7 +110,7 @@ def _parser() -> argparse.ArgumentParser:
 
 
 def _context(args):
-    from .systemd import ManagerAddress
+    from ..common.systemd import ManagerAddress
     from .context import NodeContext
 
     return NodeContext(args.node, args.state_dir, ManagerAddress(args.scope, args.runtime_dir))

@@ -6,7 +6,7 @@ from dataclasses import dataclass
 from pathlib import Path
 
 from ..common.node_files import HISTORY, JOURNAL, LOCK, LOCK_HOLDER, LOG, RELEASES
-from .systemd import ManagerAddress
+from ..common.systemd import ManagerAddress
 
 
 @dataclass(frozen=True)

@@ -164,7 +164,7 @@ def check_runs(ctx: NodeContext) -> dict | None:
 
     from ..common.units import CHECK_SERVICE, CHECK_TIMER
     from ..errors import SystemdError
-    from . import systemd
+    from ..common import systemd
 
     queries = [(CHECK_TIMER, "Unit", "LoadState"), (CHECK_TIMER, "Unit", "ActiveState"),
                (CHECK_SERVICE, "Service", "Result"), (CHECK_SERVICE, "Service", "ExecMainStatus"),

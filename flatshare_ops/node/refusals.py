@@ -13,7 +13,7 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from . import systemd
+from ..common import systemd
 from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
 from ..common import protocol

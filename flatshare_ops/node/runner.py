@@ -31,7 +31,7 @@ import socket
 import time
 from pathlib import Path
 
-from . import systemd
+from ..common import systemd
 from ..common import protocol
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT

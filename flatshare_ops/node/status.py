@@ -9,7 +9,7 @@ from __future__ import annotations
 
 import os
 
-from . import systemd
+from ..common import systemd
 from ..common.files import Damaged
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError

@@ -43,7 +43,7 @@ from typing import Literal
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
 
-from ..node import systemd
+from ..common import systemd
 from ..common import durable
 from ..common.http import http_get
 from ..common.poll import poll_until
@@ -53,7 +53,7 @@ from ..config.profile import load_profile
 from ..node.store import current_release
 from ..render.units import engine_url
 from ..schema_errors import one_line
-from ..node.systemd import ManagerAddress
+from ..common.systemd import ManagerAddress
 from .manager import ManagerDirs, SandboxError, refuse_long_socket_paths, start_manager, stop_manager
 from . import node_profile
 from ..common.text import clip_tail

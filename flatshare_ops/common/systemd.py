@@ -28,7 +28,7 @@ from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
 
-from ..common import poll
+from . import poll
 from ..errors import Exit, SystemdError
 
 #: The default bound of one exchange with the manager (seconds).
