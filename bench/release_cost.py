@@ -14,7 +14,7 @@ gateway, install the units, daemon-reload, restart the engine, wait for
 Prints the medians and the ratios the issues set targets for: with the stand-in
 engine, release total (minus the preflight, which runs before the drain) <= 1.5x
 the bare script; with vLLM's real engine (``--engine vllm``: the same restarts of
-the same real engine), release total <= 1.1x the bare script; both: time not
+the same real engine), release total <= 1.1x the bare script with the same preflight run once by hand; both: time not
 taking calls <= the bare script's whole run + 0.3 s. Also what shipping the
 switcher adds (building the zip, sending it, unpacking it), as a share of the release.
 
@@ -189,8 +189,10 @@ def main() -> None:
     print(f"medians of {runs} runs on one sandbox node, {options.engine} engine (release over SSH; bare script local)")
     print(f"  release total {release:.2f} s, of which preflight {preflight:.2f} s; bare script {bare:.2f} s")
     if options.engine == "vllm":
-        print(f"  ratio release / bare = {release / bare:.2f}   (target <= 1.1); "
-              f"without the preflight {(release - preflight) / bare:.2f}")
+        # Issue 34's target: against the bare restarts plus the same preflight run once by hand (a release runs
+        # it once, or reuses the one it kept when nothing it checked changed: node/preflight.py).
+        print(f"  ratio release / (bare + preflight) = {release / (bare + preflight):.2f}   (target <= 1.1); "
+              f"release / bare = {release / bare:.2f}")
     else:
         print(f"  ratio (release - preflight) / bare = {(release - preflight) / bare:.2f}   (target <= 1.5)")
     print(f"  not taking calls: release {down_release:.2f} s, bare script {down_bare:.2f} s; "
