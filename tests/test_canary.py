@@ -543,11 +543,13 @@ def test_a_damaged_history_on_another_node_is_said_in_the_nodes_own_words_and_re
     assert "did not answer JSON" not in text and "Traceback" not in text
 
 
-def test_a_profile_that_does_not_load_on_another_node_is_said_and_stops_nothing_here(fleet):
-    # A breaker's case: peacock's profile with a key of the wrong type stopped `release --node cyan` (exit 2):
-    # the retry guard renders every node's release to read its history for it.
+def test_a_profile_that_does_not_load_on_another_node_is_said_and_refuses_only_the_drain_it_leaves_unknown(fleet):
+    # A breaker's case: peacock's profile with a key of the wrong type stopped `release --node cyan` as bad
+    # input (exit 2, the run's own usage error). How to ask peacock is then not known: the retry guard says so,
+    # and cyan's admission, which cannot count peacock as taking calls, refuses its drain (exit 3), naming why.
     path = fleet.node("peacock").profile
     original = path.read_text()
+    before = fleet.current("cyan")
     path.write_text(original + "\n[release.admission]\nseats_share = \"many\"\n")
     try:
         fleet.new_hold()
@@ -555,7 +557,8 @@ def test_a_profile_that_does_not_load_on_another_node_is_said_and_stops_nothing_
     finally:
         path.write_text(original)
     text = result.stdout + result.stderr
-    assert result.returncode == 0, text
+    assert result.returncode == 3, text
     said = [line for line in text.splitlines() if line.startswith("peacock: its profile does not render")]
     assert said and "seats_share" in said[0], text
-    assert fleet.history("cyan")[-1]["result"] == "released"
+    assert re.search(r"^peacock: UNKNOWN: it cannot be asked \(.*seats_share", text, re.MULTILINE), text
+    assert fleet.current("cyan") == before and "Traceback" not in text

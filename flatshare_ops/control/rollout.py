@@ -719,11 +719,9 @@ class Rollout:
                               f"{pause:.0f} s ({wait_until - time.monotonic():.0f} s of --wait left)")
                 self.switching.discard(target.name)
                 self.progress.pop(target.name, None)
-                self.waiting[target.name] = why
-                try:
-                    time.sleep(pause)
-                finally:
-                    self.waiting.pop(target.name, None)
+                self.waiting[target.name] = why  # kept if the wait is interrupted: the summary says so
+                time.sleep(pause)
+                self.waiting.pop(target.name, None)
                 # The release may have failed and been taken back meanwhile (the run it waited for): asked again.
                 refusal = self._failed_before() if mode == "release" and not self.retry else None
                 if refusal is not None:
@@ -833,7 +831,12 @@ class Rollout:
             if other.name == target.name:
                 continue
             try:
-                result = self.run_command(other, commands.probe(other.spec))
+                argv = commands.probe(other.spec)
+            except FlatshareError as err:  # its profile does not load: how to ask it is not known
+                self.out.line(f"{other.name}: UNKNOWN: it cannot be asked ({err})")
+                continue
+            try:
+                result = self.run_command(other, argv)
                 answer = answer_of(result)
             except TransportError as err:
                 self.drop(other)
