@@ -2174,7 +2174,7 @@ def test_an_interrupt_while_waiting_to_ask_again_says_so_and_the_wait_is_said_ev
     out = "".join(seen) + rest
     _no_traceback(out)
     assert running.returncode == 130, out
-    assert re.search(r"^cyan: waiting \(--wait\) to ask again when interrupted: its last attempt was refused \(.*"
-                     r"peacock.*\); nothing changed on it$", out, re.MULTILINE), out
+    assert re.search(r"^cyan: waiting \(--wait\) to ask again when interrupted: its last attempt was refused "
+                     r"\(release refused: cyan may not drain now: .*\); nothing changed on it$", out, re.MULTILINE), out
     assert "deciding on the node" not in out, out
     assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", ENGINE) == invocation
