@@ -2150,31 +2150,3 @@ def test_a_kept_connection_killed_while_another_node_switches_is_reopened_not_re
         assert [r["result"] for r in fleet.history(name)[before[name]:]] == expected, (name, out)
         fleet.settled(name)
 
-
-def test_an_interrupt_while_waiting_to_ask_again_says_so_and_the_wait_is_said_even_with_quiet(fleet):
-    # Breakers' cases: Ctrl-C during a --wait pause said the node was "deciding on the node" (its refused
-    # attempt's state), and -q hid the "waiting (--wait)" lines, this side's own decision.
-    from flatshare_ops.common import systemd
-
-    fleet.new_hold("cyan")
-    before, invocation = fleet.current("cyan"), _main_pid(fleet, "cyan", ENGINE)
-    systemd.job(fleet.address("peacock"), "stop", GATEWAY, 60)  # cyan's carrier takes no calls: refused, for now
-    try:
-        assert _poll(lambda: fleet.unit_state("peacock", GATEWAY) == "inactive", 30)
-        running = fleet.popen(fleet.argv("release", "cyan", None, "--wait", "3m", "-q")[0])
-        seen = []
-        for line in running.stdout:
-            seen.append(line)
-            if "waiting (--wait): " in line:
-                running.send_signal(signal.SIGINT)
-                break
-        rest = running.communicate(timeout=120)[0]
-    finally:
-        fleet.cli("release", "--node", "peacock", "--inventory", str(fleet.inventory), "--root", str(fleet.checkout))
-    out = "".join(seen) + rest
-    _no_traceback(out)
-    assert running.returncode == 130, out
-    assert re.search(r"^cyan: waiting \(--wait\) to ask again when interrupted: its last attempt was refused "
-                     r"\(release refused: cyan may not drain now: .*\); nothing changed on it$", out, re.MULTILINE), out
-    assert "deciding on the node" not in out, out
-    assert fleet.current("cyan") == before and _main_pid(fleet, "cyan", ENGINE) == invocation

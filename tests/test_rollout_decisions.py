@@ -357,3 +357,49 @@ def test_the_room_of_the_nodes_that_would_carry_a_drained_nodes_calls_by_each_ki
     assert refusal is None and lines == ["peacock's engine load not read (http://x/metrics answered 500): its room "
                                          "is not judged"]
     assert headroom("cyan", one, {"peacock": {**full, "max_num_seqs": None}}, settings) == ([], None)
+
+
+def test_an_interrupt_while_waiting_to_ask_again_says_the_node_was_waiting_and_quiet_still_says_why(monkeypatch):
+    # Breakers' cases: Ctrl-C during a --wait pause said the node was "deciding on the node" (its refused
+    # attempt's state), and -q hid the "waiting (--wait)" line, this side's own decision. The interrupt lands in
+    # the pause itself (its sleep), which no real run can time for certain. (Interrupts of a real run:
+    # test_fleet_safety.py's Ctrl-C in a slow preflight.)
+    from flatshare_ops.control import rollout as rollout_module
+    from flatshare_ops.control.rollout import OperatorInterrupted
+
+    why = "cyan may not drain now: 0 other node(s) take calls"
+    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message=why,
+                               refused_for=protocol.REFUSED_FOR_ADMISSION)
+    cyan = FakeNode(switch_script=[protocol.line(refusal).encode()], switch_status=Exit.REFUSED)
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    pauses = []
+
+    def interrupted(seconds: float) -> None:
+        pauses.append(seconds)
+        raise OperatorInterrupted(Exit.INTERRUPTED)
+
+    monkeypatch.setattr(rollout_module.time, "sleep", interrupted)
+    code, text = run(targets, chosen=targets[:1], quiet=True, wait_s=60)
+    assert code == Exit.INTERRUPTED and len(pauses) == 1 and 2 <= pauses[0] <= 8, (code, pauses, text)
+    assert f"waiting (--wait): {why}; asking again in " in text, text
+    assert f"cyan: waiting (--wait) to ask again when interrupted: its last attempt was refused ({why}); " \
+           "nothing changed on it" in text, text
+    assert "deciding" not in text and result_of("cyan").startswith("waiting (--wait)")
+
+
+def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
+    # A breaker's case: the wait asked again with 3 s left when an attempt takes 8 s (its preflight), and ran
+    # past its bound by an attempt.
+    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="busy",
+                               refused_for=protocol.REFUSED_FOR_BUSY)
+    targets = fleet(cyan=FakeNode(), peacock=FakeNode())
+    rollout = Rollout(None, targets[:1], targets, ReleaseOutput(None, io.StringIO()), mode="rollback", wait_s=60)
+    rollout.outcomes["cyan"] = refusal
+    import time
+
+    now = time.monotonic()
+    assert rollout._wait_again(targets[0], Exit.REFUSED, now + 60, attempt_s=1) is not None
+    assert rollout._wait_again(targets[0], Exit.REFUSED, now + 15, attempt_s=8) is None  # 8 s pause at most + 8
+    assert rollout._wait_again(targets[0], Exit.REFUSED, None, attempt_s=0) is None  # no --wait
+    rollout.outcomes["cyan"] = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="held")
+    assert rollout._wait_again(targets[0], Exit.REFUSED, now + 600, attempt_s=0) is None  # a hold: no waiting
