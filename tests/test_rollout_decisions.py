@@ -399,7 +399,7 @@ def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
 
     now = time.monotonic()
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 60, attempt_s=1) is not None
-    assert rollout._wait_again(targets[0], Exit.REFUSED, now + 15, attempt_s=8) is None  # 8 s pause at most + 8
+    assert rollout._wait_again(targets[0], Exit.REFUSED, now + 10, attempt_s=8) is None  # a pause is 2 s at least
     assert rollout._wait_again(targets[0], Exit.REFUSED, None, attempt_s=0) is None  # no --wait
     rollout.outcomes["cyan"] = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="held")
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 600, attempt_s=0) is None  # a hold: no waiting
