@@ -35,3 +35,20 @@ TIME_TO_FIRST_TOKEN_BUCKETS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 
 #: prefill and decode time histograms; seconds; Prometheus adds ``+Inf``).
 REQUEST_LATENCY_BUCKETS = (0.3, 0.5, 0.8, 1.0, 1.5, 2.0, 2.5, 5.0, 10.0, 15.0, 20.0, 30.0, 40.0, 50.0, 60.0,
                            120.0, 240.0, 480.0, 960.0, 1920.0, 7680.0)
+
+
+def read_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
+    """Every sample of a ``GET /metrics`` text as ``(name, labels, value)``, in order, read by
+    prometheus_client's own parser of the text format (imported here, not at import time: serving-check,
+    which reads its few sums with its own small reader, check/facts.py ``parse_metrics``, never pays for it).
+
+    The one reader of an engine's metrics text for the operator's canary analysis (control/analysis.py) and the
+    node's admission load (node/probe.py ``engine_load``).
+
+    Raises:
+        ValueError: the text is not Prometheus' text format (the parser's own words).
+    """
+    from prometheus_client.parser import text_string_to_metric_families
+
+    return [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
+            for s in family.samples]

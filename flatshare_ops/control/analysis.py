@@ -32,8 +32,6 @@ from enum import StrEnum
 from fractions import Fraction
 from typing import Any
 
-from prometheus_client.parser import text_string_to_metric_families
-
 from ..common import vllm_metrics as vm
 from ..common.clock import utc_stamp
 from ..common.text import one_line
@@ -265,17 +263,17 @@ def _read(node: str, at: float, text: str) -> Scrape:
     if not text.strip():
         raise _Unreadable("/metrics is empty")
     try:
-        samples = [s for family in text_string_to_metric_families(text) for s in family.samples]
+        samples = vm.read_samples(text)
     except ValueError as err:
         raise _Unreadable(f"/metrics is not Prometheus text: {_short(err)}") from None
     by_name: dict[str, list[tuple[dict[str, str], float]]] = {}
     seen: set[SeriesKey] = set()
-    for sample in samples:
-        key = (sample.name, tuple(sorted(sample.labels.items())))
+    for name, labels, value in samples:
+        key = (name, tuple(sorted(labels.items())))
         if key in seen:
             raise _Unreadable(f"/metrics serves the series {_series_text(key)} twice")
         seen.add(key)
-        by_name.setdefault(sample.name, []).append((sample.labels, sample.value))
+        by_name.setdefault(name, []).append((labels, value))
     missing = [name for name in _REQUIRED if not by_name.get(name)]
     if missing:
         raise _Unreadable(f"/metrics has no {' and no '.join(missing)} series ({len(seen)} series read): "

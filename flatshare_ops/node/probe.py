@@ -114,8 +114,6 @@ def engine_load(serving: dict | None) -> dict:
         its command line: vLLM's own default, not known here), "kv_cache_usage": share 0-1 or None (not
         exported)}``, summed over the engine's data-parallel engines; or ``{"error": why not}``.
     """
-    from prometheus_client.parser import text_string_to_metric_families
-
     from ..common import vllm_metrics as vm
     from ..common.http import http_fetch
     from ..common.text import one_line
@@ -128,10 +126,9 @@ def engine_load(serving: dict | None) -> dict:
         return {"error": f"{url} {'answered ' + str(status) if status else one_line(why)}"}
     found: dict[str, list[float]] = {vm.REQUESTS_RUNNING: [], vm.REQUESTS_WAITING: [], vm.KV_CACHE_USAGE: []}
     try:
-        for family in text_string_to_metric_families(body.decode("utf-8", errors="replace")):
-            for sample in family.samples:
-                if sample.name in found:
-                    found[sample.name].append(float(sample.value))
+        for name, _labels, value in vm.read_samples(body.decode("utf-8", errors="replace")):
+            if name in found:
+                found[name].append(value)
     except ValueError as err:
         return {"error": f"{url}: not Prometheus' text format ({one_line(err)})"}
     if not found[vm.REQUESTS_RUNNING] or not found[vm.REQUESTS_WAITING]:
