@@ -82,12 +82,17 @@ class Monitor:
         self._thread.join()
 
 
+#: Each release's output, for whether its switch ran its preflight or reused a kept one.
+OUTPUTS: list[str] = []
+
+
 def timed(argv: list[str], env: dict | None = None) -> float:
     start = time.monotonic()
     result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
     elapsed = time.monotonic() - start
     if result.returncode != 0:
         raise SystemExit(f"{argv[0]} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
+    OUTPUTS.append(result.stdout)
     return elapsed
 
 
@@ -197,6 +202,14 @@ def main() -> None:
         print(f"  ratio (release - preflight) / bare = {(release - preflight) / bare:.2f}   (target <= 1.5)")
     print(f"  not taking calls: release {down_release:.2f} s, bare script {down_bare:.2f} s; "
           f"release - bare run = {down_release - bare:+.2f} s   (target <= +0.30 s)")
+    rounds = ", ".join(f"{r:.2f} s ({'preflight reused' if 'preflight: reused' in out else 'preflight run'})"
+                       for r, out in zip(release_times, [o for o in OUTPUTS if "plan for cyan" in o]))
+    print(f"  each release: {rounds}; each bare run: {', '.join(f'{b:.2f} s' for b in bare_times)}")
+    ran = [r for r, out in zip(release_times, [o for o in OUTPUTS if "plan for cyan" in o])
+           if "preflight: reused" not in out]
+    if ran and options.engine == "vllm":
+        print(f"  the releases that ran their preflight: median {statistics.median(ran):.2f} s, "
+              f"{statistics.median(ran) / (bare + preflight):.2f}x (bare + preflight)")
     print(f"  shipping the switcher ({size / 1e6:.2f} MB base64): {ship:.3f} s = {ship / release:.1%} of the release")
 
 

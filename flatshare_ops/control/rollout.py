@@ -334,7 +334,7 @@ class Rollout:
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
             refusal = self._failed_before() if self.mode == "release" and not self.retry else None
-            if refusal is None and self.mode == "release" and len(self.chosen) > 1 and not self.dry_run:
+            if refusal is None and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
             if refusal is not None:
                 self.out.line(f"flatshare: release refused: {refusal}")
@@ -388,7 +388,8 @@ class Rollout:
 
     def _preflight_fleet(self) -> str | None:
         """Every chosen node's preflight at once, before any node drains (each node's switcher, in a
-        preflight-only dry run: its refusals and its preflight, kept for its switch to reuse); why the rollout is
+        preflight-only dry run: its refusals and its preflight, kept for its switch to reuse; for a rollback or an
+        undo, of the target each node decides, as its switch will); why the rollout is
         refused, naming each node that cannot take the release, or None. A node refused for what waiting may
         end (its lock) or that could not be asked is said and left to its switch."""
         from concurrent.futures import ThreadPoolExecutor
@@ -398,11 +399,14 @@ class Rollout:
         def preflight(target: NodeTarget) -> tuple[int | None, protocol.Outcome | None, str]:
             switch_id = uuid.uuid4().hex[:16]
             try:
-                payload = bundle(self.root, target, ship=not target.local)
+                # A rollback's target is decided by each node from its history, as its switch will decide it.
+                payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
                 payload.update(progress_every_s=progress_cadence(self.settings.transport.silence_s),
                                plan="compact", preflight_only=True)
-                session = self.start(target, commands.switch(target.spec, switch_id, rollout=self.id, force=self.force,
-                                                             dry_run=True))
+                session = self.start(target, commands.switch(
+                    target.spec, switch_id, rollout=self.undo if self.mode == "undo-rollout" and self.undo else self.id,
+                    force=self.force, dry_run=True, rollback=self.mode == "rollback",
+                    undo_rollout=self.undo if self.mode == "undo-rollout" else None))
             except TransportError as err:
                 return None, None, str(err)
             outcome, said = None, []
@@ -445,7 +449,8 @@ class Rollout:
         self.out.line(f"rollout {self.id}: the fleet's preflight took {time.monotonic() - started:.1f} s")
         if not cannot:
             return None
-        return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this release, so "
+        what = "release" if self.mode == "release" else "rollback"
+        return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot))
 
     def _failed_before(self) -> str | None:
