@@ -15,7 +15,8 @@ from flatshare_ops.errors import TransportError
 
 
 class FakeSession(Session):
-    """Plays back output chunks; ``None`` in the script is a silent second, ``Lost`` raises."""
+    """Plays back output chunks; ``None`` in the script is a silent second, ``Lost`` raises, and so does any
+    exception instance (an operator's Ctrl-C arriving while the switch runs: ``OperatorInterrupted``)."""
 
     def __init__(self, node: str, script: list, status: int | None, answers: list) -> None:
         self.node, self.script, self.status, self.answers = node, list(script), status, answers
@@ -35,6 +36,8 @@ class FakeSession(Session):
             return None
         if item is Lost:
             raise Lost(f"{self.node}: the SSH connection dropped")
+        if isinstance(item, BaseException):
+            raise item
         return item
 
     def exit_status(self, timeout_s: float) -> int | None:

@@ -403,3 +403,20 @@ def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
     assert rollout._wait_again(targets[0], Exit.REFUSED, None, attempt_s=0) is None  # no --wait
     rollout.outcomes["cyan"] = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="held")
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 600, attempt_s=0) is None  # a hold: no waiting
+
+
+def test_an_interrupt_during_an_automatic_rollback_names_the_rollback_not_the_failed_switch():
+    # A breaker's case: Ctrl-C while the node rolled back by itself said "switching on the node ... (step
+    # restart-engine)", the failed switch's words. The node says its phase (common/protocol.py Progress).
+    from flatshare_ops.control.rollout import OperatorInterrupted
+
+    said = [protocol.Progress("s1", protocol.SWITCHING, "restart-engine"),
+            protocol.Progress("s1", protocol.ROLLING_BACK, "restart-engine")]
+    cyan = FakeNode(switch_script=[*(protocol.line(p).encode() for p in said), OperatorInterrupted(Exit.INTERRUPTED)],
+                    switch_status=None)
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    code, text = run(targets, chosen=targets[:1])
+    assert code == Exit.INTERRUPTED, text
+    assert ("cyan: rolling back automatically on the node when interrupted (step restart-engine) (its new release "
+            "did not serve) (it carries on: ") in text, text
+    assert result_of("cyan").startswith("rolling back automatically"), last

@@ -52,8 +52,9 @@ SUCCESS = (RELEASED, ROLLED_BACK, REPAIRED)
 #: (too few other nodes take calls now, or they lack the headroom), or another release holds the node.
 REFUSED_FOR_ADMISSION, REFUSED_FOR_BUSY = "admission", "busy"
 #: Where a switch stands (:class:`Progress`): before any change (its refusals, preflight and admission: a node
-#: that ends here changed nothing), carrying out its plan's steps, or ending early (giving calls back).
-DECIDING, SWITCHING, ENDING_EARLY = "deciding", "switching", "ending early"
+#: that ends here changed nothing), carrying out its plan's steps, ending early (giving calls back), or carrying
+#: out the steps of the automatic rollback its failed switch began.
+DECIDING, SWITCHING, ENDING_EARLY, ROLLING_BACK = "deciding", "switching", "ending early", "rolling back"
 
 
 @dataclass(frozen=True)
@@ -139,7 +140,7 @@ class Progress:
 
     Attributes:
         switch: the switch's id.
-        phase: :data:`DECIDING`, :data:`SWITCHING` or :data:`ENDING_EARLY`.
+        phase: :data:`DECIDING`, :data:`SWITCHING`, :data:`ENDING_EARLY` or :data:`ROLLING_BACK`.
         step: the step under way (node/steps.py's names), ``""`` before the first.
         waiting_for: what a wait waits for (``"http://127.0.0.2:8000/health to answer 200"``), ``""`` when none.
         waited_s: how long the wait has lasted (seconds), when waiting.

@@ -334,7 +334,8 @@ class Rollout:
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
             refusal = self._failed_before() if self.mode == "release" and not self.retry else None
-            if refusal is None and len(self.chosen) > 1 and not self.dry_run:
+            # A release or an undo (rollback --all) of several nodes; a rollback of chosen nodes goes straight.
+            if refusal is None and self.mode != "rollback" and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
             if refusal is not None:
                 self.out.line(f"flatshare: release refused: {refusal}")
@@ -388,8 +389,8 @@ class Rollout:
 
     def _preflight_fleet(self) -> str | None:
         """Every chosen node's preflight at once, before any node drains (each node's switcher, in a
-        preflight-only dry run: its refusals and its preflight, kept for its switch to reuse; for a rollback or an
-        undo, of the target each node decides, as its switch will); why the rollout is
+        preflight-only dry run: its refusals and its preflight, kept for its switch to reuse; for an undo
+        (``rollback --all``), of the target each node decides, as its switch will); why the rollout is
         refused, naming each node that cannot take the release, or None. A node refused for what waiting may
         end (its lock) or that could not be asked is said and left to its switch."""
         from concurrent.futures import ThreadPoolExecutor
@@ -634,6 +635,9 @@ class Rollout:
                         "it refuses once its admission to drain goes unanswered (a plan that drains nothing goes "
                         f"on): {self.command('status')} shows what it did")
             where = f" (step {stands.step})" if stands.step else ""
+            if stands.phase == protocol.ROLLING_BACK:
+                return (f"rolling back automatically on the node when interrupted{where} (its new release did not "
+                        "serve)", f"it carries on: {self.command('status')} follows it")
             if stands.phase == protocol.ENDING_EARLY:
                 return (f"ending its switch early on the node when interrupted{where}",
                         f"it gives calls back: {self.command('status')} follows it")

@@ -123,12 +123,13 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
                                 f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was "
                                 "changed; free the space or fix the filesystem, then run the command again") from None
     step = "journal"
-    out.stage(protocol.SWITCHING)
+    phase = protocol.ROLLING_BACK if p.automatic else protocol.SWITCHING
+    out.stage(phase)
     try:
         if abandon is not None:
             append_abandoned(ctx, abandon[0], out, abandon[1])
         for number, step in enumerate(p.steps, 1):
-            out.stage(protocol.SWITCHING, step)
+            out.stage(phase, step)
             out.line(f"step {number}/{len(p.steps)} {step}")
             journals.mark(ctx.state_dir, journal, step, "running")
             started = time.monotonic()
