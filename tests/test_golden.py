@@ -110,3 +110,41 @@ def test_the_stand_ins_answers_are_the_same_for_a_prompt_and_shifted_where_told(
     assert a == b and a != answer_token_ids("q", 6)
     shifted = answer_token_ids("p", 6, shift_from=2)
     assert shifted[:2] == a[:2] and [s - 1 for s in shifted[2:]] == a[2:]
+
+
+def test_a_call_whose_one_token_has_empty_text_is_a_call_served():
+    # vLLM streams a special token (skipped by its detokenizer) as a chunk with text "", and counts it in the
+    # usage chunk; the admission's probe call once took that for "streamed no token" and refused a drain.
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    from flatshare_ops.node.calls import call_problem
+
+    events = [{"choices": [{"index": 0, "text": "", "finish_reason": "length"}]},
+              {"choices": [], "usage": {"prompt_tokens": 1, "completion_tokens": 1, "total_tokens": 2}}]
+
+    class Engine(BaseHTTPRequestHandler):
+        usage = True
+
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.end_headers()
+            for event in events if Engine.usage else events[:1]:
+                self.wfile.write(b"data: " + json.dumps(event).encode() + b"\n\n")
+            self.wfile.write(b"data: [DONE]\n\n")
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        url = f"http://127.0.0.1:{server.server_address[1]}"
+        assert call_problem(url, 10) is None
+        Engine.usage = False  # no usage and no text: nothing says a token came
+        assert "streamed no token" in call_problem(url, 10)
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -293,8 +293,12 @@ def test_a_corrupt_journal_is_a_clear_error(fleet, text):
         before = fleet.current(name)
         result = fleet.release("--node", name)
         assert result.returncode == 5, result.stdout  # damaged node state
+        # The node's one line, and the run's last line for the node saying the same reason.
         lines = [line for line in result.stdout.splitlines() if "switching.json" in line]
-        assert len(lines) == 1 and "corrupt or truncated journal" in lines[0] and "mv " in lines[0]
+        node_lines = [line for line in lines if line.startswith(f"[{name} ")]
+        assert len(node_lines) == 1 and "corrupt or truncated journal" in node_lines[0] and "mv " in node_lines[0]
+        assert lines[-1].startswith(f"{name}: ") and "corrupt or truncated journal" in lines[-1], result.stdout
+        assert len(lines) == 2, result.stdout
         assert "Traceback" not in result.stdout + result.stderr
         assert fleet.current(name) == before
     finally:

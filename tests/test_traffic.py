@@ -385,7 +385,8 @@ def test_a_reset_makes_the_counters_go_backwards_as_after_an_engine_restart(flee
     ({"ttft_s": -1}, "ttft_s: must be a number of seconds from 0 to 600, got -1"),
     ({"error_share": 0.7, "abort_share": 0.5}, "error_share + abort_share: must be at most 1, got 0.7 + 0.5"),
     ({"metrics": "json"}, "metrics: must be one of vllm, empty, malformed, got 'json'"),
-    ({"ttft": 1}, "ttft: not a behaviour field; fields: ttft_s, token_s, error_share, abort_share, metrics"),
+    ({"ttft": 1}, "ttft: not a behaviour field; fields: ttft_s, token_s, error_share, abort_share, metrics, "
+                  "answer_shift"),
 ])
 def test_a_bad_behaviour_is_refused_in_one_line_and_changes_nothing(fleet, peacock, change, message):
     status, answer = _post(f"{peacock}/flatshare-standin/behaviour", change)

@@ -195,8 +195,10 @@ def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S, request_id: st
         request_id: the request id's prefix (``X-Request-Id``), which tells the call from callers' in the logs.
 
     Returns:
-        None when it streamed a token and ended with ``[DONE]`` and no error event; else what the caller met,
-        one line.
+        None when it generated a token and ended with ``[DONE]`` and no error event; else what the caller met,
+        one line. A token is counted from the engine's own usage chunk (``completion_tokens``) as well as from
+        chunks carrying text: a token whose text is empty (a special token, which vLLM's detokenizer skips) is
+        still a token the engine served (the real engine's random weights sample one now and then).
     """
     import uuid
 
@@ -204,7 +206,8 @@ def call_problem(gateway: str, timeout_s: float = CALL_TIMEOUT_S, request_id: st
 
     outcome = post_completion(gateway, request_body("w1", 1), f"{request_id}-{uuid.uuid4().hex[:12]}",
                               timeout_s)
-    if outcome.error is None and outcome.done and outcome.tokens >= 1:
+    generated = max(outcome.tokens, outcome.completion_tokens or 0)
+    if outcome.error is None and outcome.done and generated >= 1:
         return None
     what = outcome.error or ("streamed no token" if outcome.done else "ended without [DONE]")
     return f"a call through its gateway {gateway} failed ({what})"

@@ -44,6 +44,7 @@ no vLLM route uses):
 from __future__ import annotations
 
 import collections
+import json
 import os
 import sys
 import threading
@@ -346,7 +347,7 @@ def main(argv: list[str] | None = None) -> None:
     server = serve(args.get("host") or "127.0.0.1", int(args.get("port") or 8000), routes(engine))
     threading.Timer(load_s, lambda: setattr(engine, "ready", True)).start()
     print(f"stand-in engine: serving {args['model']} on {args.get('host')}:{args.get('port')}, ready in {load_s:g} s; "
-          f"behaviour {engine.behaviour.as_dict()}", flush=True)
+          f"behaviour {json.dumps(engine.behaviour.as_dict(), sort_keys=True)}", flush=True)
     server.serve_forever()
 
 
