@@ -493,6 +493,12 @@ def test_golden_answers_equal_on_both_nodes_pass_and_are_recorded_with_the_analy
     recorded = fleet.history("cyan")[start["cyan"] + 1]["analysis"]["golden"]
     assert recorded["canary_answers"] == golden["canary_answers"]
     assert [r for r, _ in _since(fleet, "peacock", start["peacock"])] == ["released"]
+    # `releases --measurements` gives the golden answers' line back with the table, as the rollout printed it.
+    shown = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--measurements",
+                            "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
+    assert shown.returncode == 0, shown.stdout + shown.stderr
+    assert f"    {golden['line']}" in shown.stdout.splitlines(), shown.stdout
+    assert golden["line"].startswith("golden answers of cyan against peacock's: 2 of 2 prompt(s) agree"), golden
 
 
 @pytest.mark.parametrize("changes_answers", [False, True])

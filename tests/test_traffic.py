@@ -578,3 +578,8 @@ def test_the_callers_summary_counts_calls_that_moved_by_their_path():
     line = summary(reports)
     assert "moved to another gateway: 3 (cyan -> peacock 2, peacock -> cyan 1)" in line, line
     assert "moved to another gateway: 0" in summary(reports[3:]), summary(reports[3:])
+    # Refused by cyan, then answered by cyan asked again: not a move (a new user read "cyan -> cyan 1").
+    back = [CallReport(5, 0.0, "cyan", [{"gateway": "cyan", "refusal": "HTTP 503"}], done=True)]
+    line = summary(reports + back)
+    assert "moved to another gateway: 3 (cyan -> peacock 2, peacock -> cyan 1); answered by the gateway that " \
+           "first refused them: 1" in line, line

@@ -145,16 +145,19 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
 
 
 def _measurement_lines(record: dict) -> list[str]:
-    """An analysis record's measurements as the rollout printed them: the table's header and one row each
-    (a record written before the table has each measurement's line); none for other records."""
+    """An analysis record as the rollout printed it: its golden answers' line (when it had golden prompts), the
+    table's header and one row a measurement (a record written before the table has each measurement's line);
+    none for other records."""
     from ..common.text import one_line
     from ..control.analysis import table_header
 
     analysis = record.get("analysis")
+    golden = analysis.get("golden") if isinstance(analysis, dict) else None
+    said = [one_line(golden["line"])] if isinstance(golden, dict) and isinstance(golden.get("line"), str) else []
     found = analysis.get("measurements") if isinstance(analysis, dict) else None
     if not isinstance(found, list) or not found:
-        return []
+        return said
     if all(isinstance(m, dict) and isinstance(m.get("row"), str) for m in found):
-        return [table_header().strip(), *(one_line(m["row"]).strip() for m in found)]
-    return [one_line(m["line"]) if isinstance(m, dict) and isinstance(m.get("line"), str)
-            else f"measurement {n}: its line was not recorded" for n, m in enumerate(found, 1)]
+        return [*said, table_header().strip(), *(one_line(m["row"]).strip() for m in found)]
+    return [*said, *(one_line(m["line"]) if isinstance(m, dict) and isinstance(m.get("line"), str)
+                     else f"measurement {n}: its line was not recorded" for n, m in enumerate(found, 1))]

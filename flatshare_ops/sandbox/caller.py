@@ -193,13 +193,18 @@ def summary(reports: list[CallReport]) -> str:
     answered = ", ".join(f"{name} {count}" for name, count in sorted(by_gateway.items()))
     well = sum(r.ended_well for r in reports)
     moved: dict[tuple[str, str], int] = {}
+    again = 0  # refused, then answered by the gateway that refused them (asked again after its Retry-After)
     for report in reports:
         if report.attempts and report.gateway:
             path = (report.attempts[0]["gateway"], report.gateway)
-            moved[path] = moved.get(path, 0) + 1
+            if path[0] == path[1]:
+                again += 1
+            else:
+                moved[path] = moved.get(path, 0) + 1
     paths = ", ".join(f"{a} -> {b} {count}" for (a, b), count in sorted(moved.items()))
     return (f"calls: {len(reports)}, ended with [DONE] and no error: {well}; answered by: {answered or 'none'}; "
-            f"moved to another gateway: {sum(moved.values())}" + (f" ({paths})" if paths else ""))
+            f"moved to another gateway: {sum(moved.values())}" + (f" ({paths})" if paths else "")
+            + (f"; answered by the gateway that first refused them: {again}" if again else ""))
 
 
 def inventory_gateways(path: Path) -> list[Gateway]:
