@@ -478,18 +478,25 @@ def test_rollback_all_after_a_paused_canary_analysed_again_undoes_the_release_no
 GOLDEN = {"prompts": ["The capital of France is", "1, 2, 3,"], "max_tokens": 8}
 
 
-def test_golden_answers_equal_on_both_nodes_pass_and_are_recorded_with_the_analysis(fleet):
+#: The most a profile allows: 16 prompts of 2,000 characters, none of them ASCII (a breaker's case: as one JSON
+#: argument on the node's command line they went past Linux's 128 KiB bound, and the check was silently lost).
+BIGGEST = {"prompts": [f"{i:02d}" + "é" * 1998 for i in range(16)], "max_tokens": 8}
+
+
+@pytest.mark.parametrize("golden", [GOLDEN, BIGGEST], ids=["two prompts", "the most a profile allows"])
+def test_golden_answers_equal_on_both_nodes_pass_and_are_recorded_with_the_analysis(fleet, golden):
     # The stand-ins answer as greedy decoding of the same weights does: the same token ids for the same prompt.
     start = {n: len(fleet.history(n)) for n in NODES}
     fleet.new_hold()
-    with fleet.node_profile("cyan", analysis=FAST_ANALYSIS, golden=GOLDEN), fleet.calls():
+    count = len(golden["prompts"])
+    with fleet.node_profile("cyan", analysis=FAST_ANALYSIS, golden=golden), fleet.calls():
         result = fleet.cli("release", "--all", "--json")
     assert result.returncode == 0, result.stdout + result.stderr
     (doc,) = json.loads(result.stdout)["analyses"]
     golden = doc["golden"]
     assert (golden["against"], golden["failed"], golden["differences"], golden["errors"]) == ("peacock", False, [], [])
     assert golden["canary_answers"] == golden["other_answers"]
-    assert [len(a) for a in golden["canary_answers"]] == [8, 8]  # max_tokens each (the stand-in never stops early)
+    assert [len(a) for a in golden["canary_answers"]] == [8] * count  # max_tokens each (the stand-in never stops early)
     recorded = fleet.history("cyan")[start["cyan"] + 1]["analysis"]["golden"]
     assert recorded["canary_answers"] == golden["canary_answers"]
     assert [r for r, _ in _since(fleet, "peacock", start["peacock"])] == ["released"]
@@ -498,7 +505,8 @@ def test_golden_answers_equal_on_both_nodes_pass_and_are_recorded_with_the_analy
                             "--inventory", str(fleet.inventory)], capture_output=True, text=True, timeout=120)
     assert shown.returncode == 0, shown.stdout + shown.stderr
     assert f"    {golden['line']}" in shown.stdout.splitlines(), shown.stdout
-    assert golden["line"].startswith("golden answers of cyan against peacock's: 2 of 2 prompt(s) agree"), golden
+    assert golden["line"].startswith(f"golden answers of cyan against peacock's: {count} of {count} prompt(s) "
+                                     "agree"), golden
 
 
 @pytest.mark.parametrize("changes_answers", [False, True])

@@ -28,6 +28,9 @@ def test_a_difference_is_named_by_its_prompt_and_first_differing_position():
                                                                                              (3, 2, 9, 0)]
     assert c.failed and c.compared == 3
     assert "prompt 2 ('b') first differs at token 2: cyan its end, peacock token id 7" in c.reason()
+    # Nothing compared is never said as agreeing.
+    none = check([None, None, None], [(1,), (2,), (3,)])
+    assert "none of the 3 prompt(s) could be compared" in none.line() and "agree" not in none.line()
     assert "1 more prompt(s) differ" in c.reason()
 
 
@@ -63,10 +66,14 @@ def test_golden_answers_that_differ_fail_the_analysis_before_any_measurement(cha
 
 def test_a_nodes_answer_is_read_per_prompt_and_what_it_could_not_answer_is_said():
     ids, errors = answers_of("cyan", {"answers": [{"token_ids": [1, 2]}, {"error": "HTTP 500: boom"},
-                                                  {"token_ids": [True]}]}, 3)
+                                                  {"token_ids": [True]}]}, 3, 4)
     assert ids == ((1, 2), None, None)
-    assert errors == ["cyan, prompt 2: HTTP 500: boom", "cyan, prompt 3: no token ids"]
-    ids, errors = answers_of("cyan", {"error": "no readable active release"}, 3)
+    assert errors == ["cyan, prompt 2: HTTP 500: boom", "cyan, prompt 3: no token ids of at most 4 tokens"]
+    # What no answer of max_tokens 4 can be (a breaker's cases): too many ids, a negative one, one past 2**31.
+    for bad in ([1] * 5, [-1], [2**31], [1.0]):
+        ids, _ = answers_of("cyan", {"answers": [{"token_ids": bad}]}, 1, 4)
+        assert ids == (None,), bad
+    ids, errors = answers_of("cyan", {"error": "no readable active release"}, 3, 4)
     assert ids == (None, None, None) and errors == ["cyan: no readable active release"]
 
 
@@ -84,6 +91,11 @@ def test_the_reference_is_the_newest_passed_analysis_for_the_same_prompts():
                {"result": "released"}, "not a record"]
     assert reference_of(records, list(PROMPTS), 4) == ((4,), (5,), (6,))
     assert reference_of(records[3:], list(PROMPTS), 4) is None
+    # Damaged or empty references are no reference (a breaker's cases): booleans as ids, max_tokens 4.0 or true,
+    # every answer null (an older good one is used instead).
+    damaged = [_analysed(PROMPTS, [[True], [False], [True]]), _analysed(PROMPTS, [[9], [9], [9]], max_tokens=4.0),
+               _analysed(PROMPTS, [None, None, None])]
+    assert reference_of(records[:2] + damaged, list(PROMPTS), 4) == ((4,), (5,), (6,))
 
 
 def test_the_request_is_greedy_and_asks_for_token_ids_as_vllm_reads_them():
@@ -148,3 +160,66 @@ def test_a_call_whose_one_token_has_empty_text_is_a_call_served():
     finally:
         server.shutdown()
         server.server_close()
+
+
+def _engine(answer):
+    """A local HTTP server answering every POST with ``answer(handler)``; returns (server, base URL)."""
+    import threading
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    class Engine(BaseHTTPRequestHandler):
+        def do_POST(self):  # noqa: N802 (http.server's name)
+            self.rfile.read(int(self.headers["Content-Length"]))
+            answer(self)
+
+        def log_message(self, *_args):
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Engine)
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    return server, f"http://127.0.0.1:{server.server_address[1]}"
+
+
+def _send(handler, status: int, body: bytes, drip_s: float = 0.0) -> None:
+    import time
+
+    handler.send_response(status)
+    handler.send_header("Content-Type", "application/json")
+    handler.send_header("Content-Length", str(len(body)))
+    handler.end_headers()
+    try:
+        for i in range(len(body)) if drip_s else [None]:
+            handler.wfile.write(body[i:i + 1] if drip_s else body)
+            handler.wfile.flush()
+            time.sleep(drip_s)
+    except OSError:
+        pass  # the reader gave up: what the test wants
+
+
+@pytest.mark.parametrize("case", ["a choice that is a string", "an error of 100,000 characters",
+                                  "an answer sent a byte every 0.2 s"])
+def test_an_engines_strange_golden_answer_is_said_in_one_short_line_within_the_bound(case):
+    # Breakers' cases: a traceback (AttributeError) from a choice that is no object, an error message carried
+    # whole onto the operator's line, and a slow answer that held the reader for 50 s against a 3 s bound.
+    import time
+
+    from flatshare_ops.common.completions import post_completion
+
+    body = {"a choice that is a string": (200, json.dumps({"choices": ["x"], "usage": {"completion_tokens": 1}})),
+            "an error of 100,000 characters": (500, json.dumps({"error": {"message": "A" * 100_000}})),
+            "an answer sent a byte every 0.2 s": (200, json.dumps({"choices": [{"text": "x" * 100, "token_ids": [1]}],
+                                                                   "usage": {"completion_tokens": 1}}))}[case]
+    drip = 0.2 if "byte" in case else 0.0
+    server, url = _engine(lambda h: _send(h, body[0], body[1].encode(), drip))
+    try:
+        started = time.monotonic()
+        outcome = post_completion(url, golden_body("a", 4), "t", 2.0)
+        took = time.monotonic() - started
+    finally:
+        server.shutdown()
+        server.server_close()
+    assert outcome.error is not None and outcome.token_ids is None, outcome
+    assert len(outcome.error) < 400 and "\n" not in outcome.error, outcome.error
+    if drip:  # the whole answer would take len(body) x 0.2 s (over 20 s): the reader gave up at its own bound
+        assert len(body[1]) * drip > 20 and took < 10, took
+        assert "within 2 s" in outcome.error, outcome.error

@@ -6,7 +6,7 @@ from __future__ import annotations
 import hashlib
 import json
 
-from conftest import REPO, run_cli, snapshot
+from conftest import BIN, REPO, run_cli, snapshot
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
 
@@ -193,3 +193,19 @@ def test_profiles_verify_json_is_one_document_on_stdout_with_its_findings(checko
     assert (document["ok"], document["vllm"]["ok"], document["vllm"]["error"]) == (True, True, None)
     assert len(document["warnings"]) == 1 and "0.3" in document["warnings"][0], document["warnings"]
     assert "systemd-analyze verify printed nothing" in result.stderr
+
+
+def test_a_value_with_bytes_that_are_not_utf8_inside_a_list_is_one_line_and_nothing_is_written(checkout):
+    # A breaker's case: the same bytes as a bare string were refused in one line; inside a list they reached the
+    # file's encoding and raised UnicodeEncodeError with a traceback.
+    import os
+    import subprocess
+
+    before = snapshot(checkout)
+    result = subprocess.run([os.fsencode(str(BIN / "flatshare")), b"profiles", b"set",
+                             b"release.analysis.golden.prompts", b'["\xff\xfe"]', b"--root", os.fsencode(str(checkout))],
+                            capture_output=True, timeout=120)
+    err = result.stderr.decode(errors="replace")
+    assert result.returncode == 2 and "Traceback" not in err, err
+    assert "release.analysis.golden.prompts" in err and len(err.strip().splitlines()) == 1, err
+    assert snapshot(checkout) == before

@@ -20,6 +20,8 @@ import time
 from dataclasses import asdict, dataclass
 from urllib.parse import urlsplit
 
+from .text import clip
+
 COMPLETIONS_PATH = "/v1/completions"
 #: The ``vllm_xargs`` key that marks a voice turn hint (vLLM hands it to the scheduler as
 #: ``request.sampling_params.extra_args["flatshare_turn_hint"]``).
@@ -116,7 +118,7 @@ def post_completion(base_url: str, body: dict, request_id: str, timeout_s: float
         elif body.get("stream"):
             _read_events(response, outcome, started, deadline)
         else:
-            _read_document(response.read(), outcome, started)
+            _read_document(_read_within(response, deadline), outcome, started)
     except ConnectionRefusedError:
         outcome.refused, outcome.error = True, f"connection to {url.netloc} refused"
     except (ConnectionResetError, BrokenPipeError) as err:  # http.client.RemoteDisconnected is a reset
@@ -171,12 +173,39 @@ def _read_events(response: http.client.HTTPResponse, outcome: CompletionOutcome,
             outcome.completion_tokens = usage["completion_tokens"]
 
 
+#: The largest plain answer read (bytes): a completion of 256 tokens with their ids is a few KB.
+MAX_DOCUMENT_BYTES = 4 << 20
+
+
+def _read_within(response: http.client.HTTPResponse, deadline: float) -> bytes:
+    """A plain answer's body, read by chunks until ``deadline`` (monotonic seconds): an engine that sends it a
+    byte at a time cannot hold the reader past its bound (each read alone is bounded by the socket's timeout).
+
+    A body larger than :data:`MAX_DOCUMENT_BYTES` is returned cut there (it then reads as no completion).
+
+    Raises:
+        TimeoutError: the body did not end by the deadline.
+    """
+    data = bytearray()
+    while True:
+        if time.monotonic() > deadline:
+            raise TimeoutError("the answer did not end within the bound")
+        chunk = response.read1(65536)
+        if not chunk:
+            return bytes(data)
+        data += chunk
+        if len(data) > MAX_DOCUMENT_BYTES:
+            return bytes(data[:MAX_DOCUMENT_BYTES])
+
+
 def _read_document(data: bytes, outcome: CompletionOutcome, started: float) -> None:
     try:
         document = json.loads(data)
         choice = document["choices"][0]
         outcome.completion_tokens = document["usage"]["completion_tokens"]
-    except (ValueError, KeyError, IndexError, TypeError):
+        if not isinstance(choice, dict):
+            raise TypeError("a choice that is not an object")
+    except (ValueError, KeyError, IndexError, TypeError, RecursionError):
         outcome.error = f"an answer that is not a completion: {data[:80]!r}"
         return
     outcome.tokens, outcome.finish_reason, outcome.done = outcome.completion_tokens, choice.get("finish_reason"), True
@@ -191,6 +220,6 @@ def _error_message(data: bytes) -> str:
     try:
         document = json.loads(data)
         error = document["error"]
-        return str(error["message"] if isinstance(error, dict) else error)
-    except (ValueError, KeyError, TypeError):
+        return clip(str(error["message"] if isinstance(error, dict) else error), 300)
+    except (ValueError, KeyError, TypeError, RecursionError):
         return data[:120].decode(errors="replace").strip() or "no body"

@@ -123,7 +123,11 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     profile = validate(data, origins, path)
     info = target.stat()
     keep = {"mode": stat.S_IMODE(info.st_mode), "owner": (info.st_uid, info.st_gid)}
-    durable.write_atomic(target, bom + new_text.encode(), **keep)
+    try:
+        encoded = new_text.encode()
+    except UnicodeEncodeError:  # a lone surrogate (bytes that were not UTF-8 on the command line) inside a value
+        raise ProfileError(f"{path}: {key}: the value holds text that is not UTF-8; give it as UTF-8 text") from None
+    durable.write_atomic(target, bom + encoded, **keep)
     if then is not None:
         try:
             result = then()

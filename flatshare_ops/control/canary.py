@@ -125,13 +125,14 @@ def golden_answers(rollout, canary: NodeTarget, baseline: NodeTarget | None) -> 
     prompts = list(golden.prompts)
     # The node answers within the command's bound, less a margin for the connection.
     budget = max(1.0, rollout.settings.transport.command_timeout_s - 5)
+    asked = json.dumps(prompts).encode()
     mine, errors = answers_of(canary.name, _ask(rollout, canary, commands.answers(
-        canary.spec, prompts, golden.max_tokens, budget)), len(prompts))
+        canary.spec, golden.max_tokens, budget), asked), len(prompts), golden.max_tokens)
     against: str | None
     if baseline is not None:
         against = baseline.name
         theirs, more = answers_of(baseline.name, _ask(rollout, baseline, commands.answers(
-            baseline.spec, prompts, golden.max_tokens, budget)), len(prompts))
+            baseline.spec, golden.max_tokens, budget), asked), len(prompts), golden.max_tokens)
         errors += more
     else:
         history = _ask(rollout, canary, commands.history(canary.spec))
@@ -142,10 +143,10 @@ def golden_answers(rollout, canary: NodeTarget, baseline: NodeTarget | None) -> 
                        rollout.changes_answers)
 
 
-def _ask(rollout, target: NodeTarget, argv: list[str]) -> dict:
-    """A read-only node command's JSON answer, or ``{"error"}`` saying why there is none."""
+def _ask(rollout, target: NodeTarget, argv: list[str], stdin: bytes = b"") -> dict:
+    """A read-only node command's JSON answer (``stdin`` sent to it), or ``{"error"}`` saying why there is none."""
     try:
-        result = rollout.run_command(target, argv)
+        result = rollout.run_command(target, argv, stdin)
     except TransportError as err:
         return {"error": f"the node could not be asked: {err}"}
     try:

@@ -106,13 +106,11 @@ def serving_check(spec: NodeSpec) -> list[str]:
     return argv
 
 
-def answers(spec: NodeSpec, prompts: list[str], max_tokens: int, budget_s: float) -> list[str]:
+def answers(spec: NodeSpec, max_tokens: int, budget_s: float) -> list[str]:
     """``flatshare-node answers``: the node's engine's greedy answers to golden prompts (token ids) as JSON,
-    all within ``budget_s`` seconds."""
-    import json
-
-    return _node(spec, "answers") + ["--prompts", json.dumps(prompts), "--max-tokens", str(max_tokens),
-                                     "--budget", f"{budget_s:g}"]
+    all within ``budget_s`` seconds; the prompts follow on stdin, a JSON list (never on the command line, whose
+    one argument Linux bounds at 128 KiB)."""
+    return _node(spec, "answers") + ["--max-tokens", str(max_tokens), "--budget", f"{budget_s:g}"]
 
 
 def metrics(spec: NodeSpec) -> list[str]:

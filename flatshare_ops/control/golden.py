@@ -110,6 +110,9 @@ class GoldenCheck:
             answered = sum(a is not None for a in self.canary_answers)
             return (f"golden answers of {self.canary}: {answered} of {len(self.prompts)} prompt(s) answered and "
                     f"recorded as its reference (no baseline and no reference to compare with){errors}")
+        if not self.compared:
+            return (f"golden answers of {self.canary} against {self._other_name()}: none of the "
+                    f"{len(self.prompts)} prompt(s) could be compared{errors}")
         if not self.differences:
             tokens = sum(len(a) for a, b in zip(self.canary_answers, self.other_answers)
                          if a is not None and b is not None)
@@ -128,7 +131,7 @@ class GoldenCheck:
             return "its end" if value is None else f"token id {value}"
 
         other = "the reference" if self.against == "reference" else self.against
-        return (f"prompt {d.number} ({clip(one_line(d.prompt), 40)!r}) first differs at token {d.position}: "
+        return (f"prompt {d.number} ('{clip(one_line(d.prompt), 40)}') first differs at token {d.position}: "
                 f"{self.canary} {token(d.canary_token)}, {other} {token(d.other_token)}")
 
     def document(self) -> dict[str, Any]:
@@ -140,23 +143,37 @@ class GoldenCheck:
                 "differences": [d.document() for d in self.differences], "line": self.line()}
 
 
-def answers_of(node: str, answer: object, count: int) -> tuple[tuple[tuple[int, ...] | None, ...], list[str]]:
+def _token_ids(value: object, max_tokens: int) -> tuple[int, ...] | None:
+    """``value`` as an answer's token ids: a list of at most ``max_tokens`` ids, each a whole number from 0 to
+    2**31 - 1 (never a boolean); None when it is not one."""
+    if not isinstance(value, list) or len(value) > max_tokens:
+        return None
+    if not all(type(t) is int and 0 <= t < 2**31 for t in value):
+        return None
+    return tuple(value)
+
+
+def answers_of(node: str, answer: object, count: int,
+               max_tokens: int) -> tuple[tuple[tuple[int, ...] | None, ...], list[str]]:
     """A node's ``flatshare-node answers`` JSON -> (per prompt, its token ids or None; one line per prompt not
-    answered). A whole answer that is not one (the node could not ask its engine) leaves every prompt None."""
+    answered). A whole answer that is not one (the node could not ask its engine) leaves every prompt None; so
+    does, for its prompt, a list of ids that no answer of ``max_tokens`` tokens can be (too long, negative ids,
+    booleans)."""
     if not isinstance(answer, dict) or not isinstance(answer.get("answers"), list) or len(answer["answers"]) != count:
         why = answer.get("error") if isinstance(answer, dict) and isinstance(answer.get("error"), str) else \
             "its answer holds no answer per prompt"
-        return (None,) * count, [f"{node}: {one_line(why)}"]
+        return (None,) * count, [f"{node}: {clip(one_line(why), 300)}"]
     ids: list[tuple[int, ...] | None] = []
     errors = []
     for number, item in enumerate(answer["answers"], 1):
-        tokens = item.get("token_ids") if isinstance(item, dict) else None
-        if isinstance(tokens, list) and all(isinstance(t, int) and not isinstance(t, bool) for t in tokens):
-            ids.append(tuple(tokens))
+        tokens = _token_ids(item.get("token_ids"), max_tokens) if isinstance(item, dict) else None
+        if tokens is not None:
+            ids.append(tokens)
         else:
             ids.append(None)
-            why = item.get("error") if isinstance(item, dict) and isinstance(item.get("error"), str) else "no token ids"
-            errors.append(f"{node}, prompt {number}: {one_line(why)}")
+            why = item.get("error") if isinstance(item, dict) and isinstance(item.get("error"), str) else (
+                f"no token ids of at most {max_tokens} tokens")
+            errors.append(f"{node}, prompt {number}: {clip(one_line(why), 300)}")
     return tuple(ids), errors
 
 
@@ -167,11 +184,15 @@ def reference_of(records: list, prompts: list[str], max_tokens: int) -> tuple[tu
     for record in reversed(records):
         analysis = record.get("analysis") if isinstance(record, dict) else None
         golden = analysis.get("golden") if isinstance(analysis, dict) and analysis.get("phase") == "passed" else None
-        if (not isinstance(golden, dict) or golden.get("prompts") != prompts or golden.get("max_tokens") != max_tokens
+        if (not isinstance(golden, dict) or golden.get("prompts") != prompts
+                or type(golden.get("max_tokens")) is not int or golden.get("max_tokens") != max_tokens
                 or golden.get("failed") is not False or not isinstance(golden.get("canary_answers"), list)
                 or len(golden["canary_answers"]) != len(prompts)):
             continue
-        answers = golden["canary_answers"]
-        if all(a is None or (isinstance(a, list) and all(isinstance(t, int) for t in a)) for a in answers):
-            return tuple(None if a is None else tuple(a) for a in answers)
+        answers = [None if a is None else _token_ids(a, max_tokens) for a in golden["canary_answers"]]
+        if any(a is None and b is not None for a, b in zip(answers, golden["canary_answers"])):
+            continue  # a damaged answer: no reference
+        if all(a is None for a in answers):
+            continue  # nothing answered then: no reference, an older one may be
+        return tuple(answers)
     return None

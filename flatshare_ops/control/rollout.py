@@ -214,19 +214,19 @@ class Rollout:
             pass  # nothing ran: the connection was dead before the command started
         return self.reopen(target).start(argv)
 
-    def run_command(self, target: NodeTarget, argv: list[str]) -> CommandResult:
-        """Run a read-only node-side command to its end (``command_timeout_s``), over a kept connection that is
-        reopened (within the reconnect bound) when it is found dead or drops while the command runs.
+    def run_command(self, target: NodeTarget, argv: list[str], stdin: bytes = b"") -> CommandResult:
+        """Run a read-only node-side command to its end (``command_timeout_s``; ``stdin`` sent to it), over a kept
+        connection that is reopened (within the reconnect bound) when it is found dead or drops while it runs.
 
         Raises:
             TransportError: the node could not be reached, or did not answer within the bound.
         """
         bound = self.settings.transport.command_timeout_s
         try:
-            return self.connection(target).run(argv, timeout_s=bound)
+            return self.connection(target).run(argv, stdin=stdin, timeout_s=bound)
         except Lost:
             pass  # read-only: running it again on a new connection changes nothing
-        return self.reopen(target).run(argv, timeout_s=bound)
+        return self.reopen(target).run(argv, stdin=stdin, timeout_s=bound)
 
     def reopen(self, target: NodeTarget) -> Connection:
         """Drop the node's connection and open a new one, trying for at most the reconnect bound (``reconnect_s``).

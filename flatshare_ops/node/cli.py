@@ -71,7 +71,7 @@ def _parser() -> argparse.ArgumentParser:
                        ("probe", "whether this node takes calls and whether a release holds it, as JSON"),
                        ("module", "the serve module this node built (path, sha256), as JSON"),
                        ("metrics", "this node's engine /metrics (for a canary analysis), as JSON"),
-                       ("answers", "this node's engine's greedy answers to golden prompts (token ids), as JSON"),
+                       ("answers", "this node's engine's greedy answers to golden prompts (a JSON list on stdin), as JSON"),
                        ("record-analysis", "record a canary analysis of this node's release (JSON on stdin)"),
                        ("hold", "an operator's hold on this node (flatshare hold), as JSON"),
                        ("lock-check", "whether reading the release lock works here (a child takes a lock), as JSON")):
@@ -96,7 +96,6 @@ def _parser() -> argparse.ArgumentParser:
         if name == "module":
             p.add_argument("--path", default=None, help="the module file (default: the active release's)")
         if name == "answers":
-            p.add_argument("--prompts", required=True, help="the prompts, a JSON list of strings")
             p.add_argument("--max-tokens", type=int, required=True, help="tokens generated for each (1 to 256)")
             p.add_argument("--budget", type=float, default=25.0, help="seconds for all the answers (default 25)")
         if name == "record-analysis":
@@ -358,7 +357,8 @@ def main(argv: list[str] | None = None) -> None:
         elif args.command == "answers":
             from .probe import engine_answers
 
-            print(dumps(engine_answers(_context(args), args.prompts, args.max_tokens, args.budget), sort_keys=True))
+            prompts = sys.stdin.buffer.read(1 << 20).decode("utf-8", errors="replace")  # 16 x 2000 characters fit
+            print(dumps(engine_answers(_context(args), prompts, args.max_tokens, args.budget), sort_keys=True))
             code = 0
         elif args.command == "record-analysis":
             code = _record_analysis(args)

@@ -221,7 +221,8 @@ def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_
     (common/completions.py :func:`golden_body`, docs/reference/vllm.md#completions), one after another.
 
     Args:
-        prompts_json: the prompts, a JSON list of 1 to 16 strings (as the operator's profile gives them).
+        prompts_json: the prompts, a JSON list of 1 to 16 strings (as the operator's profile gives them, on the
+            command's stdin).
         max_tokens: tokens generated for each, 1 to 256.
         budget_s: the bound on all the answers together (seconds; the operator's command bound less a margin):
             a prompt not answered within it is said as such.
@@ -241,11 +242,11 @@ def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_
     try:
         prompts = json.loads(prompts_json)
     except ValueError as err:
-        return {"node": ctx.node, "at": at, "error": f"--prompts is not JSON ({err})"}
+        return {"node": ctx.node, "at": at, "error": f"the prompts on stdin are not JSON ({err})"}
     if (not isinstance(prompts, list) or not 1 <= len(prompts) <= 16
             or not all(isinstance(p, str) and 1 <= len(p) <= 2000 for p in prompts) or not 1 <= max_tokens <= 256):
         return {"node": ctx.node, "at": at,
-                "error": "--prompts must be a JSON list of 1 to 16 strings of 1 to 2000 characters, and "
+                "error": "the prompts on stdin must be a JSON list of 1 to 16 strings of 1 to 2000 characters, and "
                          "--max-tokens 1 to 256"}
     try:
         release = current_release(ctx.state_dir)
