@@ -194,18 +194,11 @@ def engine_metrics(ctx: NodeContext) -> dict:
 
     from ..common.http import http_fetch
     from ..common.text import one_line
-    from .calls import active_serving
-    from .store import current_release
 
     at = time.time()
-    try:
-        release = current_release(ctx.state_dir)
-        serving = active_serving(ctx, release)
-    except NodeStateError as err:
-        return {"node": ctx.node, "at": at, "error": str(err)}
+    release, serving = _active_engine(ctx, at)
     if serving is None:
-        return {"node": ctx.node, "at": at, "release": release,
-                "error": "no readable active release: its engine's address is not known"}
+        return release
     url = serving["engine"]["url"] + "/metrics"
     status, body, why = http_fetch(url, METRICS_TIMEOUT_S)
     if status != 200:
@@ -235,8 +228,6 @@ def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_
     import time
 
     from ..common.completions import golden_body, post_completion
-    from .calls import active_serving
-    from .store import current_release
 
     at = time.time()
     try:
@@ -248,14 +239,9 @@ def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_
         return {"node": ctx.node, "at": at,
                 "error": "the prompts on stdin must be a JSON list of 1 to 16 strings of 1 to 2000 characters, and "
                          "--max-tokens 1 to 256"}
-    try:
-        release = current_release(ctx.state_dir)
-        serving = active_serving(ctx, release)
-    except NodeStateError as err:
-        return {"node": ctx.node, "at": at, "error": str(err)}
+    release, serving = _active_engine(ctx, at)
     if serving is None:
-        return {"node": ctx.node, "at": at, "release": release,
-                "error": "no readable active release: its engine's address is not known"}
+        return release
     answers: list[dict] = []
     deadline = time.monotonic() + budget_s
     for number, prompt in enumerate(prompts, 1):
@@ -270,3 +256,20 @@ def engine_answers(ctx: NodeContext, prompts_json: str, max_tokens: int, budget_
         else:
             answers.append({"token_ids": outcome.token_ids})
     return {"node": ctx.node, "at": at, "release": release, "answers": answers}
+
+
+def _active_engine(ctx: NodeContext, at: float):
+    """(the active release's id, its ``serving.json``) for asking its engine; when it cannot be asked,
+    (the answer saying why: ``{"node", "at", "release"?, "error"}``, None)."""
+    from .calls import active_serving
+    from .store import current_release
+
+    try:
+        release = current_release(ctx.state_dir)
+        serving = active_serving(ctx, release)
+    except NodeStateError as err:
+        return {"node": ctx.node, "at": at, "error": str(err)}, None
+    if serving is None:
+        return {"node": ctx.node, "at": at, "release": release,
+                "error": "no readable active release: its engine's address is not known"}, None
+    return release, serving
