@@ -12,7 +12,7 @@ import pytest
 
 from conftest import REPO
 from flatshare_ops.check.facts import turns_announced
-from flatshare_ops.check.vllm_release import same_release, shown
+from flatshare_ops.common.vllm_release import same_release, shown
 from flatshare_ops.common.unit_output import (CHUNK_BYTES, TAIL_BYTES, last_lines, last_marked, output_file,
                                               output_mark)
 from flatshare_ops.config.profile import load_profile
@@ -119,7 +119,7 @@ def test_a_local_label_is_shown():
 
 def test_comparing_equal_releases_never_imports_packaging():
     # serving-check runs every minute (adr/0006): the PEP 440 library only when the strings differ.
-    code = ("import sys; from flatshare_ops.check.vllm_release import same_release; "
+    code = ("import sys; from flatshare_ops.common.vllm_release import same_release; "
             "assert same_release('0.32.0', '0.32.0'); print('packaging' in sys.modules)")
     assert subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True).stdout == "False\n"
 

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import re
 import subprocess
 import sys
 from pathlib import Path
@@ -45,12 +46,26 @@ def test_node_check_and_common_never_import_the_operators_side_or_the_renderer(p
     assert offenders == {}
 
 
-def test_serving_check_never_imports_the_nodes_side():
-    """check/ reaches systemd through common/systemd.py, as node/ does: serving-check depends on nothing of the
-    switch's."""
-    offenders = {str(p.relative_to(REPO)): sorted(n for n in _imports(p) if n.startswith("flatshare_ops.node"))
-                 for p in sorted((PACKAGE / "check").rglob("*.py"))}
+@pytest.mark.parametrize("part, other", [("check", "node"), ("node", "check")])
+def test_serving_check_and_the_nodes_side_never_import_each_other(part, other):
+    """check/ reaches systemd through common/systemd.py, as node/ does, and the switch runs serving-check as a
+    program (node/serving_check.py), reading its report as data (common/serving_report.py): neither depends on
+    the other's code."""
+    offenders = {str(p.relative_to(REPO)): sorted(n for n in _imports(p) if n.startswith(f"flatshare_ops.{other}"))
+                 for p in sorted((PACKAGE / part).rglob("*.py"))}
     assert {path: names for path, names in offenders.items() if names} == {}
+
+
+def test_the_operators_side_reads_no_sentence_a_node_prints():
+    """What a node says reaches the operator's side as fields (common/protocol.py; a command that cannot answer
+    sends a ``CommandError``): nothing in control/ or cli/ tests the node's stderr for words, strips its
+    ``flatshare-node:`` prefix or looks for argparse's English."""
+    forms = [re.compile(r"\bin\s+[\w.]*errors\b(?!\()"), re.compile(r"errors\s*\.\s*(startswith|endswith|find|split)\("),
+             re.compile(r"""removeprefix\(\s*f?["']flatshare-node"""), re.compile(r"invalid choice")]
+    found = [f"{path.relative_to(REPO)}:{number}: {text.strip()}"
+             for part in ("control", "cli") for path in sorted((PACKAGE / part).rglob("*.py"))
+             for number, text in enumerate(path.read_text().splitlines(), 1) if any(f.search(text) for f in forms)]
+    assert found == []
 
 
 def test_common_imports_only_the_standard_library():
@@ -97,7 +112,8 @@ def test_the_architecture_documents_layout_names_every_module_under_its_folder()
 
 def test_a_release_ships_exactly_what_the_node_runs():
     """The switcher a release ships (control/bundle.py) holds every module the node's side can import (the
-    closure of node/cli.py and node/entry.py's imports, function-level ones included), and nothing else."""
+    closure of node/cli.py and node/entry.py's imports, function-level ones included, and of check/cli.py's:
+    serving-check, the program the switch's serving-check step runs), and nothing else."""
     import base64
     import io
     import zipfile
@@ -109,7 +125,8 @@ def test_a_release_ships_exactly_what_the_node_runs():
         return path / "__init__.py" if (path / "__init__.py").exists() else (
             path.with_suffix(".py") if path.with_suffix(".py").exists() else None)
 
-    needed, todo = set(), ["flatshare_ops.node.cli", "flatshare_ops.node.entry", "flatshare_ops.node.__main__"]
+    needed, todo = set(), ["flatshare_ops.node.cli", "flatshare_ops.node.entry", "flatshare_ops.node.__main__",
+                            "flatshare_ops.check.cli"]
     while todo:
         module = todo.pop()
         path = file_of(module)

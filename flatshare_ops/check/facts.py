@@ -33,40 +33,6 @@ class EngineFacts:
             load_state, active_state, main_pid, started_at)
 
 
-def installed_vllm(venv: Path) -> str | None:
-    """The vLLM release installed in a venv: the ``Version:`` field of its
-    ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
-    without importing vLLM or importlib.metadata (which pulls in the email package).
-    """
-    return vllm_metadata(venv)[0]
-
-
-def vllm_metadata(venv: Path) -> tuple[str | None, str | None]:
-    """(the vLLM release installed in ``venv``, or None; why none could be read, or None): see
-    :func:`installed_vllm`. A METADATA that is not a regular file (a FIFO, a device) is never waited on,
-    and is named (``.../METADATA: is a FIFO (named pipe), not a regular file``)."""
-    from ..common.files import open_regular
-
-    trouble = None
-    for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
-        try:  # never blocking on what is there, and only the headers' first 64 KiB
-            fd = open_regular(metadata, follow=True)
-            try:
-                head = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
-            finally:
-                os.close(fd)
-        except OSError as err:
-            trouble = f"{metadata}: {err.strerror or err}"
-            continue
-        for line in head.splitlines():
-            if line.startswith("Version:"):
-                return line.split(":", 1)[1].strip(), None
-            if not line.strip():
-                break  # the headers end at the first blank line
-        trouble = f"{metadata}: no Version: header"
-    return None, trouble
-
-
 def _split_sample(line: str) -> tuple[str, str] | None:
     """(metric name, value) of one Prometheus sample line ``name{labels} value [timestamp]``."""
     brace = line.find("{")

@@ -29,13 +29,14 @@ from ..common.current_link import CurrentLinkError, read_current
 from ..common.node_files import CURRENT, JOURNAL, RELEASES
 from ..common.units import TURN_HINTS_VARIABLE, VOICE_UNIT
 from ..common.text import one_line
+from ..common.vllm_release import installed_vllm
 from ..common.wording import holder_phrase, int_field, not_recorded, text_field, who_phrase
 from ..common.proc import read_cmdline, read_environ
 from .module_origin import imported_from
 from . import checks
 from ..common.unit_output import last_lines, last_marked
 from .calls import takes_calls
-from .facts import (MODULE_LINE_TAG, active_release, installed_vllm, lock_holder_record, parse_metrics,
+from .facts import (MODULE_LINE_TAG, active_release, lock_holder_record, parse_metrics,
                     switch_started_at, systemd_facts, turns_announced, unit_environment)
 from .report import CRITICAL, OK, UNKNOWN, WARNING, Finding, NodeState, Report
 

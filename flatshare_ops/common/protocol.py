@@ -13,7 +13,8 @@ typed protocol"). Text written for people is never parsed:
   :class:`Progress` (where its switch stands, and its long waits),
   :class:`AdmitRequest` (it holds its lock and asks whether it may drain) and,
   last, :class:`Outcome` (what it did); the operator answers an admission
-  request with one :class:`AdmitAnswer` line on the node's stdin.
+  request with one :class:`AdmitAnswer` line on the node's stdin. The node's other commands answer one JSON
+  document on stdout, or, when they cannot, one :class:`CommandError` line.
 
 A line that does not start with :data:`PREFIX` is for people; a protocol line
 of an unknown kind or a damaged one is ignored by :func:`parse` (an older
@@ -180,10 +181,26 @@ def drain_window(timings: dict[str, tuple[float, float]]) -> float | None:
     return round(max(ends) - min(starts), 3) if starts and ends else None
 
 
-_KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome, Progress)}
+@dataclass(frozen=True)
+class CommandError:
+    """A node command other than ``switch`` (status, history, probe, metrics, answers, record-analysis, hold,
+    lock-check, module) that could not answer: sent last on its stdout, in place of its JSON answer, so that the
+    operator's side reads the reason and the exit code as fields (never a line of the node's stderr).
+
+    Attributes:
+        code: the exit code (:class:`flatshare_ops.errors.Exit`).
+        message: the one-line reason, for people.
+    """
+
+    code: int
+    message: str
+    kind = "error"
 
 
-def line(message: AdmitRequest | AdmitAnswer | Outcome | Progress) -> str:
+_KINDS = {cls.kind: cls for cls in (AdmitRequest, AdmitAnswer, Outcome, Progress, CommandError)}
+
+
+def line(message: AdmitRequest | AdmitAnswer | Outcome | Progress | CommandError) -> str:
     """The message as one protocol line (with its newline): ``::flatshare:KIND {json}``."""
     return f"{PREFIX}{message.kind} {json.dumps(asdict(message), sort_keys=True, allow_nan=False)}\n"
 
@@ -198,7 +215,7 @@ def is_protocol(text: str) -> bool:
     return text.startswith(PREFIX)
 
 
-def parse(text: str) -> AdmitRequest | Outcome | Progress | None:
+def parse(text: str) -> AdmitRequest | Outcome | Progress | CommandError | None:
     """A protocol line read back; None for a line of an unknown kind or a damaged one."""
     if not text.startswith(PREFIX):
         return None

@@ -501,7 +501,7 @@ class Bootstrap:
     # --- 5. the engine, 6. the module -------------------------------------------------------------------
 
     def _engine(self, facts: dict) -> None:
-        from ..check.vllm_release import same_release
+        from ..common.vllm_release import same_release
 
         e = self.profile.engine
         if facts["vllm"] and same_release(facts["vllm"], e.vllm_release):

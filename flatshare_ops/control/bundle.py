@@ -33,13 +33,11 @@ def source(root: Path) -> Path:
 
 
 #: What the node runs of the package, and so all a release ships of it (tests/test_layout.py holds that these
-#: parts import nothing else): the node's side, serving-check (its post-switch step), what they share, and
-#: the top-level modules they import. Not shipped: the operator's side, the renderer, the profile's loading,
-#: the sandbox, the operator's command line.
+#: parts import nothing else): the node's side, serving-check (the program the switch's serving-check step runs:
+#: node/serving_check.py), what they share, and the top-level modules they import. Not shipped: the operator's
+#: side, the renderer, the profile's loading, the sandbox, the operator's command line.
 SHIPPED_PARTS = ("node", "check", "common")
 SHIPPED_MODULES = ("__init__.py", "errors.py", "schema_errors.py")
-#: serving-check's command line: its timer runs the node's installed flatshare-ops, never a switcher.
-NOT_SHIPPED = ("check/cli.py",)
 
 
 def shipped(package: Path, path: Path) -> bool:
@@ -49,7 +47,7 @@ def shipped(package: Path, path: Path) -> bool:
         return False
     if len(relative.parts) == 1:
         return relative.name in SHIPPED_MODULES
-    return relative.parts[0] in SHIPPED_PARTS and relative.as_posix() not in NOT_SHIPPED
+    return relative.parts[0] in SHIPPED_PARTS
 
 
 @lru_cache(maxsize=4)

@@ -16,6 +16,7 @@ import time
 from dataclasses import dataclass, replace
 from typing import Callable
 
+from ..common import protocol
 from ..common.clock import utc_stamp
 from ..common.text import one_line
 from ..errors import TransportError
@@ -205,7 +206,8 @@ def record(rollout, target: NodeTarget, switch_id: str, document: dict) -> None:
         rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history ({err})")
         return
     if status != 0:
-        lines = [line for line in said.decode(errors="replace").splitlines() if line.strip()]
-        why = one_line(lines[-1].removeprefix("flatshare-node: ")) if lines else "it said nothing"
+        errors = [m for m in map(protocol.parse, said.decode(errors="replace").splitlines())
+                  if isinstance(m, protocol.CommandError)]
+        why = one_line(errors[-1].message) if errors else "it gave no reason"
         rollout.out.line(f"{target.name}: note: the analysis could not be recorded in its history "
                          f"({'no exit status' if status is None else f'exit {status}'}: {why})")

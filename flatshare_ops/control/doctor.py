@@ -24,7 +24,7 @@ def doctor(root: Path, inventory: Path, echo, items: list | None = None) -> int:
     from ..render.checkout import drift, expected_outputs, placeholder_pins
     from . import commands, known_hosts
     from .answers import probe_words
-    from .fanout import answer_of
+    from .fanout import answer_of, not_an_answer
     from .targets import targets
 
     failed = 0
@@ -95,9 +95,14 @@ def doctor(root: Path, inventory: Path, echo, items: list | None = None) -> int:
             line("FAIL", f"{name} reach", f"{err}")
             conn.close()
             continue
-        except (ValueError, KeyError, TypeError, AttributeError):
-            line("FAIL", f"{name} reach", f"answers over SSH, but its flatshare-node does not "
-                 f"({clip_tail(result.output.strip(), 200) if result is not None else 'no output'}): "
+        except (ValueError, KeyError, TypeError, AttributeError) as err:
+            if result is None:
+                said = "no output"
+            elif isinstance(err, ValueError):  # no JSON answer, or the node's own reason (exit N: ...)
+                said = not_an_answer(result.status, result.output + result.errors, err)
+            else:
+                said = clip_tail(result.output.strip(), 200)
+            line("FAIL", f"{name} reach", f"answers over SSH, but its flatshare-node does not ({said}): "
                  f"'flatshare node bootstrap --node {name}'")
             conn.close()
             continue
@@ -153,7 +158,7 @@ def check_runs_line(name: str, runs: object) -> tuple[str, str, str]:
 def _lock_reading(conn, target) -> tuple[str, str, str]:
     """(state, item, detail) of the node's lock check (``flatshare-node lock-check``)."""
     from . import commands
-    from .fanout import answer_of
+    from .fanout import answer_of, not_an_answer
 
     item = f"{target.name} lock reading"
     try:
@@ -163,11 +168,10 @@ def _lock_reading(conn, target) -> tuple[str, str, str]:
     try:
         answer = answer_of(result)
         ok, detail = answer["ok"], answer["detail"]
-    except (ValueError, KeyError, TypeError):
-        if "invalid choice" in result.errors:  # argparse: a switcher from before the lock check
-            return "WARN", item, ("the node's active switcher has no lock check (it predates adr/0011): "
-                                  "release the node, then run doctor again")
-        return "FAIL", item, f"no answer ({clip_tail((result.output + result.errors).strip(), 200) or 'no output'})"
+    except ValueError as err:
+        return "FAIL", item, f"no answer ({not_an_answer(result.status, result.output + result.errors, err)})"
+    except (KeyError, TypeError):
+        return "FAIL", item, f"no answer ({clip_tail(result.output.strip(), 200) or 'no output'})"
     if ok is True:
         return "ok", item, str(detail)
     return "FAIL", item, f"{detail}; releases there cannot be seen by the other nodes' admission (adr/0011)"

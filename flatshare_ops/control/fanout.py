@@ -11,7 +11,9 @@ from __future__ import annotations
 import threading
 from typing import Callable
 
+from ..common import protocol
 from ..common.files import loads
+from ..common.text import one_line
 from ..errors import FlatshareError, TransportError
 from .targets import NodeTarget
 
@@ -61,13 +63,26 @@ def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) 
     return {t.name: answers.get(t.name, {"error": f"{t.name}: no answer"}) for t in targets}
 
 
+class NodeCommandError(ValueError):
+    """The node's command could not answer and said why (common/protocol.py ``CommandError``: ``error``)."""
+
+    def __init__(self, error: protocol.CommandError) -> None:
+        super().__init__(error.message)
+        self.error = error
+
+
 def answer_of(result) -> object:
     """The JSON answer of a node-side command: its stdout, or else the last line of it (a node's login shell
     may print lines before the command runs; node-side answers are one line, serving-check's may be several).
 
     Raises:
-        ValueError: neither is JSON (the caller names it with :func:`not_an_answer`).
+        NodeCommandError: the command could not answer, and its :class:`protocol.CommandError` says why.
+        ValueError: no answer is JSON (the caller names it with :func:`not_an_answer`).
     """
+    for text in reversed(result.output.splitlines()):
+        said = protocol.parse(text) if protocol.is_protocol(text) else None
+        if isinstance(said, protocol.CommandError):
+            raise NodeCommandError(said)
     try:
         return loads(result.output)
     except ValueError as err:
@@ -89,13 +104,16 @@ def not_an_answer(status: int | None, output: str, err: ValueError) -> str:
         err: the JSON parser's complaint.
 
     Returns:
-        ``exit N: LAST LINE`` (a node-side error is printed last), each line shortened to 300 characters,
-        then the first line when more came, then the parser's complaint when the exit status was 0.
+        ``exit N: REASON`` for a command that said why it could not answer (:class:`NodeCommandError`); else
+        ``exit N: LAST LINE``, each line shortened to 300 characters, then the first line when more came, then
+        the parser's complaint when the exit status was 0.
     """
-    lines = output.strip().splitlines() or ["no output"]
-
     def short(line: str) -> str:
         return line if len(line) <= 300 else line[:300] + f"... ({len(line)} characters)"
+
+    if isinstance(err, NodeCommandError):
+        return f"exit {err.error.code}: {short(one_line(err.error.message))}"
+    lines = output.strip().splitlines() or ["no output"]
 
     message = f"exit {status}: {short(lines[-1])}"
     if len(lines) > 1:

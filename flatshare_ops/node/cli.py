@@ -381,6 +381,8 @@ def main(argv: list[str] | None = None) -> None:
     except FlatshareError as err:
         print(f"flatshare-node: {err}", file=sys.stderr if args.command != "switch" else sys.stdout)
         code = err.exit_code
+        if args.command != "switch":  # the switch's own Outcome says it; every other command answers this
+            _emit(protocol.CommandError(int(code), str(err)))
     sys.exit(code)
 
 

@@ -214,7 +214,7 @@ def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
     Returns:
         An :class:`Outcome`; it never raises for what it finds.
     """
-    from ..check.vllm_release import same_release
+    from ..common.vllm_release import same_release
 
     started = time.monotonic()
     outcome = Outcome()

