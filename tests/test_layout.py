@@ -193,3 +193,36 @@ def test_ruff_finds_nothing_on_the_whole_tree():
     result = subprocess.run([str(BIN / "ruff"), "check", "--output-format", "concise", "--no-cache", str(REPO)],
                             capture_output=True, text=True, timeout=300, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_switcher_says_its_generation_as_data_and_the_entry_point_reads_only_that(tmp_path):
+    """The zip a release ships describes itself in one JSON member (common/protocol.py ``SWITCHER_DESCRIPTION``):
+    the shipped code's own GENERATION. The node's entry point reads that member, never the code's source."""
+    import base64
+    import io
+    import json
+    import zipfile
+
+    from flatshare_ops.common.protocol import GENERATION, SWITCHER_DESCRIPTION
+    from flatshare_ops.control.bundle import PACKAGE, switcher
+    from flatshare_ops.node.entry import switcher_generation
+
+    shipped = zipfile.ZipFile(io.BytesIO(base64.b64decode(switcher(PACKAGE)["zip_b64"])))
+    assert json.loads(shipped.read(SWITCHER_DESCRIPTION)) == {"generation": GENERATION}
+    assert switcher_generation(shipped) == GENERATION
+
+    def archive(members: dict[str, bytes]) -> zipfile.ZipFile:
+        buffer = io.BytesIO()
+        with zipfile.ZipFile(buffer, "w") as out:
+            for name, data in members.items():
+                out.writestr(name, data)
+        return zipfile.ZipFile(io.BytesIO(buffer.getvalue()))
+
+    # The source saying another generation is not read: only the description counts.
+    source = shipped.read("flatshare_ops/common/protocol.py")
+    assert switcher_generation(archive({"flatshare_ops/common/protocol.py": source.replace(
+        f"\nGENERATION = {GENERATION}\n".encode(), b"\nGENERATION = 99\n"), SWITCHER_DESCRIPTION: b'{"generation": 3}'})) == 3
+    assert switcher_generation(archive({"flatshare_ops/common/protocol.py": source})) == 1  # no description
+    for damaged in (b"{", b"[2]", b'{"generation": "2"}', b'{"generation": true}'):
+        with pytest.raises(ValueError):
+            switcher_generation(archive({SWITCHER_DESCRIPTION: damaged}))

@@ -129,8 +129,8 @@ def test_a_bundle_the_nodes_entry_point_cannot_run_is_refused_in_one_line(fleet,
 
 
 def _old_generation(package: Path) -> dict:
-    """This checkout's switcher, zipped as a release ships it, but saying it is generation 1 (a switcher from
-    before generations were written down: no GENERATION line), as an older checkout's is."""
+    """This checkout's switcher, zipped as a release ships it from code whose common/protocol.py defines no
+    GENERATION (a switcher from before generations were written down): its description says generation 1."""
     import shutil
 
     from conftest import REPO

@@ -33,9 +33,12 @@ VERSION = 1
 #: not a bundle's from an older checkout, nor an active release's stored one for a rollback or a probe (the
 #: installed code runs those instead). 1: every switcher before it was written down. 2: admission to drain
 #: that sees what callers see (gateway, systemd's restarts, a call through the gateway, asked again before the
-#: gateway stops, one node counted once by the id it reports). The entry point reads it from the switcher's own
-#: copy of this file, as ``GENERATION = N`` on one line.
+#: gateway stops, one node counted once by the id it reports). The operator's side writes the shipped code's own
+#: value into the switcher's zip as data (control/bundle.py ``DESCRIPTION``), where the entry point reads it.
 GENERATION = 2
+#: The member of a switcher's zip that describes it, as JSON: ``{"generation": N}`` (the shipped code's own
+#: :data:`GENERATION`; control/bundle.py writes it, node/entry.py reads it).
+SWITCHER_DESCRIPTION = "flatshare_ops/switcher.json"
 #: How long a node waits for the answer to its :class:`AdmitRequest` before it refuses (seconds). The operator's
 #: follow-up after a lost session keeps asking a node that is still before its journal (deciding, not yet
 #: switching) until past this bound, so that it reports the node's refusal, never "still switching".

@@ -5,18 +5,24 @@ release (its rendered files; its id is their digest), where it came from, and
 the flatshare-ops code that will switch the node (the checkout's
 ``flatshare_ops/``, zipped), with the header the node's entry point checks
 (node/entry.py): the protocol and the sha256 of the requirements.lock whose
-dependencies the switcher needs.
+dependencies the switcher needs. The switcher's zip describes itself in one
+member, :data:`DESCRIPTION` (its generation), which the entry point reads as
+data.
 """
 
 from __future__ import annotations
 
 import base64
 import hashlib
+import importlib.util
 import io
+import json
+import sys
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 
+from ..common.protocol import SWITCHER_DESCRIPTION
 from ..common.protocol import VERSION as PROTOCOL
 from ..node.store import release_id
 from ..render import render_profile
@@ -50,12 +56,46 @@ def shipped(package: Path, path: Path) -> bool:
     return relative.parts[0] in SHIPPED_PARTS
 
 
+#: The switcher's description, a member of its zip: ``{"generation": N}``, the shipped code's own
+#: common/protocol.py ``GENERATION`` (node/entry.py ``switcher_generation`` reads it).
+DESCRIPTION = SWITCHER_DESCRIPTION
+
+
+def generation_of(package: Path) -> int:
+    """``GENERATION`` of ``package``'s own common/protocol.py (1 when it defines none: a switcher from before
+    generations), read by running that file (standard library only; the checkout's own code, which the
+    operator ships anyway).
+
+    Raises:
+        OSError, SyntaxError: the file cannot be read or run.
+    """
+    if Path(package).resolve() == PACKAGE:
+        from ..common.protocol import GENERATION
+
+        return GENERATION
+    spec = importlib.util.spec_from_file_location("flatshare_ops_shipped_protocol", Path(package) / "common/protocol.py")
+    if spec is None or spec.loader is None:
+        raise OSError(f"{package}/common/protocol.py cannot be loaded")
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    try:
+        spec.loader.exec_module(module)
+    finally:
+        del sys.modules[spec.name]
+    generation = getattr(module, "GENERATION", 1)
+    return generation if isinstance(generation, int) else 1
+
+
 @lru_cache(maxsize=4)
 def switcher(package: Path) -> dict:
-    """What the node runs of the package (:func:`shipped`), zipped reproducibly (sorted names, fixed times; no
-    bytecode): ``{"sha256", "zip_b64"}``."""
+    """What the node runs of the package (:func:`shipped`), and its :data:`DESCRIPTION`, zipped reproducibly
+    (sorted names, fixed times; no bytecode): ``{"sha256", "zip_b64"}``."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
+        info = zipfile.ZipInfo(DESCRIPTION, (2026, 1, 1, 0, 0, 0))
+        info.external_attr = 0o644 << 16
+        info.compress_type = zipfile.ZIP_DEFLATED
+        archive.writestr(info, json.dumps({"generation": generation_of(package)}, sort_keys=True) + "\n")
         for path in sorted(package.rglob("*")):
             if path.is_file() and shipped(package, path):
                 info = zipfile.ZipInfo(f"flatshare_ops/{path.relative_to(package).as_posix()}", (2026, 1, 1, 0, 0, 0))

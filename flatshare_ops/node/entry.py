@@ -46,8 +46,8 @@ from flatshare_ops.common import protocol
 PROTOCOL = protocol.VERSION
 #: The oldest switcher generation this entry point runs (common/protocol.py ``GENERATION``): its own.
 OLDEST_GENERATION = protocol.GENERATION
-#: Where a switcher's zip says its generation.
-GENERATION_FILE = "flatshare_ops/common/protocol.py"
+#: Where a switcher's zip says its generation, as data.
+DESCRIPTION = protocol.SWITCHER_DESCRIPTION
 #: Runs the switcher: argv[1] is the switcher directory ("" for the installed code). A switcher runs without
 #: bytecode (none written, and a tree holding any is unpacked again: _tree_matches), so that what runs is
 #: exactly the source checked against the zip.
@@ -156,16 +156,24 @@ class TooOld(Exception):
 
 
 def switcher_generation(archive: zipfile.ZipFile) -> int:
-    """The generation a switcher's zip says it is (the ``GENERATION = N`` line of its
-    :data:`GENERATION_FILE`); 1 when it says none (every switcher before generations were written down)."""
-    import re
+    """The generation a switcher's zip says it is, as data (its :data:`DESCRIPTION` member); 1 when it has none
+    (every switcher before generations were written down).
 
+    Raises:
+        ValueError: the description is not JSON or holds no integer generation.
+    """
     try:
-        text = archive.read(GENERATION_FILE).decode("utf-8", errors="replace")
+        text = archive.read(DESCRIPTION)
     except KeyError:
         return 1
-    found = re.search(r"^GENERATION = (\d{1,6})$", text, re.MULTILINE)
-    return int(found.group(1)) if found else 1
+    try:
+        document = json.loads(text)
+    except ValueError as err:
+        raise ValueError(f"its {DESCRIPTION} is not JSON ({err})") from None
+    generation = document.get("generation") if isinstance(document, dict) else None
+    if not isinstance(generation, int) or isinstance(generation, bool):
+        raise ValueError(f"its {DESCRIPTION} holds no integer generation")
+    return generation
 
 
 def _check_members(archive: zipfile.ZipFile) -> None:
