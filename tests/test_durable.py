@@ -64,6 +64,7 @@ def _analysis(start_s: float, detail: object = None) -> str:
 @pytest.mark.parametrize("disk", ["full", "read-only"])
 def test_an_analysis_the_node_cannot_write_is_one_line_naming_the_file_and_why(small_disk, disk):
     # A breaker's cases: a full, read-only or immutable releases/ gave record-analysis a traceback (OSError).
+    import json
     import time
 
     history = small_disk / "releases/history.jsonl"
@@ -74,10 +75,13 @@ def test_an_analysis_the_node_cannot_write_is_one_line_naming_the_file_and_why(s
     else:
         subprocess.run(["mount", "-o", "remount,ro", str(small_disk)], check=True)
     done = _record_analysis(small_disk, _analysis(time.time(), "x" * 9000))
-    said = (done.stdout + done.stderr).strip().splitlines()
+    said = done.stderr.strip().splitlines()  # for a person: one line
     assert done.returncode != 0 and "Traceback" not in done.stderr, done.stderr
     assert len(said) == 1 and str(history) in said[0], said
     assert ("ENOSPC" if disk == "full" else "EROFS") in said[0], said
+    (answer,) = done.stdout.strip().splitlines()  # for the operator's side: the same, as fields
+    error = json.loads(answer.removeprefix("::flatshare:error "))
+    assert error == {"code": done.returncode, "message": said[0].removeprefix("flatshare-node: ")}, error
     assert history.read_bytes() == b""
 
 
@@ -158,3 +162,25 @@ def test_a_record_that_would_take_history_past_its_readers_bound_is_never_writte
         history.append(path, _record("cyan", 1), "cyan")  # not under the node's lock: never compacted here
     assert path.read_bytes() == before
     history.read_history(path, "cyan")  # still a file its reader takes
+
+
+def test_a_history_record_from_before_schema_2_is_named_and_skipped_and_the_others_still_read(tmp_path):
+    # Schema 1 (records without "schema", "result": "failed at STEP: why", "from"/"to") is no longer read: no node
+    # keeps one, and a node that does is told how to start a new history.
+    import json
+    import time
+
+    from flatshare_ops.node import history
+
+    now = time.time()
+    current = {"schema": 2, "node": "cyan", "switch": "s2", "kind": "release", "result": "released", "before": None,
+               "after": "b" * 16, "target": "b" * 16, "served": True, "started_at": now, "finished_at": now + 1}
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps({"from": None, "to": "a" * 16, "result": "failed at restart-engine: boom"}) + "\n"
+                    + json.dumps({"schema": 1, "from": None, "to": "a" * 16, "result": "released"}) + "\n"
+                    + json.dumps(current) + "\n")
+    read = history.read_history(path, "cyan")
+    assert read.records == [current]
+    assert read.skipped == [f"history.jsonl:{n}: a record of schema 1, written by a flatshare-ops before schema 2, "
+                            "which this one does not read (move history.jsonl aside: the node then starts a new "
+                            "history); skipped" for n in (1, 2)]

@@ -4,7 +4,7 @@ Appended with :func:`common.durable.append_line` (fsynced; a torn last line
 never swallows the next record). Each record carries its switch's id, so a
 crash between the append and the journal's removal never produces two
 records of one switch: the next run sees the id and does not record it again.
-Schema 2 (releases/README.md); schema-1 records from before stay readable.
+Schema 2 (releases/README.md); a record of another schema is named and skipped.
 
 The rollback rule (:func:`rollback_target`): a node's rollback goes to the
 last release that was active and passed serving-check before the current
@@ -24,7 +24,7 @@ from ..errors import NodeStateError
 
 HISTORY_SCHEMA = 2
 #: The schemas this reader knows: a record of another is named and not used.
-KNOWN_SCHEMAS = (1, HISTORY_SCHEMA)
+KNOWN_SCHEMAS = (HISTORY_SCHEMA,)
 #: The most history.jsonl may hold (bytes): about 30,000 records, decades of releases.
 MAX_BYTES = 16 << 20
 #: Results of a switch that ended with its release active and serving-check passed.
@@ -41,7 +41,7 @@ class History:
     """The records of ``history.jsonl`` that could be read, and one note per line that could not.
 
     Attributes:
-        records: dicts, oldest first (schema 1 records are upgraded on read: see :func:`upgrade`).
+        records: dicts, oldest first.
         skipped: ``history.jsonl:LINE: why`` for each line skipped (torn, not JSON, not an object, of an
             unknown schema, of another node, of the wrong types).
         disorder: ``history.jsonl:LINE: ...`` when the records' times go backwards somewhere (a line moved,
@@ -74,26 +74,6 @@ class History:
                                     "target is decided from it; check the lines (was one moved, or the node's clock "
                                     "set back?), put them in order or move the file aside (the node then starts a "
                                     "new history)")
-
-
-def upgrade(record: dict) -> dict:
-    """A schema-1 record in schema 2's terms (``result`` ``released`` / ``failed at STEP: why`` /
-    ``abandoned by rollback``; ``from``/``to``), so one reader serves both."""
-    if record.get("schema") == HISTORY_SCHEMA:
-        return record
-    result = str(record.get("result", ""))
-    out = dict(record)
-    out["target"] = record.get("to")
-    if result == "released":
-        kind = record.get("kind")
-        out["result"] = {"rollback": "rolled back", "repair": "repaired"}.get(kind, "released")
-        out["before"], out["after"], out["served"] = record.get("from"), record.get("to"), True
-    elif result.startswith("failed at "):
-        step, _, reason = result.removeprefix("failed at ").partition(": ")
-        out.update(result="failed", step=step, reason=reason, before=record.get("from"), after=None, served=False)
-    elif result.startswith("abandoned"):
-        out.update(result="abandoned", before=record.get("to"), after=None, served=False)
-    return out
 
 
 #: How deeply a record may nest: the node's answers (``history``, ``status``) carry a record two levels down,
@@ -138,7 +118,7 @@ def read_history(path: Path, node: str) -> History:
         if wrong:
             skipped.append(f"{path.name}:{number}: {wrong}; skipped")
             continue
-        records.append(upgrade(record))
+        records.append(record)
         lines.append(number)
     return History(records, skipped, _disorder(path.name, records, lines))
 
@@ -160,20 +140,23 @@ def problem(record: object, node: str) -> str | None:
     if nesting(record) > RECORD_DEPTH:
         return (f"a record nested more than {RECORD_DEPTH} levels (the node's answers carry records "
                 f"{MAX_DEPTH - RECORD_DEPTH} levels down, within {MAX_DEPTH})")
-    schema = record.get("schema", 1)
+    schema = record.get("schema", 1)  # schema 1's records did not say theirs
     if isinstance(schema, bool) or not isinstance(schema, int):
         return f"a record of the wrong types (schema is {type(schema).__name__})"
+    if schema < HISTORY_SCHEMA:
+        return (f"a record of schema {schema}, written by a flatshare-ops before schema {HISTORY_SCHEMA}, which this "
+                "one does not read (move history.jsonl aside: the node then starts a new history)")
     if schema not in KNOWN_SCHEMAS:
         return (f"a record of schema {schema}, which this flatshare-ops does not read (it reads "
                 f"{' and '.join(map(str, KNOWN_SCHEMAS))}; update flatshare-ops on the node)")
-    wrong = _wrong_types(upgrade(record))
+    wrong = _wrong_types(record)
     if wrong:
         return f"a record of the wrong types ({wrong})"
     if "node" in record and record["node"] != node:
         return f"a record of node {record['node']!r}, not of {node} (copied from another node?)"
-    if schema == HISTORY_SCHEMA and "node" not in record:
+    if "node" not in record:
         return "a record that names no node (flatshare-ops writes its node in every record)"
-    missing = [k for k in ("started_at", "finished_at") if schema == HISTORY_SCHEMA and k not in record]
+    missing = [k for k in ("started_at", "finished_at") if k not in record]
     if missing:  # the order that decides a rollback target is checked against these times: none may hide from it
         return f"a record without {' and '.join(missing)} (flatshare-ops writes both in every record)"
     return None

@@ -29,7 +29,7 @@ from ..common.text import clip
 UNIT_JOB_S = 60.0
 #: Added to the gateway's drain timeout for its stop job (its unit's TimeoutStopSec is drain + 10 s).
 GATEWAY_STOP_MARGIN_S = 30.0
-#: The engine's stop budget when serving.json does not say (schema-1 releases).
+#: The engine's stop budget when serving.json does not say (its ``engine.stop_timeout_s`` is optional).
 DEFAULT_STOP_TIMEOUT_S = 90.0
 #: How long the voice worker may take to say it serves again after the drain ends (seconds).
 VOICE_SERVING_S = 30.0
