@@ -416,6 +416,17 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
         finally:
             lifted = fleet.hold_command("lift", "--node", "cyan")
             assert lifted.returncode == 0, lifted.stdout + lifted.stderr
+        # Another breaker's case: the release whose analysis failed, released to peacock alone while cyan's
+        # rollback was owed, went ahead (the guard listed only releases already taken back).
+        alone = fleet.cli("release", "--node", "peacock")
+        assert alone.returncode == 3, alone.stdout + alone.stderr
+        assert re.search(r"^flatshare: release refused: this checkout's release for cyan \(\S+\) failed there \(its "
+                         r"canary analysis failed, .*\) and cyan still runs it: its rollback is owed", alone.stdout,
+                         re.MULTILINE), alone.stdout
+        assert fleet.current("peacock") == left["peacock"]
+        listed = fleet.cli("releases", "--node", "cyan")
+        assert re.search(r"^  FAILED \S+: its canary analysis failed \(.*\); cyan still runs it: its rollback is owed",
+                         listed.stdout, re.MULTILINE), listed.stdout
         owed = fleet.cli("release", "--all")
     assert owed.returncode == 10, owed.stdout + owed.stderr  # rolled back now: the rollback the analysis decided
     assert re.search(r"^cyan: its canary analysis failed in rollout \S+ and it was not rolled back: rolling it back "

@@ -294,6 +294,40 @@ def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_bac
         fleet.settled(name)
 
 
+def test_a_changed_sampling_default_changes_the_golden_answers_and_the_canary_rolls_back(fleet):
+    # cyan's new release gives its engine another default repetition penalty (vLLM's --override-generation-config;
+    # the golden requests set temperature 0 and max_tokens, not the penalty): the tiny model's greedy answers
+    # repeat tokens, so the penalised ones differ where a token would repeat. The golden answers find it before
+    # the analysis's first measurement (no calls are needed); the canary rolls back and peacock is never touched.
+    since = {name: len(fleet.history(name)) for name in ADDRESSES}
+    served = {name: fleet.current(name) for name in ADDRESSES}
+    peacock = fleet.invocations("peacock")
+    with fleet.node_profile("cyan", {**FAST_ANALYSIS, "engine.override_generation_config.repetition_penalty": 2.0}):
+        result = fleet.release("--all", "--json")
+    assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
+    (analysis,) = json.loads(result.stdout)["analyses"]
+    golden = analysis["golden"]
+    assert (analysis["canary"], analysis["phase"], analysis["measurements"]) == ("cyan", "failed", []), analysis
+    assert (golden["against"], golden["errors"]) == ("peacock", []), golden
+    # Each difference is where the two engines' token ids first differ, found here by hand from both answers.
+    found = []
+    for number, (mine, theirs) in enumerate(zip(golden["canary_answers"], golden["other_answers"]), 1):
+        assert mine and theirs, golden
+        first = next((i for i, (a, b) in enumerate(zip(mine, theirs)) if a != b), None)
+        if first is not None:
+            found.append((number, first, mine[first], theirs[first]))
+    assert found, golden
+    assert [(d["prompt_number"], d["position"], d["canary_token"], d["other_token"])
+            for d in golden["differences"]] == found, golden
+    assert _results(fleet, "cyan", since["cyan"]) == ["released", "analysed", "rolled back"]
+    assert fleet.current("cyan") == served["cyan"]
+    assert _results(fleet, "peacock", since["peacock"]) == [] and fleet.invocations("peacock") == peacock
+    assert "--override-generation-config" not in Path(f"/proc/{_main_pid(fleet, 'cyan')}/cmdline").read_bytes().decode(
+        errors="replace").split("\0")  # the rolled-back engine runs without it again
+    for name in ADDRESSES:
+        fleet.settled(name)
+
+
 def test_with_no_calls_the_canarys_analysis_is_inconclusive_and_pauses_as_the_profile_says(fleet):
     # A change of the voice worker's only (its endpointing): the canary switches without an engine restart,
     # and its real engine, with no calls, has nothing to judge.

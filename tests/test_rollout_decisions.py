@@ -64,6 +64,30 @@ def test_a_node_is_refused_while_the_other_is_locked_or_not_serving_or_unreachab
         assert code == Exit.REFUSED
 
 
+def test_a_node_being_released_that_takes_calls_counts_its_calls_as_moving_onto_the_carrier_too():
+    # A breaker's case: cyan and peacock released at once, teal left serving; each admission counted its own
+    # calls only (50 of 64 seats each), and teal was left with 70 requests.
+    twenty = {"running": 20, "waiting": 0, "max_num_seqs": 32, "kv_cache_usage": 0.1}
+    cyan = FakeNode(switch_script=[protocol.line(protocol.AdmitRequest("cyan", "s1", load=twenty)).encode(),
+                                   outcome(Exit.REFUSED)], switch_status=Exit.REFUSED)
+    peacock = FakeNode(probe={"takes_calls": True, "locked": True, "problems": [], "holder": "x pid 9",
+                              "load": twenty})
+    teal = FakeNode(probe={"takes_calls": True, "locked": False, "problems": [], "holder": None,
+                           "load": {**twenty, "running": 30}})
+    targets = fleet(cyan=cyan, peacock=peacock, teal=teal)
+    code, text = run(targets, chosen=targets[:1])
+    answer = json.loads(cyan.stdin[-1])
+    assert answer["admit"] is False and "70 requests for 64 seats" in answer["reason"], (answer, text)
+    assert "peacock, which may drain too, moves 20 running + 0 waiting" in answer["reason"], answer
+    # peacock not being released: its calls stay where they are, and cyan alone fits (50 of 64 seats; the other
+    # carrier, peacock, adds its own 20 running and 32 seats: 70 of 128)
+    cyan = FakeNode(switch_script=[protocol.line(protocol.AdmitRequest("cyan", "s1", load=twenty)).encode(),
+                                   b"switching\n", outcome(0)])
+    targets = fleet(cyan=cyan, peacock=FakeNode(probe={**peacock.probe, "locked": False, "holder": None}), teal=teal)
+    code, text = run(targets, chosen=targets[:1])
+    assert json.loads(cyan.stdin[-1]) == {"admit": True, "reason": None}, text
+
+
 def test_a_lost_connection_reports_what_the_node_says_not_what_the_transport_guessed():
     record = {"result": "released", "target": "r2", "step": None}
     cyan = FakeNode(switch_script=[b"step 1/9\n", Lost], status_answers=[{"state": "recorded", "record": record}])
@@ -312,13 +336,18 @@ def test_which_releases_failed_and_were_taken_back_by_each_kind_of_record():
     # a failure that says nothing about the release (a signal: verdict false), or one left failed: not listed
     assert failed_releases([auto[0], {**auto[1], "verdict": False}, auto[2]]) == {}
     assert failed_releases(auto[:2]) == {}
-    # a canary analysis that failed: listed once the canary was rolled back from it, not while that is owed
+    # a canary analysis that failed: listed while the canary's rollback is owed (marked so), and once it was
+    # rolled back from it; no longer once a later analysis of it passed (a --retry)
     analysed = [_record("released", "s3", "C", before="A", after="C", served=True),
                 _record("analysed", "s3", "C", before="C", after="C", reason="TTFT worse",
                         analysis={"phase": "failed"})]
-    assert failed_releases(analysed) == {}
+    assert failed_releases(analysed) == {"C": {"how": "its canary analysis failed", "at": analysed[1]["finished_at"],
+                                               "switch": "s3", "why": "TTFT worse", "owed": True}}
     back = _record("rolled back", "s4", "A", before="C", after="A", served=True)
     assert failed_releases(analysed + [back])["C"]["how"] == "its canary analysis failed"
+    assert "owed" not in failed_releases(analysed + [back])["C"]
+    passed = _record("analysed", "s3", "C", before="C", after="C", analysis={"phase": "passed"})
+    assert failed_releases(analysed + [passed]) == {}
     # an inconclusive analysis is no failure
     assert failed_releases([analysed[0], {**analysed[1], "analysis": {"phase": "inconclusive"}}, back]) == {}
     # served again since (a --retry that held): no longer listed
@@ -357,6 +386,18 @@ def test_the_room_of_the_nodes_that_would_carry_a_drained_nodes_calls_by_each_ki
     assert refusal is None and lines == ["peacock's engine load not read (http://x/metrics answered 500): its room "
                                          "is not judged"]
     assert headroom("cyan", one, {"peacock": {**full, "max_num_seqs": None}}, settings) == ([], None)
+    # A breaker's case: two releases at once (cyan and peacock, teal left serving) were each admitted counting only
+    # its own calls, and teal was left with 30 + 20 + 20 = 70 requests for 64 seats. A node being released that
+    # takes calls may drain too: its calls count as moving.
+    teal = {"running": 30, "waiting": 0, "max_num_seqs": 32}
+    twenty = {"running": 20, "waiting": 0, "max_num_seqs": 32}
+    assert headroom("cyan", twenty, {"teal": teal}, Admission())[1] is None  # 50 of 64 alone
+    lines, refusal = headroom("cyan", twenty, {"teal": teal}, Admission(), {"peacock": twenty})
+    assert refusal == ("the nodes that would carry cyan's calls lack the room: teal 30 running + 0 waiting of "
+                       "max_num_seqs 32; cyan moves 20 running + 0 waiting; peacock, which may drain too, moves 20 "
+                       "running + 0 waiting: 70 requests for 64 seats ([release.admission] seats_share 2)"), refusal
+    lines, refusal = headroom("cyan", twenty, {"teal": teal}, Admission(), {"peacock": {"error": "no /metrics"}})
+    assert refusal is None and "peacock, which may drain too: its load not read (no /metrics), counted as 0" in lines[0]
 
 
 def test_an_interrupt_while_waiting_to_ask_again_says_the_node_was_waiting_and_quiet_still_says_why(monkeypatch):

@@ -40,12 +40,20 @@ def _speculative_on(tmp_path, parent):
     return load_profile(path)
 
 
+def _sampling_defaults(tmp_path, parent):
+    path = tmp_path / f"sampling-{parent.stem}.toml"
+    path.write_text(f'extends = "{parent}"\n\n[engine.override_generation_config]\nrepetition_penalty = 1.5\n'
+                    "top_k = 20\nmax_new_tokens = 64\n")
+    return load_profile(path)
+
+
 @pytest.fixture(scope="module")
 def parsed(tmp_path_factory):
-    """release -> [(loaded profile, vLLM's result)] for each rendered profile of that release."""
+    """release -> [(loaded profile, vLLM's result)] for each rendered profile of that release: the release's own,
+    with speculative decoding on, and with sampling defaults set."""
     tmp = tmp_path_factory.mktemp("speculative")
-    cases = {"0.32.0": [load_profile(PRODUCTION), _speculative_on(tmp, PRODUCTION)],
-             "0.33.0": [load_profile(VARIANT), _speculative_on(tmp, VARIANT)]}
+    cases = {"0.32.0": [load_profile(PRODUCTION), _speculative_on(tmp, PRODUCTION), _sampling_defaults(tmp, PRODUCTION)],
+             "0.33.0": [load_profile(VARIANT), _speculative_on(tmp, VARIANT), _sampling_defaults(tmp, VARIANT)]}
     out = {}
     for release, profiles in cases.items():
         argvs = [render_profile(p).argv[2:] for p in profiles]
@@ -75,12 +83,22 @@ def test_make_room_values_keep_their_types(parsed, release):
 
 @pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
 def test_the_speculative_switch_renders_vllms_config_only_when_on(parsed, release):
-    off, on = parsed[release]
+    off, on, _ = parsed[release]
     assert "--speculative-config" not in render_profile(off[0]).argv
     assert off[1]["namespace"]["speculative_config"] is None
     assert on[1]["namespace"]["speculative_config"] == {
         "method": "eagle3", "model": on[0].profile.engine.speculative.model,
         "num_speculative_tokens": on[0].profile.engine.speculative.num_speculative_tokens}
+
+
+@pytest.mark.parametrize("release", ["0.32.0", "0.33.0"])
+def test_sampling_defaults_reach_vllms_generation_config_override_only_when_set(parsed, release):
+    (unset, unset_result), _, (sampling, result) = parsed[release]
+    assert "--override-generation-config" not in render_profile(unset).argv
+    assert not unset_result["namespace"]["override_generation_config"]  # vLLM's own default: none
+    assert result["ok"], result
+    assert result["namespace"]["override_generation_config"] == {"repetition_penalty": 1.5, "top_k": 20,
+                                                                "max_new_tokens": 64}
 
 
 def test_vllm_refuses_a_misspelt_flag():

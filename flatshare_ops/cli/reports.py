@@ -139,7 +139,9 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
                 for line in _measurement_lines(record):
                     typer.echo(f"    {line}")
         for release, how in failed_releases(records).items():
-            typer.echo(f"  FAILED {release}: {how['how']} ({one_line(str(how['why']))}); 'flatshare release' "
+            owed = (f"; {name} still runs it: its rollback is owed ('flatshare rollback --node {name}', or the next "
+                    "'flatshare release --all' with canaries carries it out first)" if how.get("owed") else "")
+            typer.echo(f"  FAILED {release}: {how['how']} ({one_line(str(how['why']))}){owed}; 'flatshare release' "
                        "refuses it on every node until given --retry")
     raise typer.Exit(code)
 

@@ -125,6 +125,31 @@ class Speculative(StrictModel):
         return {"method": self.method, "model": self.model, "num_speculative_tokens": self.num_speculative_tokens}
 
 
+class GenerationDefaults(StrictModel):
+    """The sampling defaults the engine gives a request for what it does not set itself: vLLM's
+    ``--override-generation-config``, applied over the model's ``generation_config.json``.
+
+    Only the keys vLLM 0.32.0 reads from it (vllm/config/model.py ``get_diff_sampling_param``:
+    repetition, presence and frequency penalties, temperature, top_k, top_p, min_p, max_new_tokens); vLLM drops any
+    other key without a word, so none is taken here. A request's own value wins: the golden answers ask for
+    temperature 0, and a changed penalty still changes them. None set (the default): the model's own defaults, and
+    no flag is rendered.
+    """
+
+    repetition_penalty: float | None = Field(default=None, gt=0, le=10, description="1 leaves tokens unpenalised")
+    presence_penalty: float | None = Field(default=None, ge=-2, le=2)
+    frequency_penalty: float | None = Field(default=None, ge=-2, le=2)
+    temperature: float | None = Field(default=None, ge=0, le=10)
+    top_k: int | None = Field(default=None, ge=-1, le=2**31 - 1, description="-1 or 0: every token")
+    top_p: float | None = Field(default=None, gt=0, le=1)
+    min_p: float | None = Field(default=None, ge=0, le=1)
+    max_new_tokens: Positive | None = Field(default=None, description="vLLM's max_tokens for a request without one")
+
+    def vllm_config(self) -> dict:
+        """The ``--override-generation-config`` object vLLM reads: the keys set, none of the unset ones."""
+        return {key: value for key, value in self.model_dump().items() if value is not None}
+
+
 class Engine(StrictModel):
     """The vLLM engine: what ``vllm serve`` is started with."""
 
@@ -155,6 +180,7 @@ class Engine(StrictModel):
     make_room: MakeRoom
     flatshare_jit: FlatshareJit
     speculative: Speculative | None = None
+    override_generation_config: GenerationDefaults = Field(default_factory=GenerationDefaults)
 
     @model_validator(mode="after")
     def _environment_leaves_what_the_renderer_sets(self) -> "Engine":

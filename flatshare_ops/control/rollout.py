@@ -39,14 +39,19 @@ from .targets import NodeTarget
 from ..common.text import clip
 
 
-def headroom(draining: str, moved: object, loads: dict[str, object], settings) -> tuple[list[str], str | None]:
+def headroom(draining: str, moved: object, loads: dict[str, object], settings,
+             also_moving: dict[str, object] | None = None) -> tuple[list[str], str | None]:
     """Whether the nodes that would carry ``draining``'s calls have the room (``[release.admission]``,
-    config/profile.py ``Admission``): their running + waiting requests with ``draining``'s moved onto them
-    within ``seats_share`` of their ``max_num_seqs``, and none with its KV cache used above ``kv_cache_max``.
+    config/profile.py ``Admission``): their running + waiting requests with ``draining``'s moved onto them, and
+    those of every other node that may drain meanwhile, within ``seats_share`` of their ``max_num_seqs``, and none
+    with its KV cache used above ``kv_cache_max``.
 
     Args:
         moved: the draining node's load (its admission request's ``load``: node/probe.py ``engine_load``).
         loads: each node counted as serving -> its probe's ``load``.
+        also_moving: each other node that takes calls now but is being released (it may drain while
+            ``draining`` does: another release, or the same batch) -> its probe's ``load``; its calls would move
+            onto the same nodes. A load not read counts as 0 and is said.
 
     Returns:
         (lines saying what was read, one a node; the refusal with the numbers, or None to admit). A load not
@@ -73,6 +78,13 @@ def headroom(draining: str, moved: object, loads: dict[str, object], settings) -
         said = f"{draining} moves {moved['running']} running + {moved['waiting']} waiting"
     else:
         said = f"{draining}'s own load not read ({moved.get('error') if isinstance(moved, dict) else 'not sent'}): counted as 0"
+    for name, load in (also_moving or {}).items():
+        if isinstance(load, dict) and isinstance(load.get("running"), int) and isinstance(load.get("waiting"), int):
+            extra += load["running"] + load["waiting"]
+            said += f"; {name}, which may drain too, moves {load['running']} running + {load['waiting']} waiting"
+        else:
+            why = load.get("error") if isinstance(load, dict) else None
+            said += f"; {name}, which may drain too: its load not read ({why or 'its probe did not say'}), counted as 0"
     demand = extra + sum(load["running"] + load["waiting"] for load in seats.values())
     room = sum(int(settings.seats_share * load["max_num_seqs"]) for load in seats.values())
     carried = ", ".join(f"{name} {load['running']} running + {load['waiting']} waiting of max_num_seqs "
@@ -333,7 +345,9 @@ class Rollout:
         try:
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
-            refusal = self._failed_before() if self.mode == "release" and not self.retry else None
+            # A canary whose rollback is owed is rolled back by this rollout's canary step (not refused).
+            carries = batches[0] if canaries and not self.dry_run and self.analysis != "skip" else []
+            refusal = self._failed_before(carries) if self.mode == "release" and not self.retry else None
             # A release or an undo (rollback --all) of several nodes; a rollback of chosen nodes goes straight.
             if refusal is None and self.mode != "rollback" and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
@@ -454,12 +468,13 @@ class Rollout:
         return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot))
 
-    def _failed_before(self) -> str | None:
+    def _failed_before(self, carries: list[NodeTarget] | tuple = ()) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this
-        checkout renders for it failed and was taken back (rolled back automatically, or its canary analysis
-        failed: node/history.py ``failed_releases``). Release ids are per node, so each node's history is read
-        for its own; a failure anywhere refuses the whole fleet until ``--retry``. A node whose history cannot
-        be read is said, and does not refuse."""
+        checkout renders for it failed (rolled back automatically, or its canary analysis failed: node/history.py
+        ``failed_releases``), taken back or, for a canary whose rollback is owed, not yet. Release ids are per
+        node, so each node's history is read for its own; a failure anywhere refuses the whole fleet until
+        ``--retry``, except an owed rollback on one of ``carries`` (this rollout's canaries, whose canary step
+        carries it out first). A node whose history cannot be read is said, and does not refuse."""
         from concurrent.futures import ThreadPoolExecutor
 
         from ..common.clock import utc_stamp
@@ -500,6 +515,13 @@ class Rollout:
                 continue
             release, how = failure
             when = utc_stamp(how["at"]) if isinstance(how.get("at"), (int, float)) else "at a time not recorded"
+            if how.get("owed"):
+                if target in carries:
+                    continue
+                return (f"this checkout's release for {target.name} ({release}) failed there ({how['how']}, {when}: "
+                        f"{clip(str(how['why']), 300)}) and {target.name} still runs it: its rollback is owed "
+                        f"('flatshare rollback --node {target.name}', or 'flatshare release --all', whose canary step "
+                        "carries it out first); it is refused on every node until asked for again with --retry")
             return (f"this checkout's release for {target.name} ({release}) failed there and was taken back "
                     f"({how['how']}, {when}: {clip(str(how['why']), 300)}); it is refused on every node until asked "
                     "for again with --retry")
@@ -828,11 +850,12 @@ class Rollout:
         answers are the same node when their SSH host keys or their node ids (the
         machine and state directory each node reports, node/probe.py ``node_identity``;
         ``node_id`` is the draining node's own) agree. Then the room: the nodes counted must carry their own
-        load and ``load`` (the draining node's, from its request) within ``[release.admission]``
-        (:func:`headroom`).
+        load, ``load`` (the draining node's, from its request) and the load of each other node being released
+        that takes calls now (it may drain meanwhile) within ``[release.admission]`` (:func:`headroom`).
         """
         serving = []
         loads: dict[str, object] = {}
+        moving: dict[str, object] = {}
         draining = f"{target.name}, the node that would drain"
         nodes_by_key = {key: draining for key in [("SSH host key", self._identity(target)),
                                                   ("node id", node_id)] if key[1]}
@@ -875,13 +898,15 @@ class Rollout:
             if counts:
                 serving.append(other.name)
                 loads[other.name] = answer.get("load")
+            elif answer.get("locked") is True and answer.get("takes_calls") is True:
+                moving[other.name] = answer.get("load")  # being released: it may drain while target does
         need = self.settings.serving_floor
         if len(serving) >= need:
             if need == 0:
                 return None
             loaded = getattr(target, "loaded", None)
             settings = loaded.profile.release.admission if loaded is not None else Admission()
-            lines, refusal = headroom(target.name, load, loads, settings)
+            lines, refusal = headroom(target.name, load, loads, settings, moving)
             for line in lines:
                 self.out.line(f"admission for {target.name}: {line}")
             return refusal

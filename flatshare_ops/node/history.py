@@ -306,15 +306,17 @@ def served_releases(history: History) -> list[str]:
 def failed_releases(records: list[dict]) -> dict[str, dict]:
     """Releases that failed on this node and were taken back, each with how and when, from its history's
     records (oldest first): a switch whose engine did not serve (its failure's ``verdict``) and that the node
-    rolled back by itself, or a release whose canary analysis failed (its ``analysed`` record) and that was
-    rolled back from (a canary whose rollback is still owed is not listed: the next rollout carries it out). A release
-    that served again later (a release or rollback record with it ``after``, ``served``) is no longer listed:
-    the newest record decides. A release that failed and was left failed (no automatic rollback) is not
-    listed: the next release finishes or replaces its switch.
+    rolled back by itself, or a release whose canary analysis failed (its ``analysed`` record), rolled back from
+    or not yet: a canary whose rollback is still owed (the operator's side stopped before it, or it was refused)
+    still runs the release, which is listed with ``owed``. A release that served again later (a release or
+    rollback record with it ``after``, ``served``), or whose later analysis passed, is no longer listed: the
+    newest record decides. A release that failed and was left failed (no automatic rollback) is not listed: the
+    next release finishes or replaces its switch.
 
     Returns:
         ``{release id: {"how": "rolled back automatically" | "its canary analysis failed", "why": one line,
-        "at": Unix seconds of the record that took it back, "switch": that switch's id}}``.
+        "at": Unix seconds of the record that took it back (of the analysis, while owed), "switch": that switch's
+        id}}``, and ``"owed": True`` for a canary that still runs it.
     """
     failed: dict[str, dict] = {}
     verdicts: dict[str, dict] = {}  # switch id -> its failure that says the release does not serve
@@ -328,16 +330,22 @@ def failed_releases(records: list[dict]) -> dict[str, dict]:
             failed[cause["target"]] = {"how": "rolled back automatically", "at": record.get("finished_at"),
                                        "switch": switch,
                                        "why": f"{cause.get('step') or 'a step'} failed: {cause.get('reason') or 'no reason recorded'}"}
-        elif result == "analysed" and isinstance(target, str) and \
-                isinstance(record.get("analysis"), dict) and record["analysis"].get("phase") == "failed":
-            analysed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
-                                "switch": switch, "why": record.get("reason") or "no summary recorded"}
+        elif result == "analysed" and isinstance(target, str) and isinstance(record.get("analysis"), dict):
+            phase = record["analysis"].get("phase")
+            if phase == "failed":
+                analysed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
+                                    "switch": switch, "why": record.get("reason") or "no summary recorded"}
+            elif phase == "passed":  # analysed again (a --retry) and passed
+                analysed.pop(target, None)
+                failed.pop(target, None)
         elif result == "rolled back" and record.get("before") in analysed:  # the canary taken back from it
             failed[record["before"]] = {**analysed.pop(record["before"]), "at": record.get("finished_at")}
         if result in SERVED_RESULTS and record.get("served") and isinstance(record.get("after"), str) \
                 and not record.get("auto") and record.get("before") != record.get("after"):
             failed.pop(record["after"], None)
             analysed.pop(record["after"], None)
+    for release, cause in analysed.items():  # a canary still on it: its rollback is owed
+        failed[release] = {**cause, "owed": True}
     return failed
 
 

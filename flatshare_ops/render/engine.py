@@ -81,6 +81,9 @@ def engine_flags(engine: Engine) -> list[str]:
         # compact and key-sorted, so the render never churns.
         flags += ["--speculative-config",
                   json.dumps(engine.speculative.vllm_config(), sort_keys=True, separators=(",", ":"))]
+    generation = engine.override_generation_config.vllm_config()
+    if generation:  # none set: the model's own defaults, and no flag
+        flags += ["--override-generation-config", json.dumps(generation, sort_keys=True, separators=(",", ":"))]
     return flags
 
 

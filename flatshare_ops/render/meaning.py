@@ -37,6 +37,7 @@ DEST_KEYS = {
     "scheduler_cls": "engine.scheduler_cls",
     "additional_config": "engine.make_room",
     "speculative_config": "engine.speculative",
+    "override_generation_config": "engine.override_generation_config",
 }
 
 
@@ -58,6 +59,9 @@ def expected_values(loaded: LoadedProfile) -> dict[str, object]:
     speculative = getattr(e, "speculative", None)
     if speculative is not None and speculative.enabled:
         values["speculative_config"] = speculative.vllm_config()
+    generation = e.override_generation_config.vllm_config()
+    if generation:
+        values["override_generation_config"] = generation
     return values
 
 
