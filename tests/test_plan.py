@@ -192,3 +192,17 @@ def test_only_a_failure_that_is_a_verdict_disqualifies_a_release_that_served():
     assert served_releases(history({})) == ["B"]  # an older record: a verdict
     assert served_releases(history({"verdict": False})) == ["B", "A"]
     assert served_releases(history({"verdict": False, "result": "abandoned"})) == ["B", "A"]
+
+
+def test_a_schema_1_record_whose_kind_is_no_text_is_skipped_as_the_wrong_types_not_raised(tmp_path):
+    # mypy's finding: upgrade() looked a schema-1 record's kind up in a dict before its types were checked, so a
+    # kind that is a list raised TypeError (unhashable) out of the history reader instead of skipping the line.
+    from flatshare_ops.node.history import problem, read_history
+
+    damaged = {"schema": 1, "node": "cyan", "result": "released", "kind": ["rollback"], "to": "A"}
+    assert problem(damaged, "cyan") == "a record of the wrong types (kind is list)"
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps(damaged) + "\n" + json.dumps({**damaged, "kind": "rollback"}) + "\n")
+    history = read_history(path, "cyan")
+    assert [r["result"] for r in history.records] == ["rolled back"]
+    assert history.skipped == ["history.jsonl:1: a record of the wrong types (kind is list); skipped"]

@@ -86,6 +86,7 @@ def upgrade(record: dict) -> dict:
     out["target"] = record.get("to")
     if result == "released":
         kind = record.get("kind")
+        kind = kind if isinstance(kind, str) else ""  # a damaged kind (a list) is named by the type check, not raised
         out["result"] = {"rollback": "rolled back", "repair": "repaired"}.get(kind, "released")
         out["before"], out["after"], out["served"] = record.get("from"), record.get("to"), True
     elif result.startswith("failed at "):
