@@ -23,8 +23,9 @@ test: setup
 	@./scripts/vllm-venvs.sh
 	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=25
 
-# The inner loop (about 30 s on 2 CPUs, once vLLM's venvs are built): ruff on the whole tree, then the tests that need no sandbox, no
-# engine and no machine (pure cores, fake connections, the CLI's conventions, the rendered files' drift).
+# The inner loop (about 40 s on 2 CPUs, once vLLM's venvs are built): ruff on the whole tree, mypy on the files pyproject.toml's
+# [tool.mypy] names (about 10 s), then the tests that need no sandbox, no engine and no machine (pure cores, fake connections,
+# the CLI's conventions, the rendered files' drift).
 # `make test` runs them too, with everything else.
 CHECK_TESTS := tests/test_analysis.py tests/test_commands.py tests/test_durable.py tests/test_engine_output.py \
 	tests/test_golden.py tests/test_plan.py tests/test_profile.py tests/test_report.py tests/test_rollout_decisions.py \
@@ -32,6 +33,7 @@ CHECK_TESTS := tests/test_analysis.py tests/test_commands.py tests/test_durable.
 check: setup
 	@./scripts/vllm-venvs.sh
 	$(BIN)/ruff check .
+	$(BIN)/mypy
 	$(BIN)/python -m pytest -q -n 2 $(CHECK_TESTS)
 
 sandbox-down: setup

@@ -36,7 +36,7 @@ class Exit(IntEnum):
 
 
 #: What each code means, for summaries (``cyan: refused``).
-EXIT_NAMES = {
+EXIT_NAMES: dict[int, str] = {
     Exit.OK: "released",
     Exit.FAILED: "failed mid-switch (journal kept)",
     Exit.BAD_INPUT: "bad input",

@@ -6,6 +6,7 @@ import re
 from typing import Any
 
 from pydantic import ValidationError
+from pydantic_core import ErrorDetails
 
 
 def dotted(loc: tuple[Any, ...]) -> str:
@@ -50,7 +51,7 @@ def did_you_mean(name: str, keys: list[str] | None) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
-def rule(error: dict[str, Any], model: Any = None) -> str:
+def rule(error: ErrorDetails, model: Any = None) -> str:
     """What one pydantic error says, in our words: the rule broken and, where it helps, the value given; for an
     unknown key, the closest key the schema ``model`` allows there."""
     kind = error["type"]
@@ -70,7 +71,7 @@ def rule(error: dict[str, Any], model: Any = None) -> str:
     return message
 
 
-def ordered(err: ValidationError) -> list[dict[str, Any]]:
+def ordered(err: ValidationError) -> list[ErrorDetails]:
     """The errors, an unknown key first (a typo also makes its intended key "missing")."""
     return sorted(err.errors(), key=lambda e: e["type"] != "extra_forbidden")
 

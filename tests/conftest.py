@@ -187,7 +187,7 @@ _lane: list = []  # [lane number, its open lock file], once taken
 
 def _listening_lanes() -> set[int]:
     """Third octets of the 127.x.y.z addresses (x > 0) something listens on (TCP), from /proc/net/tcp."""
-    lanes = set()
+    lanes: set[int] = set()
     try:
         rows = Path("/proc/net/tcp").read_text().splitlines()[1:]
     except OSError:

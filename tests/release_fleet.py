@@ -162,6 +162,7 @@ def node_switch(inventory: Path, root: Path, name: str, env: dict | None = None,
     errors = tempfile.TemporaryFile("w+")
     process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=errors,
                                text=True, env={**os.environ, **(env or {})}, start_new_session=True)
+    assert process.stdin is not None and process.stdout is not None  # both PIPE
     watchdog = threading.Timer(timeout_s, process.kill)  # a switch that never ends fails the test, not the run
     watchdog.start()
     admissions, people, outcome = [], [], None

@@ -37,6 +37,8 @@ FAST_ANALYSIS = {"interval_s": 1.5, "count": 3, "min_requests": 4, "failure_limi
 
 
 class Fleet:
+    _fresh: int  # the last hold value rendered fresh (set at the first render; see below)
+
     def __init__(self, checkout: Path, base: Path) -> None:
         self.checkout, self.base = checkout, base
         self.inventory = base / "fleet.toml"
@@ -63,6 +65,7 @@ class Fleet:
         """``flatshare release --all``, ``on_line(line)`` called on each line of its output as it comes (to act
         while it runs); returns its exit code and its whole output."""
         running, lines = self.popen_release(), []
+        assert running.stdout is not None  # stdout=PIPE
         for line in running.stdout:
             lines.append(line)
             on_line(line)
@@ -91,7 +94,9 @@ class Fleet:
 
     def hold(self) -> int:
         text = (self.checkout / "profiles/rtx-5060-ti-serve.toml").read_text()
-        return int(re.search(r"(?m)^decode_hold_tokens = (\d+)", text).group(1))
+        found = re.search(r"(?m)^decode_hold_tokens = (\d+)", text)
+        assert found is not None, "the profile sets no decode_hold_tokens"
+        return int(found.group(1))
 
     def running_hold(self, name: str) -> int:
         """decode_hold_tokens in the node's running engine's command line (/proc)."""

@@ -105,7 +105,7 @@ def _serving_status_line(name: str, release: str, text: str) -> bool:
     """``flatshare status`` says NAME runs RELEASE and each of its four units is active."""
     match = re.search(rf"^{name}: release {release}; (.*)$", text, re.MULTILINE)
     units = ("flatshare.target", "flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")
-    return bool(match) and all(f"{u} active" in match.group(1) for u in units)
+    return match is not None and all(f"{u} active" in match.group(1) for u in units)
 
 
 def _no_traceback(*texts: str) -> None:
@@ -122,6 +122,8 @@ def _stamp(t: float) -> str:
 
 class Fleet:
     """This file's checkout and sandbox, and what the tests read of them."""
+
+    _fresh: int  # the last hold value rendered fresh (set at the first render; see below)
 
     def __init__(self, checkout: Path, base: Path) -> None:
         self.checkout, self.base = checkout, base
@@ -313,7 +315,7 @@ class Fleet:
         (switch,) = switches
         pid = switch
         while pid and ppid(pid) not in (listener, None, 0, 1):
-            pid = ppid(pid)
+            pid = ppid(pid) or 0  # gone meanwhile: the walk ends, and the assertion names the switch
         assert ppid(pid) == listener, f"switch {switch} is not under {name}'s sshd listener {listener}"
         argv = " ".join(cmdline(pid))
         assert "sshd" in argv and pid != listener, argv

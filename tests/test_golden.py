@@ -188,7 +188,7 @@ def _send(handler, status: int, body: bytes, drip_s: float = 0.0) -> None:
     handler.send_header("Content-Length", str(len(body)))
     handler.end_headers()
     try:
-        for i in range(len(body)) if drip_s else [None]:
+        for i in range(len(body)) if drip_s else [0]:
             handler.wfile.write(body[i:i + 1] if drip_s else body)
             handler.wfile.flush()
             time.sleep(drip_s)

@@ -106,6 +106,19 @@ def test_serving_shape_refuses_a_bound_that_is_no_bound(value):
     assert "gateway.drain_timeout_s: must be a finite number of seconds above 0" in serving_shape.problem(serving)
 
 
+@pytest.mark.parametrize("field", ["prompt_tokens", "generation_tokens"])
+def test_the_stand_in_engine_refuses_an_observation_whose_token_count_is_null(field):
+    # mypy's finding: a null count skipped the check and reached int(None), a TypeError out of the handler
+    # instead of the one-line refusal every other value gets.
+    from flatshare_ops.sandbox.engine import Engine
+    from flatshare_ops.sandbox.engine_behaviour import Behaviour, BehaviourError
+
+    engine = Engine({"model": "/models/m"}, Behaviour())
+    with pytest.raises(BehaviourError, match=f"^{field}: must be a number >= 0, got None$"):
+        engine.observe({"requests": 1, "e2e_s": 0.5, field: None})
+    assert engine.observe({"requests": 2, "ttft_s": None, "e2e_s": 0.5}) == 2  # no token: ttft_s is not observed
+
+
 @pytest.mark.parametrize("value", ["yesterday", 1e300, float("nan"), -1e20, None, [1]])
 def test_a_time_read_from_a_damaged_file_never_raises(value):
     if value is None:

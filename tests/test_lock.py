@@ -67,6 +67,7 @@ def holding(argv_tail: list[str], code: str = HOLDER):
     """A child process holding a lock (``code``); yields it once it said ``locked``."""
     child = subprocess.Popen([sys.executable, "-c", code, *argv_tail], stdin=subprocess.PIPE,
                              stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert child.stdin is not None and child.stdout is not None and child.stderr is not None  # all three PIPE
     try:
         assert child.stdout.readline().strip() == "locked", child.stderr.read()
         yield child

@@ -124,6 +124,7 @@ def lock_messages(node: NodeContext) -> list[str]:
     hold = holds.acquire(node, "E2 benchmark", who="operator7@laptop")
     holds.release(node)
     in_progress, _ = release_state(node.releases)
+    assert in_progress is not None  # a release holds the node
     return [str(refused.value), answer["holder"], status["in_progress"], " / ".join(status_lines("cyan", status)),
             hold["during_release"], in_progress.summary]
 
@@ -236,10 +237,13 @@ def test_messages_built_from_switching_json_name_what_it_lacks(node):
     def produce(fields: dict) -> list[str]:
         (node.releases / "switching.json").write_text(json.dumps(fields))
         try:
-            summary = journal_summary(read_journal(node.state_dir, "cyan"))
+            journal = read_journal(node.state_dir, "cyan")
+            assert journal is not None  # switching.json was just written
+            summary = journal_summary(journal)
         except JournalError as err:
             summary = str(err)
         _, unfinished = release_state(node.releases)
+        assert unfinished is not None  # switching.json is there, and nobody holds the lock
         return [summary, " / ".join(status_lines("cyan", node_status(node))), unfinished.summary]
 
     failures: list[str] = []

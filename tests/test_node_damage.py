@@ -44,6 +44,7 @@ import zipfile
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BIN, loopback_pair, quick_stand_in, run_cli, scratch_sandbox
@@ -211,15 +212,17 @@ class Node:
         is answered ``admit``. Fails the test if it runs past :data:`BOUND_S` (killed, named as hung)."""
         argv = (wrap or []) + self.node_argv("switch", "--switch-id", uuid.uuid4().hex[:16], *options)
         process = subprocess.Popen(argv, stdin=subprocess.PIPE, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        out, err = process.stdout, process.stderr
+        assert process.stdin is not None and out is not None and err is not None  # all three PIPE
         lines: queue.Queue = queue.Queue()
         def read() -> None:
-            for raw in process.stdout:
+            for raw in out:
                 lines.put(raw)
             lines.put(None)  # its stdout ended (an error before any outcome: bad input is printed and exits)
 
         threading.Thread(target=read, daemon=True).start()
         errors: list[bytes] = []
-        threading.Thread(target=lambda: errors.append(process.stderr.read()), daemon=True).start()
+        threading.Thread(target=lambda: errors.append(err.read()), daemon=True).start()
         payload = first_line if first_line is not None else (json.dumps(bundle if bundle is not None else {}) + "\n").encode()
         try:
             process.stdin.write(payload)
@@ -227,6 +230,7 @@ class Node:
         except BrokenPipeError:
             pass
         deadline = time.monotonic() + BOUND_S
+        people: list[str]
         people, outcome, asked = [], None, 0
         while True:
             try:
@@ -368,6 +372,7 @@ class Kept:
             os.symlink(self.link, self.path)
         elif self.data is not None:
             self.path.write_bytes(self.data)
+            assert self.mode is not None  # kept with the data
             os.chmod(self.path, self.mode)
 
 
@@ -471,7 +476,9 @@ def roles(node: Node) -> Roles:
     stored = set(node.stored())
     served = [r for r in served_newest_first(node.records()) if r in stored and r != node.current()]
     assert len(served) >= 2, (served, stored)
-    return Roles(node.current(), served[0], served[1])
+    active = node.current()
+    assert active is not None, "no current link"
+    return Roles(active, served[0], served[1])
 
 
 def edit_serving(node: Node, rid: str, **changes: object) -> Path:
@@ -599,7 +606,9 @@ class Opened:
 
 
 def _active(node: Node) -> Path:
-    return node.releases / node.current()
+    current = node.current()
+    assert current is not None, "no current link"
+    return node.releases / current
 
 
 def _metadata(node: Node) -> Path:
@@ -714,7 +723,7 @@ def journal_document(n: Node, **fields: object) -> dict:
     """A journal as a switch interrupted after its first step leaves it (releases/README.md, schema 2)."""
     r = roles(n)
     now = time.time()
-    document = {"schema": 2, "switch": uuid.uuid4().hex[:16], "rollout": None, "commit": None, "from": r.active,
+    document: dict[str, Any] = {"schema": 2, "switch": uuid.uuid4().hex[:16], "rollout": None, "commit": None, "from": r.active,
                 "to": r.target, "node": CYAN, "host": "test", "pid": 4242, "user": "root", "started_at": now - 60,
                 "forced": False, "resumed": 0, "auto": None, "kind": "release",
                 "steps": [{"name": "drain-voice", "state": "done", "at": now - 59, "error": None},

@@ -38,6 +38,7 @@ from collections import Counter
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 import pytest
 from conftest import BIN, REPO, faults, loopback_pair, quick_stand_in, run_cli, scratch_sandbox
@@ -491,7 +492,8 @@ class Kept:
         self.path = path
         self.kind = "link" if path.is_symlink() else "file" if path.is_file() else None
         assert not (path.is_dir() and not path.is_symlink()), f"{path} is a directory"
-        self.data = os.readlink(path) if self.kind == "link" else path.read_bytes() if self.kind == "file" else None
+        # the link's text (a link) or the file's bytes (a file), else None
+        self.data: Any = os.readlink(path) if self.kind == "link" else path.read_bytes() if self.kind == "file" else None
 
     def restore(self) -> None:
         clear(self.path)
@@ -648,7 +650,7 @@ def judge(c: Case, results: dict[str, subprocess.CompletedProcess]) -> list[str]
         said = check_re if command == "serving-check" else damage_re
         if "Traceback" in text:
             failures.append(f"{command}: a traceback:\n{text[-3000:]}")
-        if allowed[command] is not None and result.returncode not in allowed[command]:
+        if (codes := allowed[command]) is not None and result.returncode not in codes:
             failures.append(f"{command}: exit {result.returncode}, expected one of {allowed[command]}:\n{text[-1500:]}")
         if command in named and not any(name_re.search(line) and said.search(line) for line in text.splitlines()):
             failures.append(f"{command}: no line names {c.file} and its damage ({c.form}):\n{text[-1500:]}")
@@ -1374,7 +1376,7 @@ def _suggestions() -> dict[tuple[str, ...], set[str]]:
                 else:
                     command.append(word)
             # 'flatshare sandbox up/down' suggests both
-            alternatives = [[]]
+            alternatives: list[list[str]] = [[]]
             for word in command:
                 alternatives = [a + [w] for a in alternatives for w in word.split("/")]
             for alternative in alternatives:

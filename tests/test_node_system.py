@@ -21,7 +21,7 @@ from flatshare_ops.common.systemd import (ManagerAddress, control_group_processe
 
 
 def _facts(venv: Path) -> dict:
-    want = {"dirs": [], "model": "x", "venv": str(venv), "build": "/nonexistent", "module": "/nonexistent",
+    want: dict[str, object] = {"dirs": [], "model": "x", "venv": str(venv), "build": "/nonexistent", "module": "/nonexistent",
             "user": None, "ops": "/nonexistent", "textfile": None}
     done = subprocess.run([sys.executable, "-c", FACTS, json.dumps(want)], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)

@@ -192,3 +192,19 @@ def test_only_a_failure_that_is_a_verdict_disqualifies_a_release_that_served():
     assert served_releases(history({})) == ["B"]  # an older record: a verdict
     assert served_releases(history({"verdict": False})) == ["B", "A"]
     assert served_releases(history({"verdict": False, "result": "abandoned"})) == ["B", "A"]
+
+
+def test_a_record_whose_kind_is_no_text_is_skipped_as_the_wrong_types_not_raised(tmp_path):
+    # mypy's finding (in the schema-1 reader since removed): a kind that is a list raised TypeError (unhashable)
+    # out of the history reader instead of skipping the line. A schema-2 record of that kind is skipped, named.
+    from flatshare_ops.node.history import problem, read_history
+
+    good = {"schema": 2, "node": "cyan", "switch": "s1", "kind": "rollback", "result": "rolled back", "before": "B",
+            "after": "A", "target": "A", "served": True, "started_at": 1000.0, "finished_at": 1001.0}
+    damaged = {**good, "kind": ["rollback"]}
+    assert problem(damaged, "cyan") == "a record of the wrong types (kind is list)"
+    path = tmp_path / "history.jsonl"
+    path.write_text(json.dumps(damaged) + "\n" + json.dumps(good) + "\n")
+    history = read_history(path, "cyan")
+    assert [r["result"] for r in history.records] == ["rolled back"]
+    assert history.skipped == ["history.jsonl:1: a record of the wrong types (kind is list); skipped"]

@@ -17,7 +17,7 @@ from flatshare_ops.common import protocol
 from flatshare_ops.node.output import ReleaseOutput
 
 ADMIT = protocol.line(protocol.AdmitRequest("cyan", "s1")).encode()
-RESULTS = {Exit.OK: protocol.ROLLED_BACK, Exit.REFUSED: protocol.REFUSED, Exit.NOTHING_TO_DO: protocol.NOTHING}
+RESULTS: dict[int, str] = {Exit.OK: protocol.ROLLED_BACK, Exit.REFUSED: protocol.REFUSED, Exit.NOTHING_TO_DO: protocol.NOTHING}
 
 
 def outcome(code: int) -> bytes:

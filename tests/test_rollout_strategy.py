@@ -76,6 +76,7 @@ class Monitor(threading.Thread):
 
     def __init__(self, fleet: Fleet) -> None:
         super().__init__(daemon=True)
+        self.samples: list[tuple[float, int]]
         self.fleet, self.samples, self._halt = fleet, [], threading.Event()
 
     def serving(self, name: str) -> bool:

@@ -53,6 +53,7 @@ class DropIn:
         self.directory = node.manager.unit_dir / f"{unit}.d"
         self.path = self.directory / "50-test.conf"
         self.directory.mkdir(exist_ok=True)
+        self.target: Path | None
         if link:
             self.target = node.root / "bench/e2-point.conf"
             self.target.parent.mkdir(exist_ok=True)

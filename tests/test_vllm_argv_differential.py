@@ -48,10 +48,7 @@ def production_words() -> list[str]:
     to the render).
     """
     try:
-        try:
-            from flatshare_ops.config.profile import load_profile
-        except ImportError:
-            from flatshare_ops.profile import load_profile
+        from flatshare_ops.config.profile import load_profile
         from flatshare_ops.render import render_profile
 
         argv = render_profile(load_profile(REPO / "profiles/rtx-5060-ti-serve.toml")).argv
@@ -374,7 +371,7 @@ def _norm(message: str) -> str:
 
 # Lines whose rejection message vllm_argv cannot reproduce word for word:
 # pydantic's ValidationError text for config dataclasses.
-APPROXIMATE_MESSAGES = set()
+APPROXIMATE_MESSAGES: set[str] = set()
 
 
 @pytest.mark.parametrize("release", sorted(VENVS))

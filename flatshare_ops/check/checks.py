@@ -81,7 +81,7 @@ def check_vllm_release(version_status: int, version_body: bytes, installed: str 
         # stopped API server was reported as running "not 0.32.0").
         summary = f"vLLM release is not {expected}" if known_other else f"vLLM release unknown, profile {expected}"
         return Finding("vllm_release", CRITICAL, summary, details)
-    labels = sorted({v for v in (answered, installed) if v != expected})
+    labels = sorted({v for v in (answered, installed) if isinstance(v, str) and v != expected})
     also = f" (as {', '.join(labels)})" if labels else ""
     return Finding("vllm_release", OK, f"vLLM {expected} running and installed{also}")
 

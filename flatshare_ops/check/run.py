@@ -96,7 +96,7 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
 def _journal_words(record: dict) -> str:
     """``from A to B, started by root@vm pid 12`` from a raw journal; what it lacks is named."""
     if "from" in record and record["from"] is None:
-        start = "no release"  # a node's first release (releases/README.md)
+        start: str | None = "no release"  # a node's first release (releases/README.md)
     else:
         start = text_field(record, "from")
     pid = int_field(record, "pid")
@@ -197,6 +197,7 @@ def run_checks(state_dir: Path, node: str, runtime_dir: Path | None = None, insi
             raise _Deadline()
 
         previous = signal.signal(signal.SIGALRM, fire)
+        assert deadline_s is not None  # timer says so
         signal.setitimer(signal.ITIMER_REAL, deadline_s)
     try:
         _run(Path(state_dir), node, runtime_dir, inside_release, findings, perf, stage, state)
@@ -234,6 +235,7 @@ def _run(state_dir: Path, node: str, runtime_dir, inside_release: bool, findings
     if trouble:
         findings.append(trouble)
         return
+    assert serving is not None  # _read_serving gives a serving.json or the trouble with it
     if not inside_release:
         _note_release(state, releases, serving)
     stage[0] = "asking systemd"

@@ -50,7 +50,7 @@ def hold_place(
         typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
         raise typer.Exit(answer_code(answer) or Exit.REFUSED)
     typer.echo(hold_line(node, answer))
-    hold = answer.get("hold") if isinstance(answer.get("hold"), dict) else {}
+    hold = found if isinstance(found := answer.get("hold"), dict) else {}
     running = hold.get("during_release")
     if running:
         typer.echo(one_line(f"{node}: note: a release is switching it now ({running}); the hold does not stop "

@@ -127,9 +127,12 @@ def profiles_pin_module(
         path = node_profile if profile is None else path
     if not re.fullmatch(r"[0-9a-f]{64}", sha256 or ""):
         raise FlatshareError(f"profiles pin-module: {sha256!r} is not a sha256 (64 lowercase hex digits)")
+    def say_written(written) -> None:
+        for p in written:
+            typer.echo(f"wrote {p}")
+
     old, new, _ = set_value(path, "module.sha256", f'"{sha256}"',
-                            then=lambda: write_outputs(root, checkout_outputs(root)),
-                            echo=lambda written: [typer.echo(f"wrote {p}") for p in written])
+                            then=lambda: write_outputs(root, checkout_outputs(root)), echo=say_written)
     typer.echo(f"{path}: module.sha256: {old} -> {new}")
 
 
@@ -181,7 +184,7 @@ def profiles_verify(
         typer.echo(f"warning: {warning}", err=True)
     rendered = render_profile(loaded)
     output = verify_units(rendered.units, unit_programs(loaded.profile))
-    document = {"profile": loaded.profile.name, "units": sorted(rendered.units), "systemd_analyze": output,
+    document: dict[str, object] = {"profile": loaded.profile.name, "units": sorted(rendered.units), "systemd_analyze": output,
                 "vllm": None, "warnings": warnings, "ok": not output}
 
     def done(code: int) -> None:

@@ -43,8 +43,7 @@ def command_reference() -> str:
             title = "##" if len(path) <= 2 else "###"
             lines.extend([f"{title} {' '.join(path)}", "", "```", _usage(command, ctx, path), "```", "",
                           _text(command.help), ""])
-            rows = [_row(p, ctx) for p in command.get_params(ctx)]
-            rows = [r for r in rows if r is not None]
+            rows = [r for r in (_row(p, ctx) for p in command.get_params(ctx)) if r is not None]
             if rows:
                 lines.extend(["| Argument or option | Meaning |", "| --- | --- |", *rows, ""])
         if subcommands is not None:

@@ -5,7 +5,7 @@ from __future__ import annotations
 import sys
 from enum import Enum
 from pathlib import Path
-from typing import Annotated, Optional
+from typing import Annotated, Optional, TypedDict
 
 import typer
 
@@ -147,6 +147,14 @@ def _finish(rollout, as_json: bool) -> int:
     return code
 
 
+class _Shown(TypedDict):
+    """How a run shows itself (Rollout's verbose, quiet and plain)."""
+
+    verbose: bool
+    quiet: bool
+    plain: bool
+
+
 @app.command("rollback", short_help='Switch nodes back to what served before.')
 def rollback(
     node: NodesOption = None,
@@ -173,7 +181,7 @@ def rollback(
     chosen = targets(path, node or [], all_nodes)
     everyone = every_node(path, chosen)
     _on_signals()
-    shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
+    shown: _Shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
     if not all_nodes:
         raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run, inventory=path,
                                          **shown), as_json))

@@ -4,12 +4,13 @@ from __future__ import annotations
 
 import math
 import time
+from typing import TypeGuard
 
 #: The latest time a file may name: 9999-12-31T23:59:59Z (Unix seconds). Anything later (1e300) is no time.
 LATEST = 253402300799.0
 
 
-def is_time(value: object) -> bool:
+def is_time(value: object) -> TypeGuard[float]:
     """Whether ``value``, read from a file, is a time: a finite number of Unix seconds from 1970 to 9999
     (a bool, NaN, an infinity, a negative number or 1e300 is damage, not a time)."""
     if isinstance(value, bool) or not isinstance(value, (int, float)):
@@ -20,7 +21,7 @@ def is_time(value: object) -> bool:
         return False
 
 
-def is_duration(value: object) -> bool:
+def is_duration(value: object) -> TypeGuard[float]:
     """Whether ``value``, read from a file, is a duration: a finite number of seconds, 0 or more, at most
     :data:`LATEST` (so a printed duration is never ``inf s`` or ``-3 s``)."""
     return is_time(value)

@@ -18,6 +18,7 @@ import json
 import socket
 import time
 from dataclasses import asdict, dataclass
+from typing import cast
 from urllib.parse import urlsplit
 
 from .text import clip
@@ -105,7 +106,8 @@ def post_completion(base_url: str, body: dict, request_id: str, timeout_s: float
     outcome = CompletionOutcome()
     started = time.monotonic()
     deadline = started + timeout_s
-    connection = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=timeout_s)
+    # base_url is always http://HOST:PORT (the callers build it from an address): it has a host.
+    connection = http.client.HTTPConnection(cast(str, url.hostname), url.port or 80, timeout=timeout_s)
     try:
         connection.request("POST", COMPLETIONS_PATH, json.dumps(body).encode(),
                            {"Content-Type": "application/json", "X-Request-Id": request_id})

@@ -46,6 +46,8 @@ class NotAFile(OSError):
     """What is at a path is not a regular file (a directory, a FIFO, a socket, a device, a link not
     followed): refused without waiting on it. ``filename`` is the path; ``strerror`` says what it is."""
 
+    strerror: str  # always set, by __init__
+
     def __init__(self, path: Path, what: str) -> None:
         super().__init__(None, f"is {what}, not a regular file")
         self.filename = str(path)

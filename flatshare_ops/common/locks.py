@@ -44,7 +44,8 @@ def read_holder(path: Path) -> tuple[dict, str | None]:
         record = read_json_object(path) or {}
     except Damaged as err:
         return {}, f"{Path(path).name}: {err.form}"
-    fields = {"host": str, "pid": int, "user": str, "mode": str, "release": str, "started_at": (int, float)}
+    fields: dict[str, type | tuple[type, ...]] = {"host": str, "pid": int, "user": str, "mode": str, "release": str,
+                                                  "started_at": (int, float)}
     for key, kind in fields.items():
         if key in record and (not isinstance(record[key], kind) or isinstance(record[key], bool)):
             return {}, f"{Path(path).name}: {key} is {type(record[key]).__name__} (the wrong shape)"
@@ -118,7 +119,7 @@ def _flock_holders() -> dict[str, int]:
             lines = f.readlines()
     except OSError as err:
         raise LockTableError(f"/proc/locks cannot be read ({err.strerror or err})") from None
-    holders = {}
+    holders: dict[str, int] = {}
     for line in lines:
         fields = line.split()
         # "1: FLOCK  ADVISORY  WRITE 12357 fe:00:2146384 0 EOF"; a blocked waiter's line has "->" in front.

@@ -250,7 +250,7 @@ def _build(cls, text: str):
         return None
     for f in fields(cls):  # the types each field must have, so that a damaged line is never half-believed
         value = getattr(message, f.name)
-        if not _fits(value, f.type):
+        if not _fits(value, str(f.type)):  # a str: annotations are not evaluated here
             return None
     return message
 

@@ -24,9 +24,10 @@ import select
 import signal
 import sys
 import time
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
+from typing import Any, cast
 
 from . import poll
 from ..errors import Exit, SystemdError
@@ -95,11 +96,11 @@ class SystemdBus:
         raw: the pystemd bus object.
     """
 
-    def __init__(self, raw: object) -> None:
+    def __init__(self, raw: Any) -> None:  # pystemd has no types
         self.raw = raw
         self.job_results: dict[bytes, bytes] = {}
         self._subscribed = False
-        self._callback = None
+        self._callback: Callable[..., None] | None = None
 
     def watch_jobs(self) -> None:
         """Subscribe to the manager's signals and record every ``JobRemoved`` (once per connection)."""
@@ -189,7 +190,7 @@ def _unit_path(name: str) -> bytes:
     return dbuslib().path_encode(b"/org/freedesktop/systemd1/unit", name.encode())
 
 
-def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> object:
+def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> Any:
     """One property of a unit, e.g. ``("Unit", "ActiveState")`` or ``("Service", "MainPID")``.
 
     Read with ``org.freedesktop.DBus.Properties.Get`` on the unit's object path
@@ -203,7 +204,7 @@ def unit_property(bus: SystemdBus, name: str, interface: str, prop: str) -> obje
     ).body
 
 
-def manager_property(bus: SystemdBus, prop: str) -> object:
+def manager_property(bus: SystemdBus, prop: str) -> Any:
     """One property of the manager itself (``UnitPath``, ``Version``...)."""
     apply_signature = dbuslib().apply_signature
     return bus.raw.call_method(
@@ -222,7 +223,7 @@ def exec_start_argv(bus: SystemdBus, name: str) -> list[list[str]]:
 
     u = Unit(name.encode(), bus=bus.raw)
     u.load()
-    return [[_text(arg) for arg in entry[1]] for entry in u.Service.ExecStart]
+    return [[cast(str, _text(arg)) for arg in entry[1]] for entry in u.Service.ExecStart]  # as: bytes, read as text
 
 
 class JobFailed(SystemdError):
@@ -378,7 +379,7 @@ def _in_child(address: ManagerAddress, work, timeout_s: float, what: str, progre
 
 
 def properties(address: ManagerAddress, queries: list[tuple[str, str, str]],
-               timeout_s: float = SYSTEMD_TIMEOUT_S) -> dict[str, object]:
+               timeout_s: float = SYSTEMD_TIMEOUT_S) -> dict[str, Any]:
     """Read unit properties in one bounded exchange.
 
     Args:

@@ -17,6 +17,7 @@ dropped; an empty assignment resets a list, as systemd does for drop-ins.
 from __future__ import annotations
 
 import re
+from collections.abc import Sequence
 
 #: [Unit] keys that change nothing at runtime (NixOS switch-to-configuration-ng, ``compare_units``).
 IGNORED_KEYS = frozenset({
@@ -172,7 +173,9 @@ def exec_commands(value: str) -> list[tuple[str, list[str]]]:
     for word, raw in words + [(";", ";")]:
         if raw == ";":
             if current:
-                prefix = re.match(r"^[-@:+!]*", current[0]).group()
+                found = re.match(r"^[-@:+!]*", current[0])
+                assert found is not None  # the pattern matches any text (at least the empty prefix)
+                prefix = found.group()
                 argv = [current[0][len(prefix):], *current[1:]]
                 commands.append((prefix, [w.replace("$$", "$").replace("\0pct\0", "%") for w in argv]))
             current = []
@@ -208,7 +211,7 @@ def _meaning_of(key: str, value: str) -> object:
     return value.replace("%%", "%")
 
 
-def meaning(text: str, drop_ins: list[str] = ()) -> dict[tuple[str, str], tuple]:
+def meaning(text: str, drop_ins: Sequence[str] = ()) -> dict[tuple[str, str], tuple]:
     """What a unit (and its own drop-ins, applied in order after it) means to systemd.
 
     Returns:

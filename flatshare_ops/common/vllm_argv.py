@@ -179,7 +179,7 @@ class _Table:
     def __init__(self, data: dict):
         self.release = data["vllm_release"]
         self.data = data
-        self.by_dest = {}
+        self.by_dest: dict[str, dict] = {}
         for a in data["actions"]:
             if a["option_strings"]:
                 self.by_dest.setdefault(a["dest"], a)
@@ -530,7 +530,7 @@ class _VllmParser:
         action = parser.add_argument(*(strings or [entry["dest"]]), action=cls, **kwargs)
         if isinstance(action, _EnableDisable):
             action.option_strings = action.visible_option_strings  # vLLM's _register_action
-        action.kind = kind
+        setattr(action, "kind", kind)  # an attribute of ours, not argparse.Action's: read when the action runs
         action.__class__ = _recording(type(action))
 
     @staticmethod
@@ -584,7 +584,7 @@ class _Rewritten:
         self.appended: list[str] = []      # the dotted prefixes appended at the end, in order
         self.dotted_spellings: dict[str, list[str]] = {}  # prefix -> dotted words given
         self.duplicate_paths: list[str] = []  # vLLM's "Found duplicate keys" (dotted part)
-        self.dotted_values: dict[str, object] = {}  # prefix -> merged dict
+        self.dotted_values: dict[str, dict] = {}  # prefix -> merged dict
         self.model_moved = False
 
 
@@ -620,6 +620,7 @@ def _rewrite(words: list[str]) -> _Rewritten:
                     "vllm_argv does not)")
 
     processed: list[str] = []
+    value: object  # the text after '=' here; a dotted flag's JSON value, number or text below
     for i, arg in enumerate(args):
         if arg.startswith("--help="):
             processed.append("--help")  # vLLM's help search; argparse then prints help
@@ -670,6 +671,7 @@ def _rewrite(words: list[str]) -> _Rewritten:
             nested = value
             for k in reversed(keys):
                 nested = {k: nested}
+            assert isinstance(nested, dict)  # keys is never empty: there is a '.' in parg
             target = dict_args.setdefault(key, {})
             duplicates += [f"{key}.{d}" for d in _recursive_dict_update(target, nested)]
             out.dotted_spellings.setdefault(key, []).append(word)

@@ -111,6 +111,7 @@ import io
 import json
 import os
 import re
+from typing import Any
 
 MODES = ("parse", "parse-many", "options", "preflight")
 
@@ -168,7 +169,7 @@ class ServeParser:
         parser.add_argument("-v", "--version", action="version", version=self.release)
         subparsers = parser.add_subparsers(required=False, dest="subparser")
         self.cmds = {}
-        self.serve = None
+        self.serve: Any = None  # vLLM's serve subparser, found below (vllm is not typed where mypy runs)
         for cmd in serve_mod.cmd_init():
             sub = cmd.subparser_init(subparsers)
             sub.set_defaults(dispatch_function=cmd.cmd)
@@ -180,7 +181,7 @@ class ServeParser:
         # namespace value in place (the namespace holds the default objects).
         self._defaults = {id(a): copy.deepcopy(a.default) for a in self.serve._actions}
         self._warn_once_caches = _warn_once_caches()
-        self._log = _LogCapture()
+        self._log: Any = _LogCapture()  # a logging.Handler with records and take(): see _LogCapture.__new__
         self._install_log_capture()
 
     def _install_log_capture(self) -> None:
@@ -406,7 +407,7 @@ def classify_type(t) -> dict:
         return {"kind": "dataclass", "name": name, "class": getattr(cls, "__name__", str(cls))}
     if qual in ("human_readable_int", "human_readable_int_or_auto") and mod.startswith("vllm"):
         return {"kind": qual, "name": name}
-    probes = {
+    probes: dict[str, list[tuple[str, object]]] = {
         # s.lower().replace("-", "_")  (--moe-backend, --linear-backend, ...)
         "lower_underscore": [("Ab-Cd", "ab_cd"), ("x", "x")],
         # [int(p) if p.isdigit() else p for p in (q.strip() for q in s.split(","))]
@@ -759,7 +760,7 @@ def main(argv: list[str]) -> int:
             # Defaults as in a clean environment: vLLM reads some from VLLM_* variables.
             for name in [n for n in os.environ if n.startswith("VLLM_") and n != "VLLM_TARGET_DEVICE"]:
                 del os.environ[name]
-            result = options_table(ServeParser())
+            result: dict | list[dict] = options_table(ServeParser())  # parse-many's is a list
         else:
             try:
                 data = json.load(sys.stdin)
@@ -782,6 +783,7 @@ def main(argv: list[str]) -> int:
     finally:
         sys.stdout = real_stdout
     if mode == "options":
+        assert isinstance(result, dict)  # options_table's
         real_stdout.write(table_text(result))
     else:
         json.dump(result, real_stdout, indent=1, sort_keys=True)

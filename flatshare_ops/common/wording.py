@@ -98,7 +98,7 @@ def holder_phrase(record: Mapping, pid: int | None, damage: str | None = None, s
     mode, since = text_field(record, "mode"), time_field(record, "started_at")
     who = who_phrase(user, host)
     parts = [f"{who} {process}" if who else process]
-    undoing = {"rollback": "a rollback", "undo-rollout": "a rollout's undo"}.get(mode)
+    undoing = {"rollback": "a rollback", "undo-rollout": "a rollout's undo"}.get(mode or "")
     if undoing:  # its target is decided under the lock: until then lock.json has none, and that is no gap
         parts.append(f"{undoing} to release {release}" if release else f"{undoing}, its target not yet decided")
     elif release:

@@ -10,7 +10,7 @@ from __future__ import annotations
 import re
 import stat
 from pathlib import Path
-from typing import Any
+from typing import Any, TypedDict
 
 import tomlkit
 import tomlkit.exceptions
@@ -63,6 +63,13 @@ def _known_key(path: Path, key: str, parts: list[str]) -> None:
             raise ProfileError(f"{path}: {key}: not a profile key ({part} is not a key {where}"
                                f"{did_you_mean(part, keys).replace(' (', '; ').rstrip(')')}); "
                                "docs/reference/profile-values.md lists the keys")
+
+
+class _Kept(TypedDict):
+    """What a rewrite keeps of the file (durable.write_atomic's mode and owner)."""
+
+    mode: int
+    owner: tuple[int, int]
 
 
 def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tuple[Any, Any, LoadedProfile]:
@@ -122,7 +129,7 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
     data, chain, origins = load_document(path, new_text)
     profile = validate(data, origins, path)
     info = target.stat()
-    keep = {"mode": stat.S_IMODE(info.st_mode), "owner": (info.st_uid, info.st_gid)}
+    keep: _Kept = {"mode": stat.S_IMODE(info.st_mode), "owner": (info.st_uid, info.st_gid)}
     try:
         encoded = new_text.encode()
     except UnicodeEncodeError:  # a lone surrogate (bytes that were not UTF-8 on the command line) inside a value

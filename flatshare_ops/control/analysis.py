@@ -525,6 +525,7 @@ class Measurement:
         TTFT p95 bucket, finished requests and errors, the baseline's TTFT p95, and why (the reasons of the
         checks that gave a verdict other than pass, an engine restart in either window)."""
         why = ["every check passed"] if self.verdict == Verdict.PASS else list(self.reasons)
+        window: object  # each measured window, then the canary's times as text
         for window in (self.canary, self.baseline):
             if isinstance(window, Window) and window.engine_restarted:
                 why.append(f"{window.node}: the engine restarted in the window (counts since its start)")
@@ -948,7 +949,7 @@ def _le(bound: float) -> str:
     return "+Inf" if bound == math.inf else _figure(bound)
 
 
-def _percent(share: Fraction) -> str:
+def _percent(share: Fraction | float) -> str:
     """A share as a percentage to three significant figures (the counts beside it are exact)."""
     return f"{float(share) * 100:.3g}%"
 

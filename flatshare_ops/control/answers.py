@@ -153,7 +153,7 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
     (``flatshare-node status --switch ID``: node/status.py ``switch_state``)."""
     state = answer.get("state")
     if state == "recorded":
-        record = answer.get("record") if isinstance(answer.get("record"), dict) else {}
+        record = found if isinstance(found := answer.get("record"), dict) else {}
         result, target = text_field(record, "result"), text_field(record, "target")
         to = target or "a release the record does not name"
         if result in protocol.SUCCESS and text_field(record, "auto"):
@@ -168,7 +168,7 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
                              f": {text_field(record, 'reason') or 'no reason recorded'} (switch {switch_id}); the "
                              "next 'flatshare release' finishes it")
     if state == "ended":  # no switch ran: the node kept what its command ended with (node/outcomes.py)
-        kept = answer.get("outcome") if isinstance(answer.get("outcome"), dict) else {}
+        kept = found if isinstance(found := answer.get("outcome"), dict) else {}
         code = int_field(kept, "code")
         result, message = text_field(kept, "result"), text_field(kept, "message")
         missing = [k for k, v in (("code", code), ("result", result), ("message", message)) if v is None]

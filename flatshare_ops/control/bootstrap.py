@@ -25,6 +25,7 @@ from __future__ import annotations
 import json
 import shlex
 from pathlib import Path
+from typing import cast
 
 import paramiko
 
@@ -219,7 +220,7 @@ class Bootstrap:
 
     def _connect(self) -> SSHConnection:
         if self.accepted is None:
-            return self.target.connect()
+            return cast(SSHConnection, self.target.connect())  # a named node (--node): never local, so over SSH
         import tempfile
 
         from dataclasses import replace
@@ -316,6 +317,7 @@ class Bootstrap:
     # --- 2. facts and platform ------------------------------------------------------------------------
 
     def _run(self, argv: list[str], timeout_s: float = 120.0) -> tuple[int | None, str]:
+        assert self.conn is not None  # run() connects before any item
         result = self.conn.run(argv, timeout_s=timeout_s)
         return result.status, result.output
 
@@ -472,9 +474,12 @@ class Bootstrap:
         want = hashlib.sha256(lock.read_bytes()).hexdigest()
         remote = self.ops / "wheels"
         self._run(["mkdir", "-p", str(remote)])
+        assert self.conn is not None  # run() connects before any item
         sftp = self.conn.transport.open_sftp_client()
+        channel = sftp.get_channel()
+        assert channel is not None  # a client opened on a transport has its channel
         try:
-            sftp.get_channel().settimeout(120)
+            channel.settimeout(120)
             present = set(sftp.listdir(str(remote)))
             for name in (*wheels.files, "requirements.node.lock", "requirements.self.lock"):
                 if name.endswith(".whl") and name in present and not name.startswith("flatshare_ops-"):
@@ -548,7 +553,7 @@ class Bootstrap:
             # Built already (by a bootstrap or the engine's own pre-start step): never rebuilt under a running
             # engine, which serving-check would then rightly call CRITICAL (a module newer than the engine).
             status, output = self._run(["sha256sum", m.path])
-            built = output.split()[0] if status == 0 and output.split() else "?"
+            built: str | None = output.split()[0] if status == 0 and output.split() else "?"
             pinned = "as the profile pins" if built == m.sha256 else (
                 f"the profile pins {m.sha256[:12]}...: pin it with 'flatshare profiles pin-module --from-node "
                 f"{self.target.name}', commit, then release")

@@ -127,7 +127,7 @@ def bundle(root: Path, target: NodeTarget, ship: bool = True) -> dict:
         "protocol", "lock_sha256", "switcher": {"sha256", "zip_b64"}}``.
     """
     files = render_profile(target.loaded).release_files()
-    payload = {"id": release_id(files), "files": files, "commit": describe(root)}
+    payload: dict[str, object] = {"id": release_id(files), "files": files, "commit": describe(root)}
     if ship:
         payload.update(protocol=PROTOCOL, lock_sha256=lock_sha256(root), switcher=switcher(source(root)))
     return payload

@@ -89,7 +89,7 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
     while not all(run.result.done for run in runs.values()):
         base, running = scrape_with_release(rollout, baseline) if baseline is not None else (None, None)
         base_release = base_release or running
-        moved = [] if running is None or running == base_release else [
+        moved = [] if baseline is None or running is None or running == base_release else [
             f"baseline {baseline.name} now runs release {running}, not {base_release}"]
         for name, run in list(runs.items()):
             if run.result.done:

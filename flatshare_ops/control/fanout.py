@@ -9,7 +9,7 @@ error), and the others are still reported.
 from __future__ import annotations
 
 import threading
-from typing import Callable
+from typing import Any, Callable
 
 from ..common import protocol
 from ..common.files import loads
@@ -71,7 +71,7 @@ class NodeCommandError(ValueError):
         self.error = error
 
 
-def answer_of(result) -> object:
+def answer_of(result) -> Any:  # any JSON value: its shape is the caller's to check
     """The JSON answer of a node-side command: its stdout, or else the last line of it (a node's login shell
     may print lines before the command runs; node-side answers are one line, serving-check's may be several).
 

@@ -22,11 +22,13 @@ class LocalSession(Session):
 
     def __init__(self, node: str, process: subprocess.Popen) -> None:
         self.node, self.process = node, process
+        assert process.stdout is not None  # LocalConnection opens it with stdout=PIPE
         self._fd = process.stdout.fileno()
         self._err_fd = process.stderr.fileno() if process.stderr is not None else None
         self._err = bytearray()
 
     def send(self, data: bytes) -> None:
+        assert self.process.stdin is not None  # stdin=PIPE
         try:
             self.process.stdin.write(data)
             self.process.stdin.flush()
@@ -34,6 +36,7 @@ class LocalSession(Session):
             raise Lost(f"{self.node}: the node-side command closed its input") from None
 
     def close_stdin(self) -> None:
+        assert self.process.stdin is not None  # stdin=PIPE
         try:
             self.process.stdin.close()
         except OSError:

@@ -25,6 +25,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
+from typing import cast
 
 from ..common import protocol
 from ..config.profile import Admission
@@ -303,11 +304,11 @@ class Rollout:
         from ..config.inventory import DEFAULT_INVENTORY
 
         inventory = self.inventory
-        words = ["flatshare", *words.split()]
+        argv = ["flatshare", *words.split()]
         if not (inventory is None or inventory == DEFAULT_INVENTORY
                 or os.environ.get("FLATSHARE_INVENTORY") == str(inventory)):
-            words += ["--inventory", shlex.quote(str(inventory))]
-        return "'" + " ".join(words) + "'"
+            argv += ["--inventory", shlex.quote(str(inventory))]
+        return "'" + " ".join(argv) + "'"
 
     # --- the run ------------------------------------------------------------------------------------
 
@@ -340,7 +341,7 @@ class Rollout:
         if len(self.chosen) > 1 and strategy.canaries > canaries:
             self.out.line(f"rollout.canaries {strategy.canaries} is more than this rollout of {len(self.chosen)} "
                           f"nodes can have: {canaries}, so that a node follows the canaries' analysis")
-        worst = None
+        worst: int | None = None
         failures: list[NodeTarget] = []
         try:
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
@@ -542,7 +543,7 @@ class Rollout:
             # Its analysis failed, and the rollback that decided never happened (the operator's side stopped,
             # the rollback was refused): carried out now, before anything else; never analysed again instead.
             for target in owed:
-                self.switch_ids[target.name] = self.outcomes[target.name].unjudged
+                self.switch_ids[target.name] = cast(str, self.outcomes[target.name].unjudged)  # unjudged: has one
                 self.out.line(f"{target.name}: its canary analysis failed in rollout "
                               f"{self.outcomes[target.name].detail['analysis_failed_in']} and it was not rolled back: "
                               "rolling it back now; the rollout stops")
@@ -550,7 +551,7 @@ class Rollout:
         for target in unjudged:
             # It runs this release already, but no analysis passed it (an interrupted or paused rollout, a
             # release of it alone): judged now, before any other node switches; recorded against its switch.
-            self.switch_ids[target.name] = self.outcomes[target.name].unjudged
+            self.switch_ids[target.name] = cast(str, self.outcomes[target.name].unjudged)  # unjudged: has one
             self.out.line(f"{target.name} runs this release, but no canary analysis passed it (its switch "
                           f"{self.outcomes[target.name].unjudged}): it is analysed before the next batch")
         switched += unjudged
@@ -623,7 +624,7 @@ class Rollout:
             self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
                                            else f", its rollback ended with exit {target.result}")
         failed = [t for t in canaries if t.result != Exit.OK]
-        return failed[0].result if failed else Exit.ANALYSIS_FAILED
+        return cast(int, failed[0].result) if failed else Exit.ANALYSIS_FAILED  # each set by self.switch above
 
     def _run_batch(self, batch: list[NodeTarget]) -> None:
         if len(batch) == 1:
@@ -716,7 +717,7 @@ class Rollout:
             nodes[t.name] = entry
         code = int(self.code) if self.code is not None else None
         return {"rollout": self.id, "mode": self.mode, "dry_run": self.dry_run, "code": code,
-                "meaning": "done" if code == 0 else EXIT_NAMES.get(code, f"exit {code}"),
+                "meaning": "done" if code == 0 else f"exit {code}" if code is None else EXIT_NAMES.get(code, f"exit {code}"),
                 "duration_s": round(now - self.began, 3), "nodes": nodes, "analyses": self.analyses}
 
     def elapsed(self) -> str:
@@ -744,6 +745,7 @@ class Rollout:
                 pause = self._wait_again(target, code, wait_until, time.monotonic() - attempt)
                 if pause is None:
                     return code
+                assert wait_until is not None  # _wait_again pauses only within --wait
                 why = self.outcomes[target.name].message or "refused"
                 # This side's decision: said even with -q.
                 self.out.line(f"[{target.name} {self.elapsed()}] waiting (--wait): {why}; asking again in "

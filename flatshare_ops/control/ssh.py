@@ -58,7 +58,7 @@ class SSHTarget:
     jump: "SSHTarget | None" = None
 
 
-def open_socket(target: SSHTarget) -> tuple[object, "SSHConnection | None"]:
+def open_socket(target: SSHTarget) -> tuple[socket.socket | paramiko.Channel, "SSHConnection | None"]:
     """A socket to ``target``'s SSH server: a TCP connection, or a ``direct-tcpip`` channel of a connection to its
     jump host (itself opened with its host key checked, and returned so that the caller closes it last).
 

@@ -62,7 +62,7 @@ def _hop(text: str, config: paramiko.SSHConfig | None, template: SSHTarget, labe
         port = port.lstrip(":")
     found = config.lookup(host) if config is not None else {}
     try:
-        port_number = int(port or found.get("port", 22))
+        port_number = int(port or found.get("port", "22"))
     except ValueError:
         raise FlatshareError(f"{label}: ProxyJump {text!r}: the port is not a number") from None
     identity = (found.get("identityfile") or [None])[0]

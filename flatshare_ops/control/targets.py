@@ -114,7 +114,7 @@ class NodeTarget:
                 f"{self.profile_path} has layout.scope {profile.layout.scope!r}; make them agree")
         check = profile.check.command[0]
         if self.local:
-            program = (sys.executable, "-m", "flatshare_ops.node")
+            program: tuple[str, ...] = (sys.executable, "-m", "flatshare_ops.node")
         else:
             program = (str(Path(check).parent / "flatshare-node"),)
         runtime = resolve(self.inventory, self.node.runtime_dir)

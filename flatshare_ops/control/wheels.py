@@ -136,7 +136,9 @@ def _node_lock(directory: Path) -> str:
     """``name==version --hash=sha256:...`` for each wheel file: what the node installs, by its own bytes."""
     lines = ["# The wheels this node installs, each pinned by its own sha256 (flatshare node bootstrap)."]
     for wheel in sorted(directory.glob("*.whl")):
-        name, version = re.match(r"^([^-]+)-([^-]+)-", wheel.name).groups()
+        found = re.match(r"^([^-]+)-([^-]+)-", wheel.name)
+        assert found is not None  # pip's own wheels, named NAME-VERSION-TAGS.whl
+        name, version = found.groups()
         sha = hashlib.sha256(wheel.read_bytes()).hexdigest()
         lines.append(f"{name.replace('_', '-').lower()}=={version} --hash=sha256:{sha}")
     return "\n".join(lines) + "\n"

@@ -18,6 +18,7 @@ import time
 import uuid
 from dataclasses import dataclass
 from pathlib import Path
+from typing import TypeGuard
 
 from ..common import durable
 from ..common.clock import is_time
@@ -77,10 +78,10 @@ def _written_at(status: dict) -> float:
 AHEAD_S = 5.0
 
 
-def _trusted(status: dict | None, drain: VoiceDrain) -> bool:
+def _trusted(status: dict | None, drain: VoiceDrain) -> TypeGuard[dict]:
     """Written for this drain, after it began, and not in the future (a damaged file's year 9999 is no news)."""
-    return bool(status) and status.get("drain_id") == drain.drain_id \
-        and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S
+    return bool(status and status.get("drain_id") == drain.drain_id
+                and drain.began_at <= _written_at(status) <= time.time() + AHEAD_S)
 
 
 def wait_drained(drain: VoiceDrain, timeout_s: float, progress=None, check=None, waiting=None) -> dict:

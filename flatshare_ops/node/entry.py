@@ -41,6 +41,10 @@ from pathlib import Path
 
 from flatshare_ops.common import protocol
 
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing into every node command
+if TYPE_CHECKING:
+    from typing import NoReturn
+
 #: The bundle protocol this entry point runs (common/protocol.py: raise it only for a change an older
 #: entry point cannot run).
 PROTOCOL = protocol.VERSION
@@ -109,7 +113,7 @@ def _first_line() -> bytes:
         return b"".join(chunks)
 
 
-def _refuse(message: str, code: int = REFUSED) -> None:
+def _refuse(message: str, code: int = REFUSED) -> NoReturn:
     print(f"flatshare-node: {message}", flush=True)
     switch = _option(sys.argv[1:], "--switch-id") or ""
     result = protocol.REFUSED if code == REFUSED else protocol.FAILED
@@ -324,7 +328,7 @@ def active_switcher(releases: Path) -> Path | None:
         return None
 
 
-def _run(switcher: Path | None, argv: list[str]) -> None:
+def _run(switcher: Path | None, argv: list[str]) -> NoReturn:
     env = dict(os.environ)
     if switcher is not None:
         env["FLATSHARE_SWITCHER"] = switcher.name

@@ -19,7 +19,7 @@ import os
 import socket
 import time
 from contextlib import contextmanager
-from typing import Callable, Iterator
+from typing import Callable, Iterator, NoReturn
 
 from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
@@ -162,7 +162,7 @@ def lock_directory(path) -> int | None:
     return None
 
 
-def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> None:
+def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> NoReturn:
     """Raise the refusal for a lock another process holds, saying who (the kernel's pid, lock.json's details);
     ``read_pid``: how to read the holder's pid (default :func:`holder_pid`)."""
     try:

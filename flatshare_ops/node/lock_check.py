@@ -86,6 +86,7 @@ def _exercise(scratch: Path) -> tuple[bool, str]:
     package = str(Path(__file__).resolve().parent.parent.parent)
     proc = subprocess.Popen([sys.executable, "-c", _CHILD, package, str(scratch)], stdin=subprocess.PIPE,
                             stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    assert proc.stdin is not None and proc.stdout is not None and proc.stderr is not None  # all three PIPE
     try:
         import select
 

@@ -17,6 +17,7 @@ import os
 import stat
 import time
 from dataclasses import asdict
+from typing import overload
 
 from ..common import durable
 from ..common.files import Damaged, dumps, loads, read_bytes
@@ -51,6 +52,10 @@ def append(ctx: NodeContext, outcome: Outcome) -> None:
         durable.append_line(path, line)
 
 
+@overload
+def _newest_lines(path, tail: int) -> list[bytes]: ...
+@overload
+def _newest_lines(path, tail: None = None) -> list[bytes] | None: ...
 def _newest_lines(path, tail: int | None = None) -> list[bytes] | None:
     """The file's lines; None when it is larger than :data:`MAX_BYTES` and ``tail`` is None; with ``tail``, the
     whole lines within its last ``tail`` bytes.

@@ -28,6 +28,7 @@ the only place that carries a plan out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from typing import Literal
 
 from ..common import unit_file
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT
@@ -93,7 +94,7 @@ class Plan:
     node: str
     from_id: str | None
     to_id: str
-    kind: str
+    kind: Literal["release", "rollback", "repair"]
     steps: list[str]
     units: dict[str, str]
     reasons: list[str] = field(default_factory=list)
@@ -147,8 +148,8 @@ def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
     return actions
 
 
-def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: str = "release", flag_changes=None,
-         resume: bool = False, replaces: str | None = None, automatic: bool = False,
+def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: Literal["release", "rollback", "repair"] = "release",
+         flag_changes=None, resume: bool = False, replaces: str | None = None, automatic: bool = False,
          from_id: str | None = None, not_running: tuple[str, ...] = ()) -> Plan:
     """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
 

@@ -33,8 +33,18 @@ import subprocess
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TypedDict
 
 from ..common.files import loads
+
+class _Credentials(TypedDict, total=False):
+    """subprocess.Popen's arguments that run a child as the engine's user."""
+
+    user: int
+    group: int
+    extra_groups: list[int]
+    cwd: str
+
 
 #: How long the parse (or the preflight) may take (seconds): importing vLLM is most of it.
 PARSE_TIMEOUT_S = 180.0
@@ -80,7 +90,7 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
     from ..common.poll import poll_until
 
     env = env if env is not None else {**os.environ, "VLLM_LOGGING_LEVEL": "ERROR"}
-    credentials = {}
+    credentials: _Credentials = {}
     if user is not None:
         import pwd
 
@@ -105,6 +115,7 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         except OSError as err:
             as_user = f" as {user}" if user else ""
             return {"ok": False, "preflight": True, "error": f"cannot run {python}{as_user}: {err.strerror or err}"}
+        assert process.stdin is not None  # stdin=PIPE
         try:
             process.stdin.write(json.dumps(words))
             process.stdin.close()

@@ -11,6 +11,7 @@ from __future__ import annotations
 
 import os
 from pathlib import Path
+from typing import cast
 
 from ..errors import NodeStateError
 from .context import NodeContext
@@ -43,9 +44,9 @@ def built_module(ctx: NodeContext, path: str | None = None) -> dict:
                 return {"node": ctx.node, "error": f"the active release is damaged: {err}; give the module's path"}
         if serving is None:
             return {"node": ctx.node, "error": "no active release and no module path given: bootstrap the node"}
-        path = (serving.get("module") or {}).get("path")
+        path = cast(str, (serving.get("module") or {}).get("path"))  # active_serving checked its shape: a str
     try:
-        return {"node": ctx.node, "path": path, "sha256": sha256_file(path), "modified_at": os.stat(path).st_mtime}
+        return {"node": ctx.node, "path": path, "sha256": sha256_file(Path(path)), "modified_at": os.stat(path).st_mtime}
     except OSError as err:
         return {"node": ctx.node, "error": f"{path}: cannot read the built module ({err.strerror or err})"}
     except TypeError:

@@ -83,7 +83,7 @@ def new_journal(ctx: NodeContext, p: Plan, switch_id: str, rollout: str | None, 
                 began: float, forced: bool = False, resumed: int = 0, auto: str | None = None) -> journals.Journal:
     """The journal of a switch about to start (every step pending); ``began``: when its run took the lock."""
     return journals.Journal(
-        **{"from": p.from_id}, to=p.to_id, node=ctx.node, host=socket.gethostname(), pid=os.getpid(),
+        from_=p.from_id, to=p.to_id, node=ctx.node, host=socket.gethostname(), pid=os.getpid(),
         user=getpass.getuser(), started_at=began, forced=forced, resumed=resumed, kind=p.kind,
         switch=switch_id, rollout=rollout, commit=commit, auto=auto,
         steps=[journals.StepRecord(name=s) for s in p.steps],
@@ -220,6 +220,7 @@ def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None
     failure says the release does not serve (an engine verdict step's own failure, never a signal or a write),
     so that the release is no longer a rollback target (node/history.py ``served_releases``)."""
     ctx, journal, out = sw.ctx, sw.journal, sw.out
+    assert journal is not None  # run() gives every switch its journal
     try:
         if step in [s.name for s in journal.steps]:
             journals.mark(ctx.state_dir, journal, step, "failed", reason)

@@ -13,7 +13,7 @@ from __future__ import annotations
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 from ..common import systemd
 from ..common import durable
@@ -24,6 +24,10 @@ from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
 from ..common.text import clip
+
+if TYPE_CHECKING:  # plan.py imports this module
+    from .journal import Journal
+    from .plan import Plan, ReleaseView
 
 #: How long starting the gateway or the voice worker, or a unit's reload, may take (seconds).
 UNIT_JOB_S = 60.0
@@ -79,15 +83,15 @@ class Switch:
     """
 
     ctx: NodeContext
-    plan: object
-    new: object
+    plan: Plan
+    new: ReleaseView
     out: ReleaseOutput
-    journal: object = None
+    journal: Journal | None = None
     drain: drain.VoiceDrain | None = None
     gateway_stopped: bool = False
     engine_deadline: float | None = None
     engine_stopped: bool = False
-    engine_output_mark: object = None
+    engine_output_mark: tuple[str, float] | None = None
     notes: list[str] = field(default_factory=list)
     readmit: Callable[[], None] | None = None
     admitted_at: float = 0.0
@@ -296,6 +300,7 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
                (ENGINE_UNIT, "Unit", "SubState")]
     deadline = time.monotonic() + timeout_s
     first = int(systemd.properties(sw.ctx.address, queries[:1])[f"{ENGINE_UNIT}/NRestarts"])
+    exited: list[str | None]
     last, exited, next_check = [0], [None], [time.monotonic() + EXIT_CHECK_S]
 
     def done() -> bool:
@@ -469,6 +474,7 @@ def record_history(sw: Switch) -> None:
     """Append the success record (once per switch id); the runner removes the journal after this step."""
     from .records import append_success
 
+    assert sw.journal is not None  # runner.run gives every switch its journal
     append_success(sw.ctx, sw.journal, sw.new.id)
 
 

@@ -207,6 +207,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             if request.mode == "release":  # nothing to switch, but what the release enables stays enabled
                 from .steps import keep_enabled
 
+                assert request.bundle is not None  # a release has its bundle (switch() refuses one without)
                 keep_enabled(ctx, bundle_view(request.bundle).units, out, request.dry_run)
             unjudged = unjudged_switch(state.hist, state.current)
             owed = failed_analysis(state.hist, unjudged)
@@ -253,6 +254,7 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
         pending = None
     if request.mode in ("rollback", "undo-rollout"):
         return _rollback_work(ctx, request, out, state.current, pending, hist)
+    assert request.bundle is not None  # a release has its bundle (switch() refuses one without)
     target = request.bundle["id"]
     new = bundle_view(request.bundle)  # the bundle is the release itself (a damaged stored copy is replaced)
     if pending is not None and pending.to == target:
@@ -410,6 +412,7 @@ def _store(ctx: NodeContext, request: Request, out: ReleaseOutput) -> None:
         Refused: it could not be stored (a full or read-only disk): nothing was changed.
     """
     bundle = request.bundle
+    assert bundle is not None  # stored only when there is one
     stored = is_stored(ctx.state_dir, bundle["id"])
     damaged = stored and not stored_matches(ctx, bundle)
     if stored and not damaged:
@@ -435,6 +438,7 @@ def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Wor
         timings = run(ctx, p, work.new, out, journal, abandon=work.abandon, roll_back_on_failure=back_to is not None,
                       readmit=_readmission(ctx, p, work.new, out, admit, request.action), admitted_at=work.admitted_at)
     except RollbackNeeded as failure:
+        assert back_to is not None  # raised only with roll_back_on_failure
         return _roll_back_automatically(ctx, request, out, work, failure, back_to, admit)
     _prune(ctx, out)
     return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None, before=p.from_id,

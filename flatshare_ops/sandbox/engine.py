@@ -50,7 +50,7 @@ import sys
 import threading
 import time
 from pathlib import Path
-from typing import Iterator
+from typing import Any, Generator, Iterator
 
 from ..common.completions import COMPLETIONS_PATH
 from . import completions as c
@@ -134,7 +134,7 @@ class Engine:
             self.seen.append(entry)
         return entry
 
-    def generate(self, request: c.CompletionRequest, entry: dict) -> Iterator[tuple[str, str]]:
+    def generate(self, request: c.CompletionRequest, entry: dict) -> Generator[tuple[str, str], None, None]:
         """Produce a request's tokens as their time comes: yields ``("token", text)`` for each, then
         ``("end", finish_reason)``. Closed before its end (the client went away), the request
         ends in ``abort``, as vLLM aborts a request whose client disconnected."""
@@ -240,12 +240,14 @@ class Engine:
         requests = document.get("requests")
         if not isinstance(requests, int) or isinstance(requests, bool) or not 1 <= requests <= 1_000_000:
             raise BehaviourError(f"requests: must be a whole number from 1 to 1000000, got {requests!r}")
-        numbers = {}
+        numbers: dict[str, Any] = {}  # each a number >= 0 once checked below (ttft_s may be None: no token)
         for name, default in (("ttft_s", None), ("e2e_s", None), ("prompt_tokens", 1), ("generation_tokens", 16)):
             value = document.get(name, default)
             if name == "e2e_s" and value is None:
                 raise BehaviourError("e2e_s: required (seconds from arrival to the end)")
-            if value is not None and (isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
+            # null is no count (only ttft_s, whose default is None, may be left unobserved)
+            if (value is not None or default is not None) and (
+                    isinstance(value, bool) or not isinstance(value, (int, float)) or value < 0):
                 raise BehaviourError(f"{name}: must be a number >= 0, got {value!r}")
             numbers[name] = value
         try:

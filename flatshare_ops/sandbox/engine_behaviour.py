@@ -19,7 +19,7 @@ import math
 import threading
 from dataclasses import dataclass, replace
 from fractions import Fraction
-from typing import Mapping
+from typing import Any, Mapping
 
 METRICS_MODES = ("vllm", "empty", "malformed")
 #: field -> the environment variable that sets it at start.
@@ -56,7 +56,7 @@ class Behaviour:
                 "abort_share": float(self.abort_share), "metrics": self.metrics, "answer_shift": self.answer_shift}
 
 
-def _delay(name: str, value: object) -> float:
+def _delay(name: str, value: Any) -> float:  # any JSON value: float() says whether it is a number
     try:
         number = float(value) if not isinstance(value, bool) else None
     except (TypeError, ValueError):
@@ -111,7 +111,8 @@ def changed(behaviour: Behaviour, document: Mapping[str, object], source: Mappin
     unknown = sorted(set(document) - set(_READERS))
     if unknown:
         raise BehaviourError(f"{unknown[0]}: not a behaviour field; fields: {', '.join(_READERS)}")
-    values = {field: _READERS[field](names.get(field, field), value) for field, value in document.items()}
+    values: dict[str, Any] = {field: _READERS[field](names.get(field, field), value)  # each its field's type
+                              for field, value in document.items()}
     result = replace(behaviour, **values)
     if result.error_share + result.abort_share > 1:
         raise BehaviourError(f"error_share + abort_share: must be at most 1, got "

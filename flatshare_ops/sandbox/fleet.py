@@ -38,7 +38,7 @@ import sys
 import venv
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Literal
+from typing import Literal, cast
 
 from filelock import FileLock, Timeout
 from pydantic import BaseModel, ConfigDict, Field, ValidationError
@@ -87,9 +87,9 @@ class SandboxNode:
     name: str
     address: str
     base: Path
-    scope: str = "user"
+    scope: Literal["user", "system"] = "user"
     bare: bool = False
-    engine: str = "stand-in"
+    engine: Literal["vllm", "stand-in"] = "stand-in"
 
     @property
     def bus(self) -> Path:
@@ -182,7 +182,7 @@ def parse_addresses(text: str | None) -> dict[str, str] | None:
 
 
 def nodes(base: Path, addresses: dict[str, str] | None = None, system_scope: tuple[str, ...] = (),
-          bare: tuple[str, ...] = (), engine: str = "stand-in") -> list[SandboxNode]:
+          bare: tuple[str, ...] = (), engine: Literal["vllm", "stand-in"] = "stand-in") -> list[SandboxNode]:
     """The sandbox's nodes, in inventory order (``system_scope`` and ``bare`` name nodes set up so)."""
     return [SandboxNode(name, address, base, "system" if name in system_scope else "user", name in bare, engine)
             for name, address in (addresses or DEFAULT_ADDRESSES).items()]
@@ -266,7 +266,7 @@ def _written_profiles(record: Path) -> dict[str, str]:
     from ..common.files import Damaged, read_json_object
 
     try:
-        note = read_json_object(record, limit=1 << 16) or {}
+        note: dict | Damaged = read_json_object(record, limit=1 << 16) or {}
     except Damaged as err:
         note = err
     if isinstance(note, Damaged) or not all(isinstance(k, str) and isinstance(v, str) for k, v in note.items()):
@@ -483,7 +483,7 @@ def _owns_manager(node: SandboxNode, pid: int | None) -> bool:
 
 def _owns_sshd(node: SandboxNode, pid: int | None) -> bool:
     """``pid`` is this node's sshd: alive and started with the node's own sshd_config."""
-    return bool(pid) and pid_alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid)
+    return bool(pid and pid_alive(pid) and str(node.ssh_dir / "sshd_config") in _cmdline(pid))
 
 
 def _manager_answers(node: SandboxNode) -> bool:
@@ -680,7 +680,7 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
                     f"{name}: already up as a {'bare ' if record.bare else ''}{record.scope}-scope node; bring "
                     f"the sandbox down first ('flatshare sandbox down --dir {base}') to bring it up as a "
                     f"{'bare ' if want[1] else ''}{want[0]}-scope node", exit_code=2)
-        chosen = nodes(base, addresses, system_scope, bare, engine)
+        chosen = nodes(base, addresses, system_scope, bare, cast(Literal["vllm", "stand-in"], engine))  # one of ENGINES
         _refuse_other_addresses(base, chosen)
         _refuse_a_damaged_inventory(base)
         inventory = _up(base, production, chosen, vllm_release, echo)
@@ -827,6 +827,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
         manager_ok = _owns_manager(node, record.manager_pid) and _manager_answers(node)
         sshd_ok = _owns_sshd(node, record.sshd_pid)
         if sshd_ok and node.name in sshd_changed:  # started again on the sshd_config just written
+            assert record.sshd_pid is not None  # sshd_ok: it is this node's sshd
             _stop(record.sshd_pid)
             sshd_ok = False
         if not manager_ok and not sshd_ok:
@@ -909,7 +910,7 @@ def _build_module(node: SandboxNode) -> None:
 
     module = load_profile(node.profile).profile.module
     if Path(module.path).is_file() and (current_release(node.state_dir) is not None
-                                         or sha256_file(module.path) == module.sha256):
+                                         or sha256_file(Path(module.path)) == module.sha256):
         return  # built (a serving node's module is never rebuilt under its engine)
     done = subprocess.run(list(module.build_command), capture_output=True, text=True, timeout=120)
     if done.returncode != 0 or not Path(module.path).is_file():
@@ -997,6 +998,7 @@ def down(base: Path, echo=print) -> None:
         for name, record in state.nodes.items():
             node = SandboxNode(name, "", base)
             if _owns_sshd(node, record.sshd_pid):
+                assert record.sshd_pid is not None  # it is this node's sshd
                 _stop(record.sshd_pid)
                 echo(f"{name}: sshd stopped (pid {record.sshd_pid})")
             elif record.sshd_pid:

@@ -34,6 +34,7 @@ import sys
 import threading
 import time
 from pathlib import Path
+from typing import cast
 from urllib.parse import urlsplit
 
 from ..common.durable import write_atomic
@@ -97,7 +98,8 @@ def forward_completion(state: GatewayState, engine_url: str, request: Request):
     if not state.admit():
         return _draining()
     url = urlsplit(engine_url)
-    upstream = http.client.HTTPConnection(url.hostname, url.port or 80, timeout=UPSTREAM_SILENCE_S)
+    # engine_url is the engine's http://HOST:PORT (the sandbox writes it): it has a host.
+    upstream = http.client.HTTPConnection(cast(str, url.hostname), url.port or 80, timeout=UPSTREAM_SILENCE_S)
     headers = {"Content-Type": "application/json"}
     if request.headers.get("X-Request-Id"):
         headers["X-Request-Id"] = request.headers["X-Request-Id"]

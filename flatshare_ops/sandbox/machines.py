@@ -40,6 +40,7 @@ import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
+from typing import Any
 
 from filelock import FileLock
 
@@ -647,8 +648,8 @@ def status(base: Path) -> dict[str, dict]:
         keeper = record.get("keeper_pid")
         alive = _is_keeper(keeper, machine)
         system = _system_state(machine, keeper) if alive else ("without its keeper" if remnants(machine) else "down")
-        entry = {"machine": True, "keeper": alive, "system": system,
-                 "sshd": _listening(machine.address, SSH_PORT), "units": {}}
+        entry: dict[str, Any] = {"machine": True, "keeper": alive, "system": system,
+                                 "sshd": _listening(machine.address, SSH_PORT), "units": {}}
         if alive and entry["system"] != "down":
             names = (TARGET_UNIT, *SERVICE_UNITS)
             done = run_in(machine, keeper, ["systemctl", "show", "--property=Id,ActiveState", *names], 10)

@@ -33,6 +33,7 @@ import os
 import threading
 import time
 from pathlib import Path
+from typing import Any
 
 from ..common.durable import write_atomic
 from ..common.files import Damaged, read_bytes
@@ -91,7 +92,7 @@ class Worker:
 
     def call(self, call_id: int, seconds: float, turns: int, tokens: int) -> None:
         """One call: ``turns`` user turns over ``seconds`` seconds (at least: a turn ends with its reply)."""
-        record = {"call": call_id, "started_at": time.time(), "turns": [], "ended_at": None}
+        record: dict[str, Any] = {"call": call_id, "started_at": time.time(), "turns": [], "ended_at": None}
         with self.lock:
             self.records.append(record)
         slot_s = seconds / max(turns, 1)
