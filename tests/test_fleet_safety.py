@@ -1502,6 +1502,60 @@ def test_release_all_preflights_every_node_at_once_and_refuses_before_any_drain(
         fleet.settled(name)
 
 
+def _kill_sessions(fleet: Fleet, name: str, count: int, stop: threading.Event, killed: list[int]) -> None:
+    """SIGKILL the sshd session process above each of ``name``'s node-side switches as it appears (a dropped SSH
+    connection), ``count`` sessions at most, until ``stop``; the killed ones go into ``killed``."""
+    listener = fleet.sandbox_state()[name]["sshd_pid"]
+    while not stop.is_set() and len(killed) < count:
+        for switch in fleet.switch_pids(name):
+            pid = switch
+            while pid and ppid(pid) not in (listener, None, 0, 1):
+                pid = ppid(pid) or 0
+            if pid and ppid(pid) == listener and pid not in killed and "sshd" in " ".join(cmdline(pid)):
+                with contextlib.suppress(ProcessLookupError):
+                    os.kill(pid, signal.SIGKILL)
+                killed.append(pid)
+        time.sleep(0.05)
+
+
+@pytest.mark.parametrize("drops", [1, 2])
+def test_a_preflight_whose_connection_drops_is_asked_again_and_refuses_the_rollout_if_it_never_answers(fleet, drops):
+    # A breaker's case: peacock's SSH session killed during the fleet's preflight was "not asked (no answer); its
+    # switch runs its own", and cyan drained before peacock's own switch refused. A preflight changes nothing:
+    # it is asked again on a fresh connection; a node that still cannot be asked refuses the whole rollout.
+    fleet.new_hold()
+    before = {name: (fleet.current(name), fleet.engine_invocation(name), len(fleet.history(name))) for name in NODES}
+    offsets = {name: fleet.log_size(name) for name in NODES}
+    slow = fleet.node("peacock").state_dir / "module" / "sitecustomize.py"
+    slow.write_bytes((SLOW_PARSE / "sitecustomize.py").read_bytes())  # each preflight of peacock takes seconds
+    stop, killed = threading.Event(), []
+    killer = threading.Thread(target=_kill_sessions, args=(fleet, "peacock", drops, stop, killed))
+    killer.start()
+    try:
+        result = fleet.release("--all", env={"FLEET_SAFETY_SLOW_PARSE_S": "4"}, timeout=300)
+    finally:
+        stop.set()
+        killer.join()
+        slow.unlink()
+    out = result.stdout + result.stderr
+    _no_traceback(out)
+    assert len(killed) == drops, (killed, out)
+    if drops == 2:
+        assert result.returncode == 3, out
+        assert re.search(r"^preflight of peacock: could not be asked \(.*; asked again: .*\)$", out, re.MULTILINE), out
+        assert "the fleet's preflight found peacock cannot take this release, so no node was drained" in out, out
+        for name in NODES:  # nothing changed, and cyan never drained
+            assert (fleet.current(name), fleet.engine_invocation(name), len(fleet.history(name))) == before[name]
+            assert not re.search(r"step \d+/\d+ ", fleet.log_since(name, offsets[name]))
+    else:
+        assert result.returncode == 0, out
+        assert "preflight of peacock: passed" in out and "could not be asked" not in out, out
+        for name in NODES:
+            assert fleet.history(name)[-1]["result"] == "released"
+    for name in NODES:
+        fleet.settled(name)
+
+
 def _running(name: str) -> float | None:
     """The engine's own ``vllm:num_requests_running`` (its /metrics, read by prometheus_client's parser)."""
     from prometheus_client.parser import text_string_to_metric_families

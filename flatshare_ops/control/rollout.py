@@ -406,13 +406,23 @@ class Rollout:
         """Every chosen node's preflight at once, before any node drains (each node's switcher, in a
         preflight-only dry run: its refusals and its preflight, kept for its switch to reuse; for an undo
         (``rollback --all``), of the target each node decides, as its switch will); why the rollout is
-        refused, naming each node that cannot take the release, or None. A node refused for what waiting may
-        end (its lock) or that could not be asked is said and left to its switch."""
+        refused, naming each node that cannot take the release or could not be asked (asked twice, the second
+        time on a fresh connection: a preflight changes nothing), or None. A node refused for what waiting may
+        end (its lock) is said and left to its switch."""
         from concurrent.futures import ThreadPoolExecutor
 
         from .bundle import bundle
 
         def preflight(target: NodeTarget) -> tuple[int | None, protocol.Outcome | None, str]:
+            code, outcome, said = attempt(target)
+            if outcome is None:  # a dropped session, a node that did not answer: once more, on a fresh connection
+                self.drop(target)
+                code, outcome, again = attempt(target)
+                if outcome is None:
+                    said = f"{said}; asked again: {again}"
+            return code, outcome, said
+
+        def attempt(target: NodeTarget) -> tuple[int | None, protocol.Outcome | None, str]:
             switch_id = uuid.uuid4().hex[:16]
             try:
                 # A rollback's target is decided by each node from its history, as its switch will decide it.
@@ -437,12 +447,17 @@ class Rollout:
                         session.send(protocol.answer_line(protocol.AdmitAnswer(False, "a preflight drains nothing")).encode())
                     elif isinstance(message, protocol.Outcome):
                         outcome = message
-                session.exit_status(10.0)
+                status = session.exit_status(10.0)
             except (Silence, Lost) as err:
                 return None, None, str(err)
             finally:
                 session.close()
-            return (outcome.code if outcome else None), outcome, (said[-1] if said else "no answer")
+            if outcome is None:
+                why = ("the connection ended with neither the node's outcome nor an exit status (dropped?)"
+                       if status is None else f"exit {status} without an outcome"
+                       + (f": {clip(said[-1], 300)}" if said else ""))
+                return None, None, why
+            return outcome.code, outcome, (said[-1] if said else "")
 
         started = time.monotonic()
         self.out.line(f"rollout {self.id}: the preflight of {', '.join(t.name for t in self.chosen)} at once, "
@@ -452,7 +467,8 @@ class Rollout:
         cannot = []
         for target, (code, outcome, said) in answers:
             if outcome is None:
-                self.out.line(f"preflight of {target.name}: not asked ({clip(said, 300)}); its switch runs its own")
+                cannot.append((target.name, f"could not be asked ({clip(said, 600)})"))
+                self.out.line(f"preflight of {target.name}: could not be asked ({clip(said, 600)})")
             elif code in (Exit.OK, Exit.NOTHING_TO_DO):
                 self.out.line(f"preflight of {target.name}: "
                               + ("nothing to switch" if code == Exit.NOTHING_TO_DO else "passed"))
@@ -466,8 +482,10 @@ class Rollout:
         if not cannot:
             return None
         what = "release" if self.mode == "release" else "rollback"
+        others = ("; the others can be released with --node" if self.mode == "release" else
+                  "; each other node can be rolled back with 'flatshare rollback --node NAME'")
         return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
-                f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot))
+                f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot) + others)
 
     def _failed_before(self, carries: list[NodeTarget] | tuple = ()) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this
