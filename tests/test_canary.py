@@ -429,7 +429,8 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
                          r"canary analysis failed, .*\) and cyan still runs it: its rollback is owed", alone.stdout,
                          re.MULTILINE), alone.stdout
         assert fleet.current("peacock") == left["peacock"]
-        listed = fleet.cli("releases", "--node", "cyan")
+        listed = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--inventory", str(fleet.inventory)],
+                                capture_output=True, text=True, env=fleet.operator_env(), timeout=120)
         assert re.search(r"^  FAILED \S+: its canary analysis failed \(.*\); cyan still runs it: its rollback is owed",
                          listed.stdout, re.MULTILINE), listed.stdout
         owed = fleet.cli("release", "--all")
