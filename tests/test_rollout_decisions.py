@@ -428,6 +428,59 @@ def test_an_interrupt_while_waiting_to_ask_again_says_the_node_was_waiting_and_q
     assert "deciding" not in text and result_of("cyan").startswith("waiting (--wait)")
 
 
+def test_an_interrupt_during_a_canarys_rollback_says_the_rollback_was_under_way_not_that_it_was_released():
+    # A breaker's case: Ctrl-C while the canary was being rolled back after its failed analysis, and the summary
+    # and --json said "released" (code 0), with no word of the rollback under way or owed.
+    from flatshare_ops.control.rollout import OperatorInterrupted
+
+    cyan = FakeNode(switch_script=[b"rollback of cyan\n", OperatorInterrupted(Exit.INTERRUPTED)], switch_status=None)
+    targets = fleet(cyan=cyan, peacock=FakeNode())
+    stream = io.StringIO()
+    rollout = Rollout(None, targets, targets, ReleaseOutput(None, stream), mode="rollback")
+    targets[0].result = Exit.OK  # released, then its analysis failed
+    try:
+        rollout._roll_back_canaries(targets[:1], "analysis failed")
+    except OperatorInterrupted:
+        pass
+    else:
+        raise AssertionError("the interrupt did not reach the rollout")
+    result, message = rollout._result(targets[0])
+    assert result == "its rollback (its analysis failed) was under way when interrupted", result
+    assert message is not None and "the rollback is then owed" in message, message
+    document = json.loads(json.dumps(rollout.document()))["nodes"]["cyan"]
+    assert document["result"] == result and document["code"] is None, document
+
+
+def test_an_interrupt_during_a_canarys_analysis_says_it_is_unjudged(monkeypatch):
+    # A breaker's case: Ctrl-C during the golden answers said "cyan: released", with no word that its analysis was
+    # cut short and the canary left unjudged (the next release --all does analyse it).
+    from flatshare_ops.control import canary
+    from flatshare_ops.control.rollout import OperatorInterrupted
+
+    def interrupted(*_args, **_kwargs):
+        raise OperatorInterrupted(Exit.INTERRUPTED)
+
+    monkeypatch.setattr(canary, "analyse", interrupted)
+    targets = fleet(cyan=FakeNode(), peacock=FakeNode())
+    rollout = Rollout(None, targets, targets, ReleaseOutput(None, io.StringIO()), mode="release")
+    targets[0].result = Exit.OK
+    rollout.switch_ids["cyan"] = "s1"
+    try:
+        rollout._canary_analysis(targets[:1], [targets[1:]])
+    except OperatorInterrupted:
+        pass
+    else:
+        raise AssertionError("the interrupt did not reach the rollout")
+    assert rollout.analysed["cyan"].startswith("its analysis was under way when interrupted: it is unjudged"), \
+        rollout.analysed
+    stream = io.StringIO()
+    rollout.out = ReleaseOutput(None, stream)
+    rollout._summary(interrupted=True)
+    (line,) = [row for row in stream.getvalue().splitlines() if row.startswith("cyan: ")]
+    assert line.endswith("(its analysis was under way when interrupted: it is unjudged, and 'flatshare release "
+                         "--all' analyses it first)"), line
+
+
 def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
     # A breaker's case: the wait asked again with 3 s left when an attempt takes 8 s (its preflight), and ran
     # past its bound by an attempt.

@@ -165,6 +165,7 @@ class Rollout:
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
+        self.taking_back: set[str] = set()  # canaries whose rollback after a failed analysis is under way
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -600,6 +601,9 @@ class Rollout:
             return None
         waiting = [t for batch in later for t in batch] + [t for t in self.everyone if t not in self.chosen]
         baseline = next((t for t in waiting if t not in switched), None)
+        for target in switched:  # what the summary says if the analysis is interrupted (replaced by its result)
+            self.analysed[target.name] = (f"its analysis was under way when interrupted: it is unjudged, and "
+                                          f"{self.command('release --all')} analyses it first")
         verdict = analyse(self, switched, baseline, dry_run=self.analysis == "dry-run")
         if verdict.aborted is not None:  # nothing judged: nothing recorded, decided or acted on
             for target in switched:
@@ -638,7 +642,11 @@ class Rollout:
         for target in canaries:
             if why is not None:
                 self.analysed[target.name] = why
+            # What the release did no longer stands: the rollback decides (an interrupt says it was under way).
+            target.result = None
+            self.taking_back.add(target.name)
             target.result = self.switch(target, mode="rollback")
+            self.taking_back.discard(target.name)
             self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
                                            else f", its rollback ended with exit {target.result}")
         failed = [t for t in canaries if t.result != Exit.OK]
@@ -661,6 +669,11 @@ class Rollout:
         outcome = self.outcomes.get(t.name)
         if t.name in self.refused:
             return EXIT_NAMES.get(Exit.REFUSED, "refused"), self.refused[t.name]
+        if t.result is None and t.name in self.taking_back:
+            return ("its rollback (its analysis failed) was under way when interrupted",
+                    "the node finishes it, or, before any change, refuses it once its admission to drain goes "
+                    "unanswered: the rollback is then owed, and the next 'flatshare release --all' carries it out "
+                    f"first ({self.command('status')} shows which)")
         if t.result is None and t.name in self.waiting:
             return ("waiting (--wait) to ask again when interrupted",
                     f"its last attempt was refused ({self.waiting[t.name]}); nothing changed on it")

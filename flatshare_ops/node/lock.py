@@ -171,8 +171,8 @@ def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> NoReturn:
         raise Refused(f"{action} refused: a release holds {ctx.node}'s lock (who cannot be read here: {err}); "
                       "wait for it to finish") from None
     if pid is None:
-        raise Refused(f"{action} refused: {ctx.node}'s release lock was held a moment ago and is free now; "
-                      "run the command again", waits_for=protocol.REFUSED_FOR_BUSY)
+        raise Refused(f"{action} refused: {ctx.node}'s release lock was held a moment ago and is free now: "
+                      "asked again, it goes ahead", waits_for=protocol.REFUSED_FOR_BUSY)
     raise Refused(f"{action} refused: {ctx.node} is being released by {describe_lock(ctx, pid)}; "
                   "wait for it to finish", waits_for=protocol.REFUSED_FOR_BUSY)
 
