@@ -448,7 +448,7 @@ def unit_processes(address: ManagerAddress, unit: str, timeout_s: float = SYSTEM
             found = bus.raw.call_method(b"org.freedesktop.systemd1", _MANAGER_PATH, _MANAGER_IFACE,
                                         b"GetUnitProcesses", apply_signature(b"s", [unit.encode()])).body
         except Exception:  # noqa: BLE001 - pystemd's DBusError: not loaded (it runs nothing), or the EIO above
-            return control_group_processes(_text(unit_property(bus, unit, "Service", "ControlGroup")) or "")
+            return control_group_processes(str(_text(unit_property(bus, unit, "Service", "ControlGroup")) or ""))
         return [(int(pid), str(_text(cmdline))) for _cgroup, pid, cmdline in found]
 
     return _in_child(address, work, timeout_s, f"processes of {unit}", wrappers=False)

@@ -464,7 +464,8 @@ class _NotMirrored(argparse.Action):
     """An action class of vLLM's that this module does not know: stored as given, and said so."""
 
     def __call__(self, parser, namespace, values, option_string=None):
-        parser.run.unsupported.append(f"unsupported: {option_string}: argparse action {self.kind} "
+        kind = getattr(self, "kind", type(self).__name__)  # set by the parser builder below
+        parser.run.unsupported.append(f"unsupported: {option_string}: argparse action {kind} "
                                       "is not mirrored")
         setattr(namespace, self.dest, values)
 
