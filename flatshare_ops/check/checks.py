@@ -77,8 +77,8 @@ def check_vllm_release(version_status: int, version_body: bytes, installed: str 
     if details:
         known_other = (isinstance(answered, str) and not same_release(answered, expected)) or (
             installed is not None and not same_release(installed, expected))
-        # An engine that gave no answer runs an unknown release, not another one (a breaker's case: a
-        # stopped API server was reported as running "not 0.32.0").
+        # An engine that gave no answer runs an unknown release, not another one (a stopped API server is not
+        # running "not 0.32.0").
         summary = f"vLLM release is not {expected}" if known_other else f"vLLM release unknown, profile {expected}"
         return Finding("vllm_release", CRITICAL, summary, details)
     labels = sorted({v for v in (answered, installed) if isinstance(v, str) and v != expected})

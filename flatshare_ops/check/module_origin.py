@@ -3,9 +3,9 @@
 serving-check's module check hashes the file the profile pins; the engine imports whatever its own
 ``sys.path`` finds first. Python's order (the ``sys.path`` documentation, "The initialization of the
 sys.path module search path"): the running script's directory (``vllm`` is a console script in the venv's
-``bin/``), then ``PYTHONPATH``'s entries, then the interpreter's own directories. A breaker put a module of
-the same name in the venv's ``bin/`` (and, another time, a drop-in's ``PYTHONPATH``) and serving-check said OK
-for an engine that ran another module. So the entries that come before the pinned file's directory are
+``bin/``), then ``PYTHONPATH``'s entries, then the interpreter's own directories. A module of the same name in
+the venv's ``bin/``, or on a drop-in's ``PYTHONPATH``, is the one the engine runs, whatever the pinned file
+holds. So the entries that come before the pinned file's directory are
 searched with the standard library's own finder (``importlib.machinery.PathFinder``), in the engine
 process's own argv and environment (``/proc``).
 """

@@ -297,8 +297,8 @@ def _raise(path: Path, form: str):
 def remove_tree(path: Path) -> bool:
     """Remove the directory tree at ``path``: ``shutil.rmtree`` (links never followed, errors ignored), and
     coreutils' ``rm -rf --one-file-system`` where the tree nests deeper than Python's recursion allows
-    (``shutil.rmtree`` recurses on Python 3.11: a breaker's chain of 1,200 empty directories raised
-    RecursionError through it; ``rm`` walks with fts(3), without recursion, and never follows a link).
+    (``shutil.rmtree`` recurses on Python 3.11: a chain of 1,200 empty directories raises RecursionError
+    through it; ``rm`` walks with fts(3), without recursion, and never follows a link).
 
     Returns:
         Whether ``path`` is gone afterwards.

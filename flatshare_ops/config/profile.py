@@ -353,8 +353,8 @@ class Analysis(StrictModel):
 
     # Bounds of the wall time an analysis takes: a measurement scrapes two nodes over SSH, about a second (so
     # each waits at least that long), and each scrape is bounded (control/canary.py): count x (interval_s or a
-    # measurement's bound) stays bounded, where count x interval_s alone did not (a breaker's 86,400,000 x
-    # 0.001 s took 3 s a measurement: years).
+    # measurement's bound) stays bounded, where count x interval_s alone would not (86,400,000 x 0.001 s, at
+    # 3 s a measurement, is years).
     interval_s: float = Field(ge=1, le=3600, description="seconds between measurements (each covers one interval)")
     count: int = Field(gt=0, le=100, description="measurements in one analysis (at most 100)")
     min_requests: Positive = Field(description="fewer requests finished in a measurement: inconclusive")

@@ -81,8 +81,8 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
     out.line(table_header())
     # What is judged: each canary on the release its switch installed, against the baseline on the release it
     # ran at the first scrape. Another release or rollback may switch either while they are measured (a
-    # breaker's case: a rollback of the canary mid-analysis, then measurements of the old release that
-    # "passed" the new one): the analysis then stops, deciding nothing.
+    # rollback of the canary mid-analysis would make the old release's measurements "pass" the new one): the
+    # analysis then stops, deciding nothing.
     judged = {c.name: getattr(rollout.outcomes.get(c.name), "release", None) for c in canaries}
     base_release: str | None = None
     deadline = time.monotonic()

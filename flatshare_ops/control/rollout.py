@@ -279,7 +279,7 @@ class Rollout:
     def close(self) -> None:
         """Close every connection; one still being opened is closed when it opens, and waited for (within the
         connect bound): a connection's transport thread still negotiating when the process exits can abort the
-        interpreter's exit ("FATAL: exception not rethrown", seen once in CI after a refused rollback)."""
+        interpreter's exit ("FATAL: exception not rethrown")."""
         from concurrent.futures import TimeoutError as FutureTimeout
 
         with self._lock:
@@ -823,7 +823,7 @@ class Rollout:
             payload["plan"] = "full" if self.verbose or self.dry_run else "compact"
             session = self.start(target, commands.switch(
                 # An undo is part of the rollout it undoes: its switches carry that rollout's id, so that a
-                # `rollback --all` run again goes on undoing it, never undoes the undo (a breaker's case).
+                # `rollback --all` run again goes on undoing it, never undoes the undo.
                 target.spec, switch_id, rollout=self.undo if mode == "undo-rollout" and self.undo else self.id,
                 force=self.force, dry_run=self.dry_run,
                 rollback=mode == "rollback", undo_rollout=self.undo if mode == "undo-rollout" else None,

@@ -142,8 +142,8 @@ def remove_journal(state_dir: Path) -> None:
 
 
 def journal_summary(journal: Journal) -> str:
-    """One line: from, to, and how far it got; an automatic rollback says so, and why (a breaker's case: one
-    in progress read as any switch)."""
+    """One line: from, to, and how far it got; an automatic rollback says so, and why (it is not any switch: the
+    release before it did not serve)."""
     done = [s.name for s in journal.steps if s.state == "done"]
     failed = [s for s in journal.steps if s.state == "failed"]
     stopped = f", failed at {failed[0].name}" if failed else ""

@@ -431,7 +431,7 @@ def switch_current(sw: Switch) -> None:
 
 #: How many times the switch's serving-check runs before a CRITICAL or UNKNOWN is its verdict, and the pause
 #: between two (seconds): one health request that missed its 2 s bound on a loaded node is no verdict that
-#: rolls a release back (a CI run saw a stand-in engine's /health time out once, right after it served).
+#: rolls a release back (a busy machine's /health can miss one bound right after the engine served).
 VERDICT_CHECKS = 3
 VERDICT_PAUSE_S = 2.0
 
@@ -439,7 +439,7 @@ VERDICT_PAUSE_S = 2.0
 def serving_check(sw: Switch) -> None:
     """Run serving-check against the new release, then place one call through the node's gateway as a caller
     would (node/calls.py ``call_problem``: a streamed one-token completion, read to ``[DONE]``): an engine whose
-    ``/health`` answers 200 while it answers no call (a breaker froze the engine core; serving-check said OK) is
+    ``/health`` answers 200 while it answers no call (a frozen engine core: serving-check alone says OK) is
     no engine that serves. CRITICAL or UNKNOWN, or a failed call, at each of :data:`VERDICT_CHECKS` attempts,
     :data:`VERDICT_PAUSE_S` apart, fails the step (the verdict an automatic rollback acts on)."""
     from ..common.serving_report import CRITICAL, UNKNOWN

@@ -309,8 +309,8 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
     stored = lambda rid: is_stored(ctx.state_dir, rid)  # noqa: E731  (a damaged target is refused, named)
     # What the rollback leaves: the current release, or an interrupted switch's target; but an interrupted
     # rollback (an automatic one cut short by a signal or a full disk included) was leaving its own "from": a
-    # rollback now goes on to where it was going (a breaker's case: its target, the release that served, was
-    # excluded, and the node had "no earlier release that served" to return to).
+    # rollback now goes on to where it was going (excluding its target, the release that served, would leave
+    # the node "no earlier release that served" to return to).
     leaving = (pending.from_ if pending is not None and pending.kind == "rollback" else
                pending.to if pending is not None else current)
     hist.in_order()  # which switch came last decides both rollbacks: never guessed from a history out of order
