@@ -18,7 +18,7 @@ the same real engine), release total <= 1.1x the bare script with the same prefl
 taking calls <= the bare script's whole run + 0.3 s. Also what shipping the
 switcher adds (building the zip, sending it, unpacking it), as a share of the release.
 
-Run: .venv/bin/python bench/release_cost.py [N] [--engine vllm|stand-in]
+Run: .venv/bin/python bench/release_cost.py [N] [--engine vllm|stand-in] [--all]
 (stand-in: about 10 s a round; vllm: about 90 s a round and both CPUs; one heavy job at a time).
 FLATSHARE_SANDBOX_ADDRESSES=cyan=A,peacock=B picks the loopback addresses.
 """
@@ -142,12 +142,71 @@ def shipping_s(checkout: Path, inventory: Path) -> tuple[float, int]:
     return build + max(0.0, send) + unpacked, int(size)
 
 
+#: The canary's analysis in the --all rounds: short, and lenient on a loaded machine (one passing measurement of
+#: three decides), so that its window is count x interval_s of calls.
+FLEET_ANALYSIS = {"interval_s": "5", "count": "3", "min_requests": "1", "failure_limit": "0",
+                  "inconclusive_limit": "2", "ttft_p95_max_s": "10", "baseline_factor": "4", "baseline_margin_s": "2.5"}
+
+
+def _stage(node: SandboxNode, staged: Path, value: str) -> None:
+    """The node's engine unit with the other make-room value than ``value``, staged for the bare script."""
+    staged.mkdir(parents=True, exist_ok=True)
+    engine = (node.manager.unit_dir / "flatshare-engine.service").read_text()
+    flag = '"--additional-config.make_room.decode_hold_tokens" '
+    other = "48" if f'{flag}"0"' in engine else "0"
+    (staged / "flatshare-engine.service").write_text(engine.replace(f'{flag}"{value}"', f'{flag}"{other}"'))
+
+
+def fleet_rounds(checkout: Path, inventory: Path, nodes: dict[str, SandboxNode], addresses: dict[str, str],
+                 runs: int, staged_root: Path) -> tuple[list[float], list[float], float]:
+    """``release --all`` of cyan and peacock (cyan the canary, analysed against peacock for FLEET_ANALYSIS's
+    window, with golden answers), against the bare script on cyan, the same window waited, the bare script on
+    peacock; calls stream through both gateways throughout (the analysis needs them; both sides pay for them).
+
+    Returns:
+        (release --all seconds, bare seconds, the window in seconds), one value a round in each list.
+    """
+    from conftest import calls_through_both
+
+    for key, value in FLEET_ANALYSIS.items():
+        subprocess.run([str(BIN / "flatshare"), "profiles", "set", f"release.analysis.{key}", value, "--root",
+                        str(checkout)], check=True, capture_output=True)
+    window = float(FLEET_ANALYSIS["interval_s"]) * float(FLEET_ANALYSIS["count"])
+    # Both nodes on what the checkout renders first (peacock's first release; cyan's engine restarted, since the
+    # bare script changed its unit behind its release's back), untimed.
+    subprocess.run([str(BIN / "flatshare"), "profiles", "set", "engine.make_room.decode_hold_tokens", "7", "--root",
+                    str(checkout)], check=True, capture_output=True)
+    timed([str(BIN / "flatshare"), "release", "--all", "--analysis", "skip", "--inventory", str(inventory),
+           "--root", str(checkout)])
+    fleet_times, bare_times = [], []
+    with calls_through_both(addresses, 1, 8, timeout_s=120, join_s=180, pause_s=0.5):
+        for i in range(runs):
+            value = "0" if i % 2 == 0 else "48"
+            subprocess.run([str(BIN / "flatshare"), "profiles", "set", "engine.make_room.decode_hold_tokens",
+                            value, "--root", str(checkout)], check=True, capture_output=True)
+            fleet_times.append(timed([str(BIN / "flatshare"), "release", "--all", "--inventory", str(inventory),
+                                      "--root", str(checkout)]))
+            start = time.monotonic()
+            for number, name in enumerate(("cyan", "peacock")):
+                node = nodes[name]
+                _stage(node, staged_root / name, value)
+                timed(["bash", str(REPO / "bench/bare_release.sh"), str(staged_root / name), str(node.manager.unit_dir),
+                       f"http://{node.address}:8000"], {"XDG_RUNTIME_DIR": str(node.manager.runtime_dir)})
+                if number == 0:
+                    time.sleep(window)  # the analysis window the release spends on calls
+            bare_times.append(time.monotonic() - start)
+    return fleet_times, bare_times, window
+
+
 def main() -> None:
     import argparse
 
     parser = argparse.ArgumentParser(prog="release_cost.py")
     parser.add_argument("runs", nargs="?", type=int, default=5)
     parser.add_argument("--engine", choices=("stand-in", "vllm"), default="stand-in")
+    parser.add_argument("--all", action="store_true",
+                        help="also release --all of both nodes with the canary's analysis, against the bare script on "
+                             "each node with the analysis window between (issue 34's second target)")
     options = parser.parse_args()
     runs = options.runs
     addresses = parse_addresses(os.environ.get("FLATSHARE_SANDBOX_ADDRESSES")) or ADDRESSES
@@ -184,6 +243,10 @@ def main() -> None:
             serving = json.loads((node.state_dir / "releases/current/serving.json").read_text())
             preflight = preflight_s(serving, 3 if options.engine == "vllm" else 5)
             ship, size = shipping_s(checkout, inventory)
+            fleet = None
+            if options.all:
+                others = {n: SandboxNode(n, addresses[n], base.resolve()) for n in ("cyan", "peacock")}
+                fleet = fleet_rounds(checkout, inventory, others, addresses, runs, root / "fleet-units")
             # Leave the node on its release (the bare script changed its units behind the release's back).
             subprocess.run([str(BIN / "flatshare"), "release", "--node", "cyan", "--inventory", str(inventory),
                             "--root", str(checkout)], capture_output=True)
@@ -211,6 +274,16 @@ def main() -> None:
         print(f"  the releases that ran their preflight: median {statistics.median(ran):.2f} s, "
               f"{statistics.median(ran) / (bare + preflight):.2f}x (bare + preflight)")
     print(f"  shipping the switcher ({size / 1e6:.2f} MB base64): {ship:.3f} s = {ship / release:.1%} of the release")
+    if fleet is not None:
+        fleet_times, fleet_bare, window = fleet
+        whole, base_all = statistics.median(fleet_times), statistics.median(fleet_bare)
+        print(f"release --all of cyan and peacock (cyan the canary, a {window:g} s analysis window), calls streaming:")
+        print(f"  release --all {whole:.2f} s; bare script on each node with the window between {base_all:.2f} s, "
+              f"plus the preflight once {preflight:.2f} s")
+        print(f"  ratio release --all / (bare + window + preflight) = {whole / (base_all + preflight):.2f}   "
+              f"(target <= 1.1)")
+        print(f"  each release --all: {', '.join(f'{t:.2f} s' for t in fleet_times)}; each bare: "
+              f"{', '.join(f'{t:.2f} s' for t in fleet_bare)}")
 
 
 if __name__ == "__main__":
