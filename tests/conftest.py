@@ -91,7 +91,7 @@ def user_manager(tmp_path_factory):
 # they start) goes first and keeps one process for the whole run; the other processes share the rest.
 
 GROUP_SECONDS = {
-    "test_machines": 540, "test_real_engine": 360,
+    "test_machines": 420, "test_real_engine": 360,
     "test_fleet_safety": 170, "test_node_state": 170, "test_node_state_damaged_logs": 130,
     "test_fleet_safety_signals": 165, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
     "test_fleet_safety_sessions": 150, "test_release": 100, "test_production_path_runbook": 90,
