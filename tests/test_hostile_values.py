@@ -389,9 +389,12 @@ def test_a_hostile_analysis_document_is_refused_by_the_node_in_one_line_and_noth
         [sys.executable, "-m", "flatshare_ops.node", "record-analysis", "--node", "cyan", "--state-dir", str(state),
          "--scope", "user", "--runtime-dir", str(tmp_path), "--switch", "hostile1"],
         input=document + "\n", capture_output=True, text=True, timeout=60)
-    said = (result.stdout + result.stderr).strip()
-    assert result.returncode == 2 and "Traceback" not in said, said
+    said = result.stderr.strip()  # for a person: one line
+    assert result.returncode == 2 and "Traceback" not in said + result.stdout, said + result.stdout
     assert said.count("\n") == 0 and "stdin is not an analysis document" in said, said
+    (answer,) = result.stdout.strip().splitlines()  # for the operator's side: the same, as fields
+    assert json.loads(answer.removeprefix("::flatshare:error ")) == {
+        "code": 2, "message": said.removeprefix("flatshare-node: ")}, answer
     assert not (state / "releases/history.jsonl").exists()
 
 
