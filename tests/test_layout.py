@@ -223,7 +223,11 @@ def test_a_switcher_says_its_generation_as_data_and_the_entry_point_reads_only_t
     assert switcher_generation(archive({"flatshare_ops/common/protocol.py": source.replace(
         f"\nGENERATION = {GENERATION}\n".encode(), b"\nGENERATION = 99\n"), SWITCHER_DESCRIPTION: b'{"generation": 3}'})) == 3
     assert switcher_generation(archive({"flatshare_ops/common/protocol.py": source})) == 1  # no description
-    for damaged in (b"{", b"[2]", b'{"generation": "2"}', b'{"generation": true}'):
+    # A breaker's cases too: nested past any bound (json.loads raised RecursionError), a 4,000-digit or a negative
+    # generation, a description of megabytes.
+    for damaged in (b"{", b"[2]", b'{"generation": "2"}', b'{"generation": true}', b"[" * 100000,
+                    b'{"generation": ' + b"9" * 4000 + b"}", b'{"generation": -2}', b'{"generation": 0}',
+                    b'{"generation": 2, "x": "' + b"y" * 5000 + b'"}'):
         with pytest.raises(ValueError):
             switcher_generation(archive({SWITCHER_DESCRIPTION: damaged}))
 
@@ -237,3 +241,23 @@ def test_mypy_finds_nothing_on_the_whole_tree(tmp_path):
     result = subprocess.run([str(BIN / "mypy"), "--no-incremental", "--cache-dir", str(tmp_path / "mypy-cache")],
                             capture_output=True, text=True, timeout=600, cwd=REPO)
     assert result.returncode == 0, result.stdout + result.stderr
+
+
+def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_unpacked(tmp_path):
+    # A breaker's case: a 300 KB zip holding 300 MB (a description of zeros) was unpacked onto the node and run.
+    import base64
+    import hashlib
+    import io
+    import zipfile
+
+    from flatshare_ops.node.entry import MAX_UNPACKED_BYTES, unpack
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+        out.writestr("flatshare_ops/__init__.py", b"")
+        out.writestr("flatshare_ops/padding.py", b"#" * (MAX_UNPACKED_BYTES + 1))
+    data = buffer.getvalue()
+    assert len(data) < 1 << 20  # small to ship, large unpacked
+    with pytest.raises(ValueError, match="unpacked, more than 64 MiB"):
+        unpack(tmp_path, {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()})
+    assert not (tmp_path / ".switchers").exists()

@@ -76,3 +76,92 @@ def test_an_analysis_the_node_could_not_record_is_said_with_the_nodes_reason_not
     assert json.loads(session.sent) == {"phase": "passed"}
     assert lines == [f"cyan: note: the analysis could not be recorded in its history (exit {done.returncode}: "
                      f"{error['message']})"], lines
+
+
+# --- the release's serving-check, a program whose report is data (node/serving_check.py) ---------------------
+
+
+def _switcher_whose_check_prints(tmp_path, text: str):
+    """A copy of this checkout's flatshare_ops whose serving-check prints ``text`` and exits 0 (a damaged one)."""
+    import shutil
+
+    from conftest import REPO
+
+    code = tmp_path / "switcher"
+    shutil.copytree(REPO / "flatshare_ops", code / "flatshare_ops", ignore=shutil.ignore_patterns("__pycache__"))
+    (code / "flatshare_ops/check/cli.py").write_text(f"def main():\n    print({text!r})\n")
+    return code
+
+
+def _context(tmp_path):
+    from flatshare_ops.common.systemd import ManagerAddress
+    from flatshare_ops.node.context import NodeContext
+
+    (tmp_path / "state").mkdir(exist_ok=True)
+    return NodeContext("cyan", tmp_path / "state", ManagerAddress("user", tmp_path / "runtime"))
+
+
+@pytest.mark.parametrize("text", ["", "garbage", "[" * 100000, '{"node": "cyan", "findings": []}',
+                                  '{"node": "cyan", "findings": [{"check": "x", "status": "OK", "summary": "s", '
+                                  '"details": null}]}'])
+def test_a_shipped_serving_check_that_gives_no_report_is_replaced_by_the_installed_one(tmp_path, text):
+    # Breakers' cases: a shipped serving-check printing nothing, garbage, JSON nested past any bound (which raised
+    # RecursionError through the switch), a report with no findings (taken as OK) or a damaged finding. The
+    # node's installed serving-check (its timer's) checks instead, and that is said.
+    from flatshare_ops.node.serving_check import run_serving_check
+
+    notes: list[str] = []
+    report = run_serving_check(_context(tmp_path), note=notes.append, code=_switcher_whose_check_prints(tmp_path, text))
+    assert report.findings and report.node == "cyan"  # the installed one's: an empty state directory, named
+    assert any(f.check == "release" and f.status == "UNKNOWN" for f in report.findings), report.findings
+    (said,) = notes
+    assert said.startswith("the release's own serving-check gave no report (exit 0") and "installed" in said, said
+
+
+def test_no_report_from_either_serving_check_is_no_verdict(tmp_path, monkeypatch):
+    from flatshare_ops.node import serving_check
+
+    monkeypatch.setattr(serving_check, "INSTALLED", "print('[' * 100000)")
+    with pytest.raises(serving_check.NoReport) as raised:
+        serving_check.run_serving_check(_context(tmp_path), code=_switcher_whose_check_prints(tmp_path, "garbage"))
+    message = str(raised.value)
+    assert message.startswith("serving-check gave no report: the release's own: exit 0: garbage; the node's "
+                              "installed one: exit 0: "), message
+    assert not isinstance(raised.value, RecursionError)
+
+
+def test_a_serving_check_that_hangs_is_killed_at_its_bound_and_reports_progress_while_it_waits(tmp_path, monkeypatch):
+    # A breaker's case: a hanging serving-check sent nothing for a minute, and the operator's silence bound took
+    # the switch for a stalled session (exit 7). The wait reports progress at the process's cadence, and ends at
+    # the bound (the tool's own deadline, shortened here).
+    from flatshare_ops.common import poll
+    from flatshare_ops.node import serving_check
+
+    monkeypatch.setattr(serving_check, "DEADLINE_S", -9.0)  # the process's bound: DEADLINE_S + 10 = 1 s
+    monkeypatch.setattr(serving_check, "INSTALLED", "import time; time.sleep(600)")
+    monkeypatch.setattr(serving_check, "SHIPPED", "import time; time.sleep(600)")
+    poll.set_progress_every(0.2)
+    waited: list[float] = []
+    try:
+        with pytest.raises(serving_check.NoReport, match="no report within 1 s \\(killed\\)"):
+            serving_check.run_serving_check(_context(tmp_path), progress=waited.append, code=tmp_path)
+    finally:
+        poll.set_progress_every(poll.PROGRESS_EVERY_S)
+    assert waited, "no progress while it waited"
+
+
+def test_a_line_for_people_holding_escapes_or_a_forged_protocol_line_is_one_escaped_line(tmp_path):
+    # A breaker's case: a drop-in's name holding ESC[31m, an OSC title and a newline followed by a forged
+    # '::flatshare:outcome {...}' reached the operator's terminal raw, and the forged line stood on a line of its own.
+    import io
+
+    from flatshare_ops.node.output import ReleaseOutput
+
+    stream = io.StringIO()
+    out = ReleaseOutput(tmp_path / "release.log", stream)
+    out.line('refused: drop-in x\x1b[31m\x1b]0;TITLE\x07\n::flatshare:outcome {"code": 0}')
+    out.close()
+    for shown in (stream.getvalue(), (tmp_path / "release.log").read_text()):
+        (line,) = shown.splitlines()
+        assert "\x1b" not in line and "\x07" not in line and "\\x1b[31m" in line, line
+        assert "\\n::flatshare:outcome" in line and not line.startswith("::flatshare:"), line

@@ -105,6 +105,32 @@ def test_the_release_carries_the_checkouts_own_switcher(fleet):
     fleet.settled("cyan")
 
 
+def test_a_release_whose_own_serving_check_gives_no_report_is_checked_by_the_nodes_installed_one(fleet):
+    # A breaker's case: a checkout whose serving-check printed nothing made the release's step UNKNOWN, and its
+    # automatic rollback ran the same serving-check: it failed too, and the release that served was recorded as
+    # failed. The node's installed serving-check (its timer's) checks when the shipped one gives no report.
+    import shutil
+
+    from conftest import REPO
+
+    code = fleet.checkout / "flatshare_ops"
+    shutil.copytree(REPO / "flatshare_ops", code, ignore=shutil.ignore_patterns("__pycache__"))
+    (code / "check/cli.py").write_text("def main():\n    print('nothing a report could be made of')\n")
+    try:
+        fleet.set_hold(33 if fleet.hold("cyan") != "33" else 32)  # a release the node never stored
+        result = fleet.release("--node", "cyan")
+    finally:
+        shutil.rmtree(code)
+    assert result.returncode == 0, result.stdout + result.stderr
+    assert re.search(r"^\[cyan [0-9:]+\]   note: the release's own serving-check gave no report \(exit 0: nothing a "
+                     r"report could be made of\): the node's installed serving-check \(its timer's\) checked instead$",
+                     result.stdout, re.MULTILINE), result.stdout
+    assert fleet.history("cyan")[-1]["result"] == "released"
+    fleet.set_hold(48 if fleet.hold("cyan") == "0" else 0)
+    assert fleet.release("--node", "cyan").returncode == 0
+    fleet.settled("cyan")
+
+
 @pytest.mark.parametrize("header, message", [
     ({"protocol": 99}, "the release's switcher speaks protocol 99, this node's entry point runs protocol 1 at most"),
     ({"lock_sha256": "0" * 64}, "needs the dependencies of a requirements.lock with sha256 " + "0" * 64),

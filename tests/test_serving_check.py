@@ -242,11 +242,18 @@ def test_a_lock_record_naming_a_live_pid_is_not_a_release(sandbox):
 
 def test_an_unfinished_switch_is_a_warning(sandbox):
     journal = _node(sandbox).state_dir / "releases/switching.json"
-    journal.write_text(json.dumps({"schema": 1, "from": "a", "to": "b", "pid": 999999}))
+    journal.write_text(json.dumps({"schema": 2, "from": "a", "to": "b", "pid": 999999}))
     try:
         result = _check(sandbox)
         assert result.returncode == 1
         assert "unfinished switch from a to b" in result.stdout and "flatshare release" in result.stdout
+        # A breaker's case: a journal of schema 1, which the switch refuses as damaged (exit 5), was "an unfinished
+        # switch" to finish with 'flatshare release' here.
+        journal.write_text(json.dumps({"schema": 1, "from": "a", "to": "b", "pid": 999999}))
+        result = _check(sandbox)
+        assert result.returncode == 1
+        assert "unfinished switch (journal unreadable: of schema 1, not the 2 flatshare-ops reads)" in result.stdout
+        assert "run 'flatshare release' to finish" not in result.stdout, result.stdout
     finally:
         journal.unlink()
 

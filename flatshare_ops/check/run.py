@@ -26,7 +26,7 @@ from ..common.release_files import read_release
 from ..common.http import http_get
 from ..common.locks import LockTableError, release_holder
 from ..common.current_link import CurrentLinkError, read_current
-from ..common.node_files import CURRENT, JOURNAL, RELEASES
+from ..common.node_files import CURRENT, JOURNAL, JOURNAL_SCHEMA, RELEASES
 from ..common.units import TURN_HINTS_VARIABLE, VOICE_UNIT
 from ..common.text import one_line
 from ..common.vllm_release import installed_vllm
@@ -81,6 +81,9 @@ def release_state(releases: Path) -> tuple[Finding | None, Finding | None]:
     if pid is None and (journal.exists() or journal.is_symlink()):
         try:
             record = read_json_object(journal) or {}
+            if record.get("schema", JOURNAL_SCHEMA) != JOURNAL_SCHEMA:  # as the switch reads it (node/journal.py)
+                raise Damaged(journal, f"of schema {one_line(record.get('schema'))}, not the {JOURNAL_SCHEMA} "
+                                       "flatshare-ops reads")
             if not isinstance(record.get("to"), str):
                 raise Damaged(journal, "no target release: its to is missing or not text")
             what = _journal_words(record)

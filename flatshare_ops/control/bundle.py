@@ -14,16 +14,15 @@ from __future__ import annotations
 
 import base64
 import hashlib
-import importlib.util
 import io
 import json
-import sys
 import zipfile
 from functools import lru_cache
 from pathlib import Path
 
 from ..common.protocol import SWITCHER_DESCRIPTION
 from ..common.protocol import VERSION as PROTOCOL
+from ..errors import FlatshareError
 from ..node.store import release_id
 from ..render import render_profile
 from .git import describe
@@ -62,28 +61,30 @@ DESCRIPTION = SWITCHER_DESCRIPTION
 
 
 def generation_of(package: Path) -> int:
-    """``GENERATION`` of ``package``'s own common/protocol.py (1 when it defines none: a switcher from before
-    generations), read by running that file (standard library only; the checkout's own code, which the
-    operator ships anyway).
+    """``GENERATION`` of ``package``'s own common/protocol.py: the integer its module-level ``GENERATION = N``
+    assigns, read from the file's syntax tree (nothing of it runs); 1 when it assigns none (a switcher from before
+    generations).
 
     Raises:
-        OSError, SyntaxError: the file cannot be read or run.
+        FlatshareError: the file cannot be read or parsed (one line naming it).
     """
+    import ast
+
     if Path(package).resolve() == PACKAGE:
         from ..common.protocol import GENERATION
 
         return GENERATION
-    spec = importlib.util.spec_from_file_location("flatshare_ops_shipped_protocol", Path(package) / "common/protocol.py")
-    if spec is None or spec.loader is None:
-        raise OSError(f"{package}/common/protocol.py cannot be loaded")
-    module = importlib.util.module_from_spec(spec)
-    sys.modules[spec.name] = module  # dataclasses look their module up while the file runs
+    path = Path(package) / "common" / "protocol.py"
     try:
-        spec.loader.exec_module(module)
-    finally:
-        del sys.modules[spec.name]
-    generation = getattr(module, "GENERATION", 1)
-    return generation if isinstance(generation, int) else 1
+        tree = ast.parse(path.read_bytes(), filename=str(path))
+    except (OSError, SyntaxError, ValueError) as err:
+        raise FlatshareError(f"{path}: cannot read the switcher's generation ({err}); the checkout's flatshare_ops "
+                             "is damaged: restore it from git") from None
+    for node in tree.body:
+        if isinstance(node, ast.Assign) and [getattr(t, "id", None) for t in node.targets] == ["GENERATION"] \
+                and isinstance(node.value, ast.Constant) and type(node.value.value) is int:
+            return node.value.value
+    return 1
 
 
 @lru_cache(maxsize=4)

@@ -50,8 +50,10 @@ if TYPE_CHECKING:
 PROTOCOL = protocol.VERSION
 #: The oldest switcher generation this entry point runs (common/protocol.py ``GENERATION``): its own.
 OLDEST_GENERATION = protocol.GENERATION
-#: Where a switcher's zip says its generation, as data.
+#: Where a switcher's zip says its generation, as data; the most it may hold (bytes), and the highest generation.
 DESCRIPTION = protocol.SWITCHER_DESCRIPTION
+MAX_DESCRIPTION_BYTES = 4096
+MAX_GENERATION = 1_000_000
 #: Runs the switcher: argv[1] is the switcher directory ("" for the installed code). A switcher runs without
 #: bytecode (none written, and a tree holding any is unpacked again: _tree_matches), so that what runs is
 #: exactly the source checked against the zip.
@@ -166,21 +168,33 @@ def switcher_generation(archive: zipfile.ZipFile) -> int:
     Raises:
         ValueError: the description is not JSON or holds no integer generation.
     """
+    from flatshare_ops.common.files import loads
+
     try:
-        text = archive.read(DESCRIPTION)
+        info = archive.getinfo(DESCRIPTION)
     except KeyError:
         return 1
-    try:
-        document = json.loads(text)
+    if info.file_size > MAX_DESCRIPTION_BYTES:
+        raise ValueError(f"its {DESCRIPTION} holds {info.file_size} bytes, more than a description's "
+                         f"{MAX_DESCRIPTION_BYTES}")
+    try:  # bounded: no NaN, no huge integer, no nesting past common/files.py's limit
+        document = loads(archive.read(info))
     except ValueError as err:
         raise ValueError(f"its {DESCRIPTION} is not JSON ({err})") from None
     generation = document.get("generation") if isinstance(document, dict) else None
-    if not isinstance(generation, int) or isinstance(generation, bool):
-        raise ValueError(f"its {DESCRIPTION} holds no integer generation")
+    if not isinstance(generation, int) or isinstance(generation, bool) or not 1 <= generation <= MAX_GENERATION:
+        raise ValueError(f"its {DESCRIPTION} holds no generation from 1 to {MAX_GENERATION}")
     return generation
 
 
+#: The most a switcher may hold unpacked (bytes; flatshare_ops/ is a few MiB).
+MAX_UNPACKED_BYTES = 64 << 20
+
+
 def _check_members(archive: zipfile.ZipFile) -> None:
+    unpacked = sum(info.file_size for info in archive.infolist())
+    if unpacked > MAX_UNPACKED_BYTES:
+        raise ValueError(f"the shipped switcher holds {unpacked} bytes unpacked, more than {MAX_UNPACKED_BYTES >> 20} MiB")
     for info in archive.infolist():
         name = info.filename
         if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):

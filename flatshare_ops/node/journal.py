@@ -59,7 +59,7 @@ class Journal(BaseModel):
     """The journal of one switch (schema 2; a journal of another schema is unreadable, and named so)."""
 
     model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False)
-    schema_: Literal[2] = Field(default=2, alias="schema")
+    schema_: Literal[2] = Field(default=2, alias="schema")  # common/node_files.py JOURNAL_SCHEMA
     switch: str | None = None  # this switch's id (history records carry it too)
     rollout: str | None = None  # the operator's rollout this switch belongs to
     commit: str | None = None  # the checkout the release was rendered from

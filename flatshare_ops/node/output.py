@@ -21,6 +21,7 @@ from typing import TextIO
 from ..common import protocol
 from ..common.clock import utc_stamp
 from ..common.files import open_regular
+from ..common.text import one_line
 
 
 class ReleaseOutput:
@@ -110,8 +111,11 @@ class ReleaseOutput:
             self.lose_terminal()
 
     def line(self, text: str) -> None:
-        """Write one line: to the log (with a UTC timestamp), then to the terminal if it is still there."""
-        text = f"{self.prefix}{text}"
+        """Write one line: to the log (with a UTC timestamp), then to the terminal if it is still there. What it
+        holds that is not text for one line (a newline, a terminal escape read from a file or a message) is shown
+        escaped (common/text.py ``one_line``): it never starts a line of its own, poses as a protocol line, or
+        reaches the terminal raw."""
+        text = one_line(f"{self.prefix}{text}")
         self._write_log(text)
         self._write_terminal(text)
 
@@ -128,7 +132,7 @@ class ReleaseOutput:
         or as the line itself when no operator reads protocol lines."""
         message = protocol.Progress(self.switch or "", self.phase, self.step, what, round(waited_s, 1), bound_s,
                                     engine_says)
-        text = f"{self.prefix}  {protocol.waiting_words(message)}"
+        text = one_line(f"{self.prefix}  {protocol.waiting_words(message)}")
         self._write_log(text)
         self._write_terminal(text if self.switch is None else protocol.line(message).rstrip("\n"))
 

@@ -23,7 +23,7 @@ from ..errors import FlatshareError, Refused, SystemdError
 from . import drain
 from .context import NodeContext
 from .output import ReleaseOutput
-from ..common.text import clip
+from ..common.text import clip, one_line
 
 if TYPE_CHECKING:  # plan.py imports this module
     from .journal import Journal
@@ -448,12 +448,15 @@ def serving_check(sw: Switch) -> None:
 
     gateway = sw.serving["gateway"].get("url")
     for attempt in range(1, VERDICT_CHECKS + 1):
-        report = run_serving_check(sw.ctx)
+        # NoReport (neither serving-check gave a report) is the check's own trouble, no verdict on the engine: the
+        # switch ends early without an automatic rollback (the next release finishes it).
+        report = run_serving_check(sw.ctx, sw.progress("serving-check's report", 60.0),
+                                   lambda said: sw.out.line(f"  note: {one_line(said)}"))
         for finding in report.findings:
-            if finding.status != "OK":
-                sw.out.line(f"  {finding.status} {finding.check}: {finding.summary}")
+            if finding.status != "OK":  # one line each: what a finding holds is never a line of its own
+                sw.out.line(one_line(f"  {finding.status} {finding.check}: {finding.summary}"))
                 for detail in finding.details:
-                    sw.out.line(f"      {detail}")
+                    sw.out.line(one_line(f"      {detail}"))
         problem = None
         if report.status not in (CRITICAL, UNKNOWN):
             problem = call_problem(gateway, request_id=SWITCH_CHECK_REQUEST_ID) if isinstance(gateway, str) else None

@@ -270,7 +270,7 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
         return Work(plan(ctx.node, old, new, "release", _flag_changes, replaces=pending.to, from_id=pending.to), new,
                     abandon=(pending, f"replaced by the switch to {target}"))
     if state.current == target:
-        problems = _unhealthy(ctx)
+        problems = _unhealthy(ctx, out)
         if not problems:
             out.line(f"{ctx.node}: already on {target}; nothing to do")
             return None
@@ -363,12 +363,17 @@ def _old_view(ctx: NodeContext, rid: str | None, out: ReleaseOutput) -> ReleaseV
         return None
 
 
-def _unhealthy(ctx: NodeContext) -> list[str]:
-    """serving-check's CRITICAL and UNKNOWN findings for the active release (empty when it serves)."""
+def _unhealthy(ctx: NodeContext, out: ReleaseOutput) -> list[str]:
+    """serving-check's CRITICAL and UNKNOWN findings for the active release (empty when it serves, and when
+    serving-check gives no report: that is said, and no unit is restarted for the check's own trouble)."""
     from ..common.serving_report import CRITICAL, UNKNOWN
-    from .serving_check import run_serving_check
+    from .serving_check import NoReport, run_serving_check
 
-    report = run_serving_check(ctx)
+    try:
+        report = run_serving_check(ctx, note=lambda said: out.line(f"note: {said}"))
+    except NoReport as err:
+        out.line(f"note: {err}: whether {ctx.node} serves is not known here; the timer's serving-check says")
+        return []
     return [f"{f.check}: {f.summary}" for f in report.findings if f.status in (CRITICAL, UNKNOWN)]
 
 
