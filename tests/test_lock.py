@@ -507,12 +507,22 @@ def test_doctor_says_whether_serving_checks_timer_runs_it_and_how_its_last_run_e
                                str(fleet.checkout)], capture_output=True, text=True, timeout=120)
         return done.stdout
 
-    job(address, "start", "serving-check.service", 60)  # one run now, as the timer's
-    got = properties(address, [("serving-check.service", "Service", "ExecMainStatus"),
-                               ("serving-check.timer", "Unit", "ActiveState")])
+    def ended_run() -> tuple[dict, str] | None:
+        """systemd's record of the last run and doctor's words, read while no run is under way (the timer may
+        start one at any moment; its start clears the run before's exit), or None."""
+        job(address, "start", "serving-check.service", 60)  # one run now, as the timer's
+        got = properties(address, [("serving-check.service", "Service", "ExecMainStatus"),
+                                   ("serving-check.timer", "Unit", "ActiveState")])
+        said = doctor()
+        return (got, said) if "serving-check is running now" not in said else None
+
+    from flatshare_ops.common.poll import poll_until
+
+    found = poll_until(ended_run, 300, 1.0)
+    assert found, "serving-check was running each time doctor asked"
+    got, said = found
     verdict = {0: "OK", 1: "WARNING", 2: "CRITICAL", 3: "UNKNOWN"}[got["serving-check.service/ExecMainStatus"]]
     assert got["serving-check.timer/ActiveState"] == "active", got
-    said = doctor()
     line = re.search(r"^(\S+)\s+cyan serving-check: (.*)$", said, re.MULTILINE)
     assert line and line.group(2).startswith("serving-check.timer active; last run ") \
         and line.group(2).endswith(f"ago: {verdict}"), said

@@ -165,3 +165,15 @@ def test_a_line_for_people_holding_escapes_or_a_forged_protocol_line_is_one_esca
         (line,) = shown.splitlines()
         assert "\x1b" not in line and "\x07" not in line and "\\x1b[31m" in line, line
         assert "\\n::flatshare:outcome" in line and not line.startswith("::flatshare:"), line
+
+
+def test_doctor_says_a_serving_check_under_way_is_running_not_that_it_never_ran():
+    # A loaded CI run: the timer's next run had started (systemd clears the run before's exit then), and doctor
+    # said serving-check "has not run from it yet".
+    from flatshare_ops.control.doctor import check_runs_line
+
+    running = {"timer": "active", "result": "success", "status": 0, "code": None, "age_s": None, "running": True}
+    assert check_runs_line("cyan", running) == (
+        "ok", "cyan serving-check", "serving-check.timer active; serving-check is running now (its last run is not known)")
+    never = {**running, "running": False}
+    assert check_runs_line("cyan", never)[2] == "serving-check.timer active; serving-check has not run from it yet"

@@ -137,6 +137,8 @@ def check_runs_line(name: str, runs: object) -> tuple[str, str, str]:
     if timer != "active":
         return "WARN", item, f"serving-check.timer is {timer}: nothing runs serving-check; 'systemctl enable --now serving-check.timer' on {name}"
     age = runs.get("age_s")
+    if not isinstance(age, (int, float)) and runs.get("running") is True:
+        return "ok", item, "serving-check.timer active; serving-check is running now (its last run is not known)"
     if not isinstance(age, (int, float)):
         return "ok", item, "serving-check.timer active; serving-check has not run from it yet"
     status, code = runs.get("status"), runs.get("code")

@@ -156,8 +156,9 @@ def check_runs(ctx: NodeContext) -> dict | None:
     ``{"timer": the timer's LoadState/ActiveState ("not-found", "active", "inactive", ...), "result": the
     service's last Result ("success", "exit-code", "signal", "timeout", ...), "status": ExecMainStatus (the exit
     status, or the signal's number when "code" is "killed"/"dumped"), "code": "exited"|"killed"|"dumped"|None,
-    "age_s": seconds since its last run ended, by this node's clock, or None before its first run}``; None when
-    systemd does not answer."""
+    "age_s": seconds since its last run ended, by this node's clock, or None before its first run and while a run
+    is under way (systemd clears the exit of the run before when the next starts), "running": whether one is under
+    way}``; None when systemd does not answer."""
     import time
 
     from ..common.units import CHECK_SERVICE, CHECK_TIMER
@@ -166,7 +167,8 @@ def check_runs(ctx: NodeContext) -> dict | None:
 
     queries = [(CHECK_TIMER, "Unit", "LoadState"), (CHECK_TIMER, "Unit", "ActiveState"),
                (CHECK_SERVICE, "Service", "Result"), (CHECK_SERVICE, "Service", "ExecMainStatus"),
-               (CHECK_SERVICE, "Service", "ExecMainCode"), (CHECK_SERVICE, "Service", "ExecMainExitTimestamp")]
+               (CHECK_SERVICE, "Service", "ExecMainCode"), (CHECK_SERVICE, "Service", "ExecMainExitTimestamp"),
+               (CHECK_SERVICE, "Unit", "ActiveState")]
     try:
         got = systemd.properties(ctx.address, queries)
     except SystemdError:
@@ -176,7 +178,8 @@ def check_runs(ctx: NodeContext) -> dict | None:
     code = {1: "exited", 2: "killed", 3: "dumped"}.get(int(got[f"{CHECK_SERVICE}/ExecMainCode"] or 0))  # waitid(2)'s CLD_*
     return {"timer": active if load == "loaded" else load, "result": got[f"{CHECK_SERVICE}/Result"],
             "status": int(got[f"{CHECK_SERVICE}/ExecMainStatus"] or 0), "code": code,
-            "age_s": round(time.time() - exited_us / 1e6, 1) if exited_us else None}
+            "age_s": round(time.time() - exited_us / 1e6, 1) if exited_us else None,
+            "running": got[f"{CHECK_SERVICE}/ActiveState"] in ("activating", "active", "reloading")}
 
 
 #: The bound of one scrape of the engine's /metrics (seconds).
