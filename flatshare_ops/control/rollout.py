@@ -25,7 +25,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import cast
+from typing import TypeGuard, cast
 
 from ..common import protocol
 from ..config.profile import Admission
@@ -38,6 +38,17 @@ from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
 from ..common.text import clip
+
+
+def _read(load: object) -> TypeGuard[dict]:
+    """Whether a probe's ``load`` says its engine's running and waiting requests (node/probe.py ``engine_load``)."""
+    return isinstance(load, dict) and isinstance(load.get("running"), int) and isinstance(load.get("waiting"), int)
+
+
+def _unread(load: object) -> str:
+    """Why a probe's ``load`` says no requests: its own error, or that it said nothing."""
+    why = load.get("error") if isinstance(load, dict) else None
+    return why or "its probe did not say"
 
 
 def headroom(draining: str, moved: object, loads: dict[str, object], settings,
@@ -59,12 +70,10 @@ def headroom(draining: str, moved: object, loads: dict[str, object], settings,
         read (an older node, its /metrics down) is said and not judged: whether the node takes calls was.
     """
     lines: list[str] = []
-    known = {name: load for name, load in loads.items()
-             if isinstance(load, dict) and isinstance(load.get("running"), int) and isinstance(load.get("waiting"), int)}
+    known = {name: load for name, load in loads.items() if _read(load)}
     for name, load in loads.items():
         if name not in known:
-            why = load.get("error") if isinstance(load, dict) else None
-            lines.append(f"{name}'s engine load not read ({why or 'its probe did not say'}): its room is not judged")
+            lines.append(f"{name}'s engine load not read ({_unread(load)}): its room is not judged")
     hot = [(name, load["kv_cache_usage"]) for name, load in known.items()
            if isinstance(load.get("kv_cache_usage"), (int, float)) and load["kv_cache_usage"] > settings.kv_cache_max]
     if hot:
@@ -74,18 +83,17 @@ def headroom(draining: str, moved: object, loads: dict[str, object], settings,
     if not seats:
         return lines, None
     extra = 0
-    if isinstance(moved, dict) and isinstance(moved.get("running"), int) and isinstance(moved.get("waiting"), int):
+    if _read(moved):
         extra = moved["running"] + moved["waiting"]
         said = f"{draining} moves {moved['running']} running + {moved['waiting']} waiting"
     else:
         said = f"{draining}'s own load not read ({moved.get('error') if isinstance(moved, dict) else 'not sent'}): counted as 0"
     for name, load in (also_moving or {}).items():
-        if isinstance(load, dict) and isinstance(load.get("running"), int) and isinstance(load.get("waiting"), int):
+        if _read(load):
             extra += load["running"] + load["waiting"]
             said += f"; {name}, which may drain too, moves {load['running']} running + {load['waiting']} waiting"
         else:
-            why = load.get("error") if isinstance(load, dict) else None
-            said += f"; {name}, which may drain too: its load not read ({why or 'its probe did not say'}), counted as 0"
+            said += f"; {name}, which may drain too: its load not read ({_unread(load)}), counted as 0"
     demand = extra + sum(load["running"] + load["waiting"] for load in seats.values())
     room = sum(int(settings.seats_share * load["max_num_seqs"]) for load in seats.values())
     carried = ", ".join(f"{name} {load['running']} running + {load['waiting']} waiting of max_num_seqs "
