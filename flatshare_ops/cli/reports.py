@@ -113,7 +113,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
 
     from ..common.text import one_line
     from ..control import commands
-    from ..control.answers import history_line
+    from ..control.answers import history_line, owed_rollback_words
     from ..node.history import failed_releases
 
     answers = fleet_answers(node, inventory, lambda t: commands.history(t.spec))
@@ -139,8 +139,7 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
                 for line in _measurement_lines(record):
                     typer.echo(f"    {line}")
         for release, how in failed_releases(records).items():
-            owed = (f"; {name} still runs it: its rollback is owed ('flatshare rollback --node {name}', or the next "
-                    "'flatshare release --all' with canaries carries it out first)" if how.get("owed") else "")
+            owed = f"; {name} still runs it: {owed_rollback_words(name)}" if how.get("owed") else ""
             typer.echo(f"  FAILED {release}: {how['how']} ({one_line(str(how['why']))}){owed}; 'flatshare release' "
                        "refuses it on every node until given --retry")
     raise typer.Exit(code)

@@ -17,6 +17,12 @@ from ..common.wording import hold_phrase, int_field, not_recorded, text_field, t
 from ..errors import Exit
 
 
+def owed_rollback_words(name: str) -> str:
+    """What to do about a canary that still runs the release its failed analysis decided to roll back."""
+    return (f"its rollback is owed ('flatshare rollback --node {name}', or the next 'flatshare release --all' with "
+            "canaries, which carries it out first)")
+
+
 def status_lines(name: str, report: dict) -> list[str]:
     """``flatshare status``'s lines for one node's answer (``flatshare-node status``, or ``{"error"}``).
 

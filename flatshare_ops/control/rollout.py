@@ -33,7 +33,7 @@ from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
 from ..node.output import ReleaseOutput
 from . import commands
-from .answers import admission_line, follow_up_report
+from .answers import admission_line, follow_up_report, owed_rollback_words
 from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
@@ -547,9 +547,9 @@ class Rollout:
                 if target in carries:
                     continue
                 return (f"this checkout's release for {target.name} ({release}) failed there ({how['how']}, {when}: "
-                        f"{clip(str(how['why']), 300)}) and {target.name} still runs it: its rollback is owed "
-                        f"('flatshare rollback --node {target.name}', or 'flatshare release --all', whose canary step "
-                        "carries it out first); it is refused on every node until asked for again with --retry")
+                        f"{clip(str(how['why']), 300)}) and {target.name} still runs it: "
+                        f"{owed_rollback_words(target.name)}; it is refused on every node until asked for again with "
+                        "--retry")
             return (f"this checkout's release for {target.name} ({release}) failed there and was taken back "
                     f"({how['how']}, {when}: {clip(str(how['why']), 300)}); it is refused on every node until asked "
                     "for again with --retry")
