@@ -6,7 +6,7 @@ the flatshare-ops code that will switch the node (the checkout's
 ``flatshare_ops/``, zipped), with the header the node's entry point checks
 (node/entry.py): the protocol and the sha256 of the requirements.lock whose
 dependencies the switcher needs. The switcher's zip describes itself in one
-member, :data:`DESCRIPTION` (its generation), which the entry point reads as
+member, ``flatshare_ops/switcher.json`` (its generation), which the entry point reads as
 data.
 """
 
@@ -55,11 +55,6 @@ def shipped(package: Path, path: Path) -> bool:
     return relative.parts[0] in SHIPPED_PARTS
 
 
-#: The switcher's description, a member of its zip: ``{"generation": N}``, the shipped code's own
-#: common/protocol.py ``GENERATION`` (node/entry.py ``switcher_generation`` reads it).
-DESCRIPTION = SWITCHER_DESCRIPTION
-
-
 def generation_of(package: Path) -> int:
     """``GENERATION`` of ``package``'s own common/protocol.py: the integer its module-level ``GENERATION = N``
     assigns, read from the file's syntax tree (nothing of it runs); 1 when it assigns none (a switcher from before
@@ -89,11 +84,12 @@ def generation_of(package: Path) -> int:
 
 @lru_cache(maxsize=4)
 def switcher(package: Path) -> dict:
-    """What the node runs of the package (:func:`shipped`), and its :data:`DESCRIPTION`, zipped reproducibly
+    """What the node runs of the package (:func:`shipped`), and its description (common/protocol.py
+    ``SWITCHER_DESCRIPTION``: ``{"generation": N}``, which node/entry.py reads), zipped reproducibly
     (sorted names, fixed times; no bytecode): ``{"sha256", "zip_b64"}``."""
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as archive:
-        info = zipfile.ZipInfo(DESCRIPTION, (2026, 1, 1, 0, 0, 0))
+        info = zipfile.ZipInfo(SWITCHER_DESCRIPTION, (2026, 1, 1, 0, 0, 0))
         info.external_attr = 0o644 << 16
         info.compress_type = zipfile.ZIP_DEFLATED
         archive.writestr(info, json.dumps({"generation": generation_of(package)}, sort_keys=True) + "\n")
