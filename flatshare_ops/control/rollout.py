@@ -756,7 +756,7 @@ class Rollout:
             nodes[t.name] = entry
         code = int(self.code) if self.code is not None else None
         return {"rollout": self.id, "mode": self.mode, "dry_run": self.dry_run, "code": code,
-                "meaning": "done" if code == 0 else f"exit {code}" if code is None else EXIT_NAMES.get(code, f"exit {code}"),
+                "meaning": "done" if code == 0 else "not ended" if code is None else EXIT_NAMES.get(code, f"exit {code}"),
                 "duration_s": round(now - self.began, 3), "nodes": nodes, "analyses": self.analyses}
 
     def elapsed(self) -> str:
