@@ -443,14 +443,14 @@ def serving_check(sw: Switch) -> None:
     no engine that serves. CRITICAL or UNKNOWN, or a failed call, at each of :data:`VERDICT_CHECKS` attempts,
     :data:`VERDICT_PAUSE_S` apart, fails the step (the verdict an automatic rollback acts on)."""
     from ..common.serving_report import CRITICAL, UNKNOWN
-    from .serving_check import run_serving_check
+    from .serving_check import DEADLINE_S, run_serving_check
     from .calls import SWITCH_CHECK_REQUEST_ID, call_problem
 
     gateway = sw.serving["gateway"].get("url")
     for attempt in range(1, VERDICT_CHECKS + 1):
         # NoReport (neither serving-check gave a report) is the check's own trouble, no verdict on the engine: the
         # switch ends early without an automatic rollback (the next release finishes it).
-        report = run_serving_check(sw.ctx, sw.progress("serving-check's report", 60.0),
+        report = run_serving_check(sw.ctx, sw.progress("serving-check's report", DEADLINE_S + 10),
                                    lambda said: sw.out.line(f"  note: {one_line(said)}"))
         for finding in report.findings:
             if finding.status != "OK":  # one line each: what a finding holds is never a line of its own
