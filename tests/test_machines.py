@@ -248,22 +248,26 @@ def test_a_make_room_release_and_its_rollback_on_a_machine(fleet):
     # canary's analysis and the golden answers, run on the real engines in test_real_engine. What only a machine
     # says: a running engine replaced and brought back under systemd as PID 1, as the service user.
     before = fleet.current("cyan")
-    fleet.set_hold("cyan", 0)
+    pid = fleet.show("cyan", ENGINE, "MainPID")["MainPID"]
+    argv = fleet.run("cyan", "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
+    old = argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1]  # 0 after the README's example
+    new = "48" if old == "0" else "0"
+    fleet.set_hold("cyan", int(new))
     released = fleet.release("--node", "cyan")
     assert released.returncode == 0, released.stdout[-3000:] + released.stderr[-3000:]
     assert fleet.current("cyan") != before
     state = fleet.show("cyan", ENGINE, "MainPID", "User")
     assert state["User"] == "flatshare", state
     argv = fleet.run("cyan", "cat", f"/proc/{state['MainPID']}/cmdline").stdout.split("\0")
-    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "0"
+    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == new
     rolled = fleet.cli("rollback", "--node", "cyan", "--root", str(fleet.checkout))
     assert rolled.returncode == 0, rolled.stdout[-3000:] + rolled.stderr[-3000:]
     assert fleet.current("cyan") == before
     assert fleet.history("cyan")[-1]["result"] == "rolled back"
     pid = fleet.show("cyan", ENGINE, "MainPID")["MainPID"]
     argv = fleet.run("cyan", "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
-    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == "48"
-    fleet.set_hold("cyan", 48)
+    assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == old
+    fleet.set_hold("cyan", int(old))
 
 
 def test_down_shuts_down_a_machine_whose_keeper_died_and_status_says_so_first(fleet):
