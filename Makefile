@@ -3,6 +3,9 @@
 # (make exits 2; 'flatshare profiles render' itself exits 1); `make profiles UPDATE=1` rewrites them.
 VENV := .venv
 BIN := $(VENV)/bin
+# Python writes bytecode here even where the machine's environment says not to: the tests and a release start
+# thousands of Python processes, and compiling the package in each one costs about a fifth of their CPU.
+unexport PYTHONDONTWRITEBYTECODE
 
 .PHONY: setup demo test check profiles verify sandbox-down
 

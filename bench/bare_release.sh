@@ -7,5 +7,9 @@ systemctl --user stop flatshare-gateway.service
 cp "$staged"/* "$units"/
 systemctl --user daemon-reload
 systemctl --user restart flatshare-engine.service
-until curl -sf -o /dev/null "$url/health"; do sleep 0.05; done
+deadline=$((SECONDS + 300))  # an engine that never answers ends the bench, not hangs it
+until curl -sf -o /dev/null "$url/health"; do
+  if ((SECONDS > deadline)); then echo "the engine did not answer $url/health within 300 s" >&2; exit 1; fi
+  sleep 0.05
+done
 systemctl --user start flatshare-gateway.service

@@ -88,11 +88,19 @@ OUTPUTS: list[str] = []
 
 def timed(argv: list[str], env: dict | None = None) -> float:
     start = time.monotonic()
-    result = subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **(env or {})})
+    process = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
+                               env={**os.environ, **(env or {})})
+    errors: list[str] = []
+    reader = threading.Thread(target=lambda: errors.extend(process.stderr), daemon=True)  # type: ignore[arg-type]
+    reader.start()
+    lines = [f"{time.monotonic() - start:7.2f} {line}" for line in process.stdout]  # type: ignore[union-attr]
+    process.wait()
+    reader.join()
     elapsed = time.monotonic() - start
-    if result.returncode != 0:
-        raise SystemExit(f"{argv[0]} exited {result.returncode}:\n{result.stdout[-2000:]}\n{result.stderr[-2000:]}")
-    OUTPUTS.append(result.stdout)
+    output = "".join(lines)
+    if process.returncode != 0:
+        raise SystemExit(f"{argv[0]} exited {process.returncode}:\n{output[-2000:]}\n{''.join(errors)[-2000:]}")
+    OUTPUTS.append(output)
     return elapsed
 
 
@@ -204,6 +212,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(prog="release_cost.py")
     parser.add_argument("runs", nargs="?", type=int, default=5)
     parser.add_argument("--engine", choices=("stand-in", "vllm"), default="stand-in")
+    parser.add_argument("--outputs", type=Path, help="write each release's output there, each line with its "
+                        "seconds since the release began (where a release's time goes)")
     parser.add_argument("--all", action="store_true",
                         help="also release --all of both nodes with the canary's analysis, against the bare script on "
                              "each node with the analysis window between (issue 34's second target)")
@@ -221,20 +231,21 @@ def main() -> None:
         try:
             staged = root / "units-next"
             for i in range(runs):
-                value = "0" if i % 2 == 0 else "48"
+                # A value no release of this run had: each release is a new one, so that its switch runs its
+                # preflight (a release switched to again reuses the one it kept: not the case measured here).
+                value = str(i + 1)
                 subprocess.run([str(BIN / "flatshare"), "profiles", "set", "engine.make_room.decode_hold_tokens",
                                 value, "--root", str(checkout)], check=True, capture_output=True)
                 with Monitor(node) as monitor:
                     release_times.append(timed([str(BIN / "flatshare"), "release", "--node", "cyan", "--inventory",
                                                 str(inventory), "--root", str(checkout)]))
                 release_down.append(monitor.down_s)
-                # The bare script installs the same kind of change: the engine unit with the other value.
+                # The bare script installs the same kind of change: the engine unit with another value.
                 staged.mkdir(exist_ok=True)
                 engine = (node.manager.unit_dir / "flatshare-engine.service").read_text()
                 flag = '"--additional-config.make_room.decode_hold_tokens" '
-                other = "48" if f'{flag}"0"' in engine else "0"
                 (staged / "flatshare-engine.service").write_text(
-                    engine.replace(f'{flag}"{value}"', f'{flag}"{other}"'))
+                    engine.replace(f'{flag}"{value}"', f'{flag}"{100 + i}"'))
                 with Monitor(node) as monitor:
                     bare_times.append(timed(["bash", str(REPO / "bench/bare_release.sh"), str(staged),
                                              str(node.manager.unit_dir), f"http://{node.address}:8000"],
@@ -252,6 +263,8 @@ def main() -> None:
                             "--root", str(checkout)], capture_output=True)
         finally:
             down(base, echo=lambda _l: None)
+    if options.outputs:
+        options.outputs.write_text("\n".join(OUTPUTS))
     release, bare = statistics.median(release_times), statistics.median(bare_times)
     down_release, down_bare = statistics.median(release_down), statistics.median(bare_down)
     print(f"medians of {runs} runs on one sandbox node, {options.engine} engine (release over SSH; bare script local)")
