@@ -14,8 +14,9 @@ gateway, install the units, daemon-reload, restart the engine, wait for
 Prints the medians and the ratios the issues set targets for: with the stand-in
 engine, release total (minus the preflight, which runs before the drain) <= 1.5x
 the bare script; with vLLM's real engine (``--engine vllm``: the same restarts of
-the same real engine), release total <= 1.1x the bare script with the same preflight run once by hand; both: time not
-taking calls <= the bare script's whole run + 0.3 s. Also what shipping the
+the same real engine), release total <= 1.1x the bare script plus the node's own preflight run once by hand
+(in each round, under the same monitor); both: time not taking calls <= the bare script's whole run + 0.3 s.
+Each release is of a release the node never ran, so that its switch runs its preflight. Also what shipping the
 switcher adds (building the zip, sending it, unpacking it), as a share of the release.
 
 Run: .venv/bin/python bench/release_cost.py [N] [--engine vllm|stand-in] [--all]
@@ -104,18 +105,17 @@ def timed(argv: list[str], env: dict | None = None) -> float:
     return elapsed
 
 
-def preflight_s(serving: dict, runs: int = 5) -> float:
-    """The preflight's own cost: vLLM in the engine venv, with the engine's environment (it runs before the drain)."""
-    from flatshare_ops.node.preflight import engine_environment, parse_with_venv
+def preflight_s(node: SandboxNode) -> float:
+    """The preflight's own cost, run once by hand as the node's switch runs it (node/preflight.py ``run``: the
+    paths, then vLLM in the engine venv with the engine's environment, as the engine's user) on the release the
+    node runs, under the same Monitor as the releases and the bare runs (its polling costs CPU too)."""
+    from flatshare_ops.node import preflight
 
-    samples = []
-    for _ in range(runs):
-        start = time.monotonic()
-        answer = parse_with_venv(Path(serving["engine"]["venv"]), serving["engine"]["argv"][2:], mode="preflight",
-                                 env=engine_environment(serving))
-        assert answer["ok"], answer
-        samples.append(time.monotonic() - start)
-    return statistics.median(samples)
+    serving = json.loads((node.state_dir / "releases/current/serving.json").read_text())
+    with Monitor(node):
+        outcome = preflight.run(serving)
+    assert not outcome.problems, outcome.problems
+    return outcome.seconds
 
 
 def shipping_s(checkout: Path, inventory: Path) -> tuple[float, int]:
@@ -227,7 +227,7 @@ def main() -> None:
         up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, engine=options.engine)
         node = SandboxNode("cyan", addresses["cyan"], base.resolve())
         inventory = base / "fleet.toml"
-        release_times, release_down, bare_times, bare_down = [], [], [], []
+        release_times, release_down, bare_times, bare_down, preflights = [], [], [], [], []
         try:
             staged = root / "units-next"
             for i in range(runs):
@@ -251,8 +251,8 @@ def main() -> None:
                                              str(node.manager.unit_dir), f"http://{node.address}:8000"],
                                             {"XDG_RUNTIME_DIR": str(node.manager.runtime_dir)}))
                 bare_down.append(monitor.down_s)
-            serving = json.loads((node.state_dir / "releases/current/serving.json").read_text())
-            preflight = preflight_s(serving, 3 if options.engine == "vllm" else 5)
+                preflights.append(preflight_s(node))  # in each round: the three side by side
+            preflight = statistics.median(preflights)
             ship, size = shipping_s(checkout, inventory)
             fleet = None
             if options.all:

@@ -48,7 +48,7 @@ class JournalError(NodeStateError):
 class StepRecord(BaseModel):
     """One step of the switch and how far it got."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, defer_build=True)
     name: str
     state: StepState = "pending"
     at: Time | None = None  # Unix seconds of the last change
@@ -58,7 +58,8 @@ class StepRecord(BaseModel):
 class Journal(BaseModel):
     """The journal of one switch (schema 2; a journal of another schema is unreadable, and named so)."""
 
-    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False)
+    model_config = ConfigDict(extra="forbid", strict=True, populate_by_name=True, allow_inf_nan=False,
+                              defer_build=True)
     schema_: Literal[2] = Field(default=2, alias="schema")  # common/node_files.py JOURNAL_SCHEMA
     switch: str | None = None  # this switch's id (history records carry it too)
     rollout: str | None = None  # the operator's rollout this switch belongs to

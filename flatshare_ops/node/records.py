@@ -14,9 +14,13 @@ import time
 from ..common.clock import is_time
 from ..common.files import Damaged
 from ..errors import NodeStateError
-from . import history as histories, journal as journals
+from . import history as histories
 from .context import NodeContext
 from .output import ReleaseOutput
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING: the journal's models (pydantic) are imported only where a switch runs
+if TYPE_CHECKING:
+    from . import journal as journals
 
 #: How far the clock may have been set back while the history still reads in order (seconds).
 SET_BACK_S = 3600.0
@@ -91,7 +95,9 @@ def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOu
     """Record an interrupted switch as abandoned (another switch replaced its journal with its own). An
     interruption is no verdict on the release it was switching to (``verdict`` false: node/history.py
     ``served_releases``); a failure of its engine, if any, has its own record."""
-    out.line(f"abandoning the interrupted {journals.journal_summary(pending)}")
+    from .journal import journal_summary
+
+    out.line(f"abandoning the interrupted {journal_summary(pending)}")
     hist = read_history(ctx)
     if pending.switch is None or not hist.has(pending.switch, "abandoned"):
         histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist, verdict=False),
