@@ -425,9 +425,10 @@ def test_a_failed_canarys_rollback_that_did_not_happen_is_owed_and_the_next_roll
         # rollback was owed, went ahead (the guard listed only releases already taken back).
         alone = fleet.cli("release", "--node", "peacock")
         assert alone.returncode == 3, alone.stdout + alone.stderr
-        assert re.search(r"^flatshare: release refused: this checkout's release for cyan \(\S+\) failed there \(its "
-                         r"canary analysis failed, .*\) and cyan still runs it: its rollback is owed", alone.stdout,
-                         re.MULTILINE), alone.stdout
+        # The node asks for a go-ahead after its preflight (the guard is read beside it) and says the refusal.
+        assert re.search(r"^\[peacock \S+\] flatshare: release refused: this checkout's release for cyan \(\S+\) "
+                         r"failed there \(its canary analysis failed, .*\) and cyan still runs it: its rollback is owed",
+                         alone.stdout, re.MULTILINE), alone.stdout
         assert fleet.current("peacock") == left["peacock"]
         listed = subprocess.run([str(BIN / "flatshare"), "releases", "--node", "cyan", "--inventory", str(fleet.inventory)],
                                 capture_output=True, text=True, env=fleet.operator_env(), timeout=120)

@@ -1495,10 +1495,23 @@ def test_a_release_that_rolled_itself_back_is_refused_from_any_checkout_until_re
         again = fleet.operator_release()
         other = shutil.copytree(fleet.checkout, tmp_path / "other-checkout")
         from_other = fleet.cli("release", "--node", CYAN, "--root", str(other))
+        # cyan taking no calls (its gateway stopped): it asks no admission to drain, and the go-ahead it asks before
+        # any change (the guard is read beside its switch) still carries the refusal.
+        from flatshare_ops.common import systemd
+
+        log = fleet.releases() / "release.log"
+        mark = log.stat().st_size
+        systemd.job(fleet.address(CYAN), "stop", GATEWAY, 60)
+        try:
+            undrained = fleet.operator_release()
+        finally:
+            systemd.job(fleet.address(CYAN), "start", GATEWAY, 60)
+        said = log.read_bytes()[mark:].decode(errors="replace")
         refused_restarted = fleet.engine()[1] != invocation  # systemd's InvocationID: the same engine process
         listed = fleet.cli("releases", "--node", CYAN)
         retried = fleet.operator_release(CYAN, "--retry")
-    for refused in (again, from_other):
+    assert "asking the operator's side whether to go on" in said and "admission to drain" not in said, said
+    for refused in (again, from_other, undrained):
         assert refused.returncode == 3, text_of(refused)
         assert (f"this checkout's release for cyan ({failed}) failed there and was taken back (rolled back "
                 "automatically, " in text_of(refused)) and "serving-check failed: " in text_of(refused), text_of(refused)

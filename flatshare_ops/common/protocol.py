@@ -73,6 +73,9 @@ class AdmitRequest:
             ``node_identity``), so that the operator's side never counts it among the others; None when unknown.
         load: what the node's engine carries now, which draining moves onto the others (node/probe.py
             ``engine_load``: running, waiting, max_num_seqs, kv_cache_usage; or an error), None when not read.
+        drains: False when the node asks only whether to go on (the bundle's ``confirm``: asked after its
+            refusals and preflight, before its admission to drain and any change); the operator's side then
+            answers for its own checks (control/rollout.py, the retry guard) and counts no nodes.
     """
 
     node: str
@@ -80,6 +83,7 @@ class AdmitRequest:
     dry_run: bool = False
     node_id: str | None = None
     load: dict | None = None
+    drains: bool = True
     kind = "admit"
 
 

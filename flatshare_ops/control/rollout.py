@@ -174,6 +174,10 @@ class Rollout:
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
         self.taking_back: set[str] = set()  # canaries whose rollback after a failed analysis is under way
+        #: A single node's retry guard, read beside its switch (:meth:`_start_guard`): the thread, and its verdict
+        #: once it ended (``[refusal or None]``, or ``[the exception it raised]``).
+        self._guard: threading.Thread | None = None
+        self._guard_verdict: list = []
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -214,14 +218,29 @@ class Rollout:
             TransportError: the node could not be reached within the connect bound (a
                 background attempt's failure is raised once; the next use tries again).
         """
+        mine = False
         with self._lock:
             conn = self._connections.get(target.name)
-            opening = self._opening.pop(target.name, None) if conn is None else None
-        if conn is None:
-            conn = opening.result() if opening is not None else target.connect()
+            opening = self._opening.get(target.name) if conn is None else None
+            if conn is None and opening is None:  # the first use, and none being opened: this thread opens it
+                opening, mine = Future(), True
+                self._opening[target.name] = opening
+        if conn is not None:
+            return conn
+        assert opening is not None
+        if mine:
+            self._open(target, opening)
+        try:  # two threads asking at once (the retry guard beside a switch) share one connection
+            conn = opening.result()
+        except BaseException:
             with self._lock:
-                self._connections[target.name] = conn
-        return conn
+                if self._opening.get(target.name) is opening:
+                    del self._opening[target.name]  # raised once: the next use tries again
+            raise
+        with self._lock:
+            if self._opening.get(target.name) is opening:
+                del self._opening[target.name]
+            return self._connections.setdefault(target.name, conn)
 
     def start(self, target: NodeTarget, argv: list[str]) -> Session:
         """Start ``argv`` on the node over its kept connection; a kept connection found dead is reopened
@@ -357,7 +376,12 @@ class Rollout:
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
             # A canary whose rollback is owed is rolled back by this rollout's canary step (not refused).
             carries = batches[0] if canaries and not self.dry_run and self.analysis != "skip" else []
-            refusal = self._failed_before(carries) if self.mode == "release" and not self.retry else None
+            refusal = None
+            if self.mode == "release" and not self.retry:
+                if len(self.chosen) == 1:
+                    self._start_guard()  # beside the switch: its node asks before its first change
+                else:
+                    refusal = self._failed_before(carries)
             # A release or an undo (rollback --all) of several nodes; a rollback of chosen nodes goes straight.
             if refusal is None and self.mode != "rollback" and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
@@ -389,6 +413,7 @@ class Rollout:
                     if code is not None:
                         worst = code
                         break
+            self._end_guard()
         except OperatorInterrupted as stop:
             self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
                           "operator's side only; a node that was switching carries on and records its outcome")
@@ -554,6 +579,43 @@ class Rollout:
                     f"({how['how']}, {when}: {clip(str(how['why']), 300)}); it is refused on every node until asked "
                     "for again with --retry")
         return None
+
+    def _start_guard(self) -> None:
+        """Read the retry guard (:meth:`_failed_before`) in a thread of its own while the single chosen node's
+        switch starts, so that its history reads cost the release nothing: the switch's bundle says ``confirm``,
+        and its node asks for a go-ahead after its preflight, before its admission to drain and any change (also
+        with nothing to switch), when :meth:`guard_refusal` waits for the verdict."""
+
+        def read() -> None:
+            try:
+                self._guard_verdict[:] = [self._failed_before()]
+            except BaseException as err:  # raised where the verdict is awaited
+                self._guard_verdict[:] = [err]
+
+        self._guard = threading.Thread(target=read, daemon=True, name="retry-guard")
+        self._guard.start()
+
+    def _end_guard(self) -> BaseException | str | None:
+        """The guard's verdict (:meth:`_start_guard`), waited for in small steps (a signal reaches the main thread
+        between them); None when there is none."""
+        if self._guard is None:
+            return None
+        while self._guard.is_alive():
+            self._guard.join(0.2)
+        return self._guard_verdict[0] if self._guard_verdict else None
+
+    def guard_refusal(self, target: NodeTarget) -> str | None:
+        """Why the retry guard refuses this release (kept as ``target``'s refusal, for the summary), or None.
+
+        Raises:
+            FlatshareError: what the guard raised (a chosen node's profile that does not render).
+        """
+        verdict = self._end_guard()
+        if isinstance(verdict, BaseException):
+            raise verdict
+        if verdict is not None:
+            self.refused[target.name] = verdict
+        return verdict
 
     def _canary_analysis(self, canaries: list[NodeTarget], later: list[list[NodeTarget]]) -> int | None:
         """Analyse the canaries that switched; None to go on with the next batch, else the rollout's exit code
@@ -814,6 +876,8 @@ class Rollout:
         import random
 
         outcome = self.outcomes.get(target.name)
+        if target.name in self.refused:  # the retry guard's: no wait ends it
+            return None
         if wait_until is None or code != Exit.REFUSED or outcome is None or outcome.refused_for not in (
                 protocol.REFUSED_FOR_ADMISSION, protocol.REFUSED_FOR_BUSY):
             return None
@@ -829,6 +893,8 @@ class Rollout:
             payload = bundle(self.root, target, ship=not target.local) if mode == "release" else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
             payload["plan"] = "full" if self.verbose or self.dry_run else "compact"
+            if self._guard is not None and mode == "release":
+                payload["confirm"] = True  # the retry guard's verdict is read beside it: asked before any change
             session = self.start(target, commands.switch(
                 # An undo is part of the rollout it undoes: its switches carry that rollout's id, so that a
                 # `rollback --all` run again goes on undoing it, never undoes the undo.
@@ -851,7 +917,9 @@ class Rollout:
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
                     self.asking.add(target.name)
-                    reason = self.admission(target, message.node_id, message.load)
+                    reason = self.guard_refusal(target) if mode == "release" else None
+                    if reason is None and message.drains:
+                        reason = self.admission(target, message.node_id, message.load)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
                     self.asking.discard(target.name)
                 elif isinstance(message, protocol.Outcome):

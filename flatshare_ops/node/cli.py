@@ -189,20 +189,24 @@ def switch(args) -> int:
     if request.switch:  # the operator's side reads protocol lines: where the switch stands goes as Progress
         out.switch = request.switch
 
-    def admit(plan) -> str | None:
-        out.line(f"{ctx.node}: asking the operator's side for admission to drain")
+    def admit(plan, drains: bool = True) -> str | None:
         from .probe import node_identity
 
-        from ..errors import NodeStateError
-        from .calls import active_serving
-        from .probe import engine_load
-        from .store import current_release
+        load = None
+        if drains:
+            out.line(f"{ctx.node}: asking the operator's side for admission to drain")
+            from ..errors import NodeStateError
+            from .calls import active_serving
+            from .probe import engine_load
+            from .store import current_release
 
-        try:  # what draining this node moves onto the others: its engine's load now
-            load = engine_load(active_serving(ctx, current_release(ctx.state_dir)))
-        except NodeStateError as err:
-            load = {"error": str(err)}
-        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load))
+            try:  # what draining this node moves onto the others: its engine's load now
+                load = engine_load(active_serving(ctx, current_release(ctx.state_dir)))
+            except NodeStateError as err:
+                load = {"error": str(err)}
+        else:
+            out.line(f"{ctx.node}: asking the operator's side whether to go on")
+        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load, drains))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         if answer is None and stdin.closed:
             return ("the operator's side went away before answering the admission request (interrupted, or "
@@ -217,8 +221,13 @@ def switch(args) -> int:
             return None
         return document.reason or "refused by the operator's side"
 
+    def confirm() -> str | None:
+        """The operator's side's go-ahead before this switch's first change and before its admission to drain."""
+        return admit(None, drains=False)
+
     try:
-        done = switch_node(ctx, request, out, admit)
+        done = switch_node(ctx, request, out, admit,
+                           confirm if isinstance(bundle, dict) and bundle.get("confirm") is True else None)
         outcome = protocol.Outcome(request.switch, int(done.code), done.result, done.release, done.message,
                                    done.detail, done.first, done.unjudged, done.before, done.commit, done.drained_s,
                                    done.engine_start_s, done.plan)

@@ -35,7 +35,7 @@ import time
 import uuid
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Iterator
+from typing import Callable, Iterator
 
 from ..common import protocol
 from ..errors import Exit, FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
@@ -135,7 +135,8 @@ class Work:
     admitted_at: float = 0.0
 
 
-def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission) -> Done:
+def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission,
+                confirm: Callable[[], str | None] | None = None) -> Done:
     """Carry out one request on this node: at most one switch.
 
     Args:
@@ -143,6 +144,9 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
         request: what the operator's side asked.
         out: where progress lines go (terminal and release.log).
         admit: the admission to drain (asked only when the switch drains a node that takes calls).
+        confirm: when the operator's side asked for it (the bundle's ``confirm``), its go-ahead, asked after the
+            refusals and the preflight, before the admission to drain and any change (also when there is nothing
+            to switch): None to go on, else why not (the switch is refused with it).
 
     Returns:
         A :class:`Done` (``Exit.OK``, ``Exit.NOTHING_TO_DO`` or ``Exit.ROLLED_BACK``).
@@ -157,9 +161,9 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
     ensure_releases_dir(ctx.state_dir)
     began = time.time()
     if request.dry_run:
-        return _run(ctx, request, out, admit, began)
+        return _run(ctx, request, out, admit, began, confirm=confirm)
     with node_lock(ctx, (request.bundle or {}).get("id"), action=request.action, mode=request.mode) as holder:
-        return _run(ctx, request, out, admit, began, holder)
+        return _run(ctx, request, out, admit, began, holder, confirm)
 
 
 def _analyses(hist, switch: str | None):
@@ -194,8 +198,19 @@ def failed_analysis(hist, switch: str | None) -> str | None:
     return failed[-1].get("rollout") if isinstance(failed[-1].get("rollout"), str) else "an earlier rollout"
 
 
+def _go_on(request: Request, confirm: Callable[[], str | None] | None) -> None:
+    """Ask the operator's side whether to go on (``confirm``), when it asked to be asked.
+
+    Raises:
+        Refused: it said not to (its reason).
+    """
+    reason = confirm() if confirm is not None else None
+    if reason is not None:
+        raise Refused(f"{request.action} refused: {reason}")
+
+
 def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float,
-         holder=lambda _target: None) -> Done:
+         holder=lambda _target: None, confirm: Callable[[], str | None] | None = None) -> Done:
     state = None
     with _calls_given_back_on_refusal(ctx, request, out, lambda: state):
         hold.refuse_if_held(ctx, request.action)
@@ -204,6 +219,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             out.line(f"note: {ctx.history_path.parent / note}")
         work = decide(ctx, request, out, state)
         if work is None:
+            _go_on(request, confirm)
             if request.mode == "release":  # nothing to switch, but what the release enables stays enabled
                 from .steps import keep_enabled
 
@@ -215,7 +231,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
                         detail={"analysis_failed_in": owed} if owed else {}, before=state.current)
         if request.mode != "release":  # a rollback's target is decided just now: lock.json names it from here on
             holder(work.new.id)
-        _refuse(ctx, request, out, work, admit)
+        _refuse(ctx, request, out, work, admit, confirm)
         if request.preflight_only:
             return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
                         commit=(request.bundle or {}).get("commit"), plan=plan_document(work.plan))
@@ -389,9 +405,11 @@ def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
         return [f"(flags not compared: {err})"]
 
 
-def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, admit: Admission) -> None:
-    """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the admission
-    (a preflight-only run: no plan printed, no admission)."""
+def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, admit: Admission,
+            confirm: Callable[[], str | None] | None = None) -> None:
+    """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the operator's
+    go-ahead when it asked to be asked (``confirm``), the admission (a preflight-only run: no plan printed, no
+    admission)."""
     if request.preflight_only:
         pass
     elif request.full_plan or request.dry_run:
@@ -405,6 +423,7 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
     if "restart-engine" in work.plan.steps:
         refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run and not request.preflight_only)
+    _go_on(request, confirm)
     if work.plan.drains and not request.preflight_only:
         admit_to_drain(ctx, work.plan, work.new, out, admit, request.action)
         work.admitted_at = time.monotonic()
