@@ -51,6 +51,33 @@ def did_you_mean(name: str, keys: list[str] | None) -> str:
     return f" (did you mean {close[0]}?)" if close else ""
 
 
+def spelled(value: object) -> str:
+    """``value`` as the file spells it, for a message: ``true``/``false``, a TOML date or time in ISO 8601
+    (``2026-01-01``, ``12:30:00``), a string in double quotes, a number as written; a list or a table by its items
+    the same way. TOML and JSON spell these alike; Python's repr (``True``, ``datetime.date(...)``) never shows."""
+    import datetime
+    import json
+    import math
+
+    if isinstance(value, bool):
+        return "true" if value else "false"
+    if value is None:
+        return "null"
+    if isinstance(value, (datetime.date, datetime.time)):  # datetime.datetime is a date
+        return value.isoformat()
+    if isinstance(value, str):
+        return json.dumps(value, ensure_ascii=False)
+    if isinstance(value, float) and not math.isfinite(value):
+        return "nan" if math.isnan(value) else ("inf" if value > 0 else "-inf")
+    if isinstance(value, (int, float)):
+        return repr(value)
+    if isinstance(value, (list, tuple)):
+        return "[" + ", ".join(spelled(v) for v in value) + "]"
+    if isinstance(value, dict):
+        return "{" + ", ".join(f"{k} = {spelled(v)}" for k, v in value.items()) + "}"
+    return repr(value)
+
+
 def rule(error: ErrorDetails, model: Any = None) -> str:
     """What one pydantic error says, in our words: the rule broken and, where it helps, the value given; for an
     unknown key, the closest key the schema ``model`` allows there."""
@@ -65,9 +92,9 @@ def rule(error: ErrorDetails, model: Any = None) -> str:
     got = error.get("input")
     if kind in ("literal_error", "enum"):
         allowed = error.get("ctx", {}).get("expected")
-        return f"{got!r} is not one of the values allowed here" + (f": {allowed}" if allowed else "")
+        return f"{spelled(got)} is not one of the values allowed here" + (f": {allowed}" if allowed else "")
     if kind.endswith("_type") or kind.startswith(("greater", "less", "string_pattern", "literal", "too_short")):
-        return f"{message}, got {got!r}"
+        return f"{message}, got {spelled(got)}"
     return message
 
 

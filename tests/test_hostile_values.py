@@ -445,15 +445,17 @@ def test_one_node_listed_twice_in_the_inventory_is_refused_at_load(tmp_path):
 
 
 @pytest.mark.parametrize("key,value,said", [
-    ("min_serving", '"0%"', "min_serving: must be a count or a share from \"1%\" to \"100%\" (a whole number and %), got '0%'"),
-    ("min_serving", "true", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got True"),
+    ("min_serving", '"0%"', "min_serving: must be a count or a share from \"1%\" to \"100%\" (a whole number and %), got \"0%\""),
+    ("min_serving", "true", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got true"),
     ("min_serving", "1.5", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", got 1.5"),
     ("min_serving", "-1", "min_serving: must be a count of 0 or more, or a share such as \"50%\", got -1"),
     ("rollout.batch", '"150%"', "rollout.batch: must be a count or a share from \"1%\" to \"100%\" (a whole number and "
-                                "%), got '150%'"),
+                                "%), got \"150%\""),
     ("rollout.batch", "0", "rollout.batch: must be a count from 1 to 1000, or a share such as \"50%\", got 0"),
+    ("min_serving", "2026-01-01", "min_serving: must be a count (0 or more) or a share from \"1%\" to \"100%\", "
+                                  "got 2026-01-01"),
     ("rollout.batch", '" 50%"', "rollout.batch: must be a count or a share from \"1%\" to \"100%\" (a whole number "
-                                "and %), got ' 50%'"),
+                                "and %), got \" 50%\""),
 ])
 def test_a_count_or_share_in_the_inventory_is_refused_in_its_own_words_at_its_line(tmp_path, key, value, said):
     # A breaker's cases: pydantic's union errors named a key no file has (min_serving.constrained-int) and said

@@ -127,6 +127,17 @@ BAD_PROFILES = {
                                             r"child\.toml:3: release\.analysis\.count: failure_limit \+ "
                                             rf"inconclusive_limit must be below count \({_A.failure_limit + _A.inconclusive_limit}\), "
                                             rf"got {_A.failure_limit} \+ {_A.inconclusive_limit}"),
+    # A breaker's case: the value given was said as Python's repr (True, datetime.date(2026, 1, 1)): it is said as
+    # the file spells it.
+    "a boolean for a count": ("[engine.make_room]\ndecode_hold_tokens = true\n",
+                              r"child\.toml:3: engine\.make_room\.decode_hold_tokens: Input should be a valid "
+                              r"integer, got true$"),
+    "a date for a count": ("[engine]\nmax_num_seqs = 2026-01-01\n",
+                           r"child\.toml:3: engine\.max_num_seqs: Input should be a valid integer, got 2026-01-01$"),
+    "a time for a string": ("[engine]\nmodel = 12:30:00\n",
+                            r"child\.toml:3: engine\.model: Input should be a valid string, got 12:30:00$"),
+    "a string for a count": ('[engine]\nport = "80\\"00"\n',
+                             r'child\.toml:3: engine\.port: Input should be a valid integer, got "80\\"00"$'),
     "huge integer": ("[engine.flatshare_jit]\nmargin_ms = 99999999999999999999\n", r"child\.toml:3: engine\.flatshare_jit\.margin_ms: "),
 }
 

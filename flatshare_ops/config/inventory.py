@@ -14,7 +14,7 @@ from typing import Annotated, Literal
 from pydantic import BeforeValidator, Field, ValidationError, model_validator
 
 from ..errors import ProfileError
-from ..schema_errors import dotted, ordered, rule
+from ..schema_errors import dotted, ordered, rule, spelled
 from .profile import StrictModel, key_lines, read_toml
 
 NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
@@ -76,11 +76,11 @@ def _count_or_share(low: int, high: int | None):
     def check(value):
         if isinstance(value, bool) or not isinstance(value, (int, str)):
             raise ValueError(f"must be a count ({low} or more{'' if high is None else f', at most {high}'}) or a "
-                             f"share from \"1%\" to \"100%\", got {value!r}")
+                             f"share from \"1%\" to \"100%\", got {spelled(value)}")
         if isinstance(value, str):
             if not re.fullmatch(r"([1-9][0-9]?|100)%", value):
                 raise ValueError(f"must be a count or a share from \"1%\" to \"100%\" (a whole number and %), "
-                                 f"got {value!r}")
+                                 f"got {spelled(value)}")
         elif value < low or (high is not None and value > high):
             span = f"of {low} or more" if high is None else f"from {low} to {high}"
             raise ValueError(f"must be a count {span}, or a share such as \"50%\", got {value}")

@@ -25,7 +25,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 
 from ..common.text import control_character
 from ..errors import ProfileError
-from ..schema_errors import dotted, ordered, rule
+from ..schema_errors import dotted, ordered, rule, spelled
 
 # --- value types -----------------------------------------------------------
 
@@ -42,7 +42,7 @@ def _no_control_chars(value: str) -> str:
 
 def _absolute(value: str) -> str:
     if not value.startswith("/"):
-        raise ValueError(f"must be an absolute path, got {value!r}")
+        raise ValueError(f"must be an absolute path, got {spelled(value)}")
     return value
 
 
@@ -61,7 +61,7 @@ def _no_dollar(value: str) -> str:
     # systemd expands $VAR in ExecStart= words, and "$$" is not undone in the
     # program path: a program path holding "$" cannot be written reliably.
     if "$" in value:
-        raise ValueError(f"a program path must not contain '$', got {value!r}")
+        raise ValueError(f"a program path must not contain '$', got {spelled(value)}")
     return value
 
 
@@ -279,7 +279,7 @@ def _journal_or_directory(value: str) -> str:
     if value == "journal":
         return value
     if not value.startswith("/") or any(c.isspace() for c in value):
-        raise ValueError(f'must be "journal" or an absolute directory path without spaces, got {value!r}')
+        raise ValueError(f'must be "journal" or an absolute directory path without spaces, got {spelled(value)}')
     return value
 
 
@@ -630,7 +630,7 @@ def load_document(
             break
         if not isinstance(parent, str) or not parent:
             line = key_lines(text).get("extends", 0)
-            raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {parent!r}")
+            raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {spelled(parent)}")
         target = current.parent / parent
         if not target.is_file():
             line = key_lines(text).get("extends", 0)
