@@ -126,6 +126,20 @@ def test_set_keeps_the_lines_own_comment(checkout):
         "port = 8001                                        # vLLM's default port")
 
 
+def test_set_of_a_key_the_table_lacks_adds_its_line_and_keeps_the_blank_line_before_the_next_table(checkout):
+    # A breaker's case: the new key took the place of the blank line that kept [module] apart.
+    profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+    before = profile.read_text()
+    header, rest = before.split("[engine.override_generation_config]\n", 1)
+    comments, after = rest.split("\n[module]\n", 1)
+    assert "temperature =" not in comments and comments.endswith("\n")  # the table holds only its comments
+    result = run_cli("profiles", "set", "engine.override_generation_config.temperature", "0.5", "--root", str(checkout))
+    assert result.returncode == 0, result.stderr
+    assert profile.read_text() == (f"{header}[engine.override_generation_config]\n{comments}temperature = 0.5\n\n"
+                                   f"[module]\n{after}")
+    assert load_profile(profile).profile.engine.override_generation_config.temperature == 0.5
+
+
 def test_set_refuses_a_value_with_more_than_one_value(checkout):
     before = snapshot(checkout)
     for value in ['8001\nhost = "0.0.0.0"', "8001 # new comment"]:

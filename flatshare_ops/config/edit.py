@@ -119,6 +119,10 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
         # Keep the line's own comment and spacing: only the value changes.
         new.trivia.indent, new.trivia.comment_ws = current.trivia.indent, current.trivia.comment_ws
         new.trivia.comment, new.trivia.trail = current.trivia.comment, current.trivia.trail
+    elif hasattr(new, "trivia"):
+        # A new key is a line of its own: the value parsed alone ends without one, and tomlkit would then end it
+        # with the blank line that kept the next table apart.
+        new.trivia.trail = "\n"
     table[parts[-1]] = new
     new_text = tomlkit.dumps(document)
 
