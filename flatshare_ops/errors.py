@@ -4,8 +4,9 @@ Every error an operator can meet (bad profile, damaged node file, unreachable
 node, missing unit) is raised as a :class:`FlatshareError` whose message
 already reads like a colleague's note: the place, the rule, the way out
 (docs/reference/engineering-style.md). The command line prints it as one line
-and exits with the class's code from :class:`Exit`. Standard library only:
-serving-check and the node side import this module.
+and exits with the class's code from :class:`Exit`. Standard library only
+(common/protocol.py, whose words some codes are, is too): serving-check and the
+node side import this module.
 
 serving-check is the exception: it exits with the Nagios plugin codes
 (:mod:`flatshare_ops.check.report`), never with these.
@@ -14,6 +15,8 @@ serving-check is the exception: it exits with the Nagios plugin codes
 from __future__ import annotations
 
 from enum import IntEnum
+
+from .common.protocol import OutcomeResult, RefusedFor
 
 
 class Exit(IntEnum):
@@ -35,21 +38,21 @@ class Exit(IntEnum):
     TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
-#: What each code means, for summaries (``cyan: refused``).
+#: What each code means, for summaries (``cyan: refused``): a switch's result where the code is one's.
 EXIT_NAMES: dict[int, str] = {
-    Exit.OK: "released",
+    Exit.OK: OutcomeResult.RELEASED,
     Exit.FAILED: "failed mid-switch (journal kept)",
     Exit.BAD_INPUT: "bad input",
-    Exit.REFUSED: "refused",
-    Exit.NOTHING_TO_DO: "nothing to do",
+    Exit.REFUSED: OutcomeResult.REFUSED,
+    Exit.NOTHING_TO_DO: OutcomeResult.NOTHING_TO_DO,
     Exit.DAMAGED: "damaged node state",
     Exit.UNREACHABLE: "unreachable",
     Exit.STILL_SWITCHING: "still switching",
     Exit.SYSTEMD: "systemd did not answer",
-    Exit.ROLLED_BACK: "rolled back automatically",
+    Exit.ROLLED_BACK: OutcomeResult.AUTO_ROLLED_BACK,
     Exit.ANALYSIS_FAILED: "canary analysis failed (rolled back)",
     Exit.PAUSED: "paused (canary analysis inconclusive)",
-    Exit.INTERRUPTED: "interrupted",
+    Exit.INTERRUPTED: OutcomeResult.INTERRUPTED,
     Exit.TERMINATED: "terminated",
 }
 
@@ -71,12 +74,11 @@ class ProfileError(FlatshareError):
 class Refused(FlatshareError):
     """The command will not start; nothing was changed (or only calls were given back).
 
-    ``waits_for``: a refusal waiting may end (common/protocol.py ``REFUSED_FOR_ADMISSION``, ``REFUSED_FOR_BUSY``),
-    else None."""
+    ``waits_for``: why, for a refusal waiting may end; else None."""
 
     exit_code = Exit.REFUSED
 
-    def __init__(self, message: str = "", waits_for: str | None = None) -> None:
+    def __init__(self, message: str = "", waits_for: RefusedFor | None = None) -> None:
         super().__init__(message)
         self.waits_for = waits_for
 

@@ -19,10 +19,10 @@ from dataclasses import dataclass, field
 import pytest
 
 from conftest import run_cli
+from flatshare_ops.common.protocol import AnalysisPhase
 from flatshare_ops.config.profile import Analysis
-from flatshare_ops.control.analysis import (Action, AnalysisRun, FailedScrape, Histogram, MissingWindow, Phase,
-                                            Scrape, Verdict, assess, measure, quantile, read_scrape,
-                                            threshold_warnings, window)
+from flatshare_ops.control.analysis import (Action, AnalysisRun, FailedScrape, Histogram, MissingWindow, Scrape,
+                                            Verdict, assess, measure, quantile, read_scrape, threshold_warnings, window)
 
 # vLLM 0.32.0, vllm/v1/metrics/buckets.py (docs/reference/vllm.md, "Metrics"): written out here, not imported.
 TTFT_BOUNDS = (0.001, 0.005, 0.01, 0.02, 0.04, 0.06, 0.08, 0.1, 0.25, 0.5, 0.75, 1.0, 2.5, 5.0, 7.5, 10.0, 20.0,
@@ -469,7 +469,7 @@ def test_a_baseline_that_stops_answering_for_the_whole_analysis_never_rolls_back
     for inconclusive, action in (("pause", Action.PAUSE), ("pass", Action.CONTINUE)):
         result = assess(measurements, settings(inconclusive=inconclusive), canary="cyan", baseline="peacock")
         assert result.tally == {"pass": 0, "fail": 0, "inconclusive": 4, "error": 0}
-        assert (result.phase, result.action) == (Phase.INCONCLUSIVE, action)
+        assert (result.phase, result.action) == (AnalysisPhase.INCONCLUSIVE, action)
 
 
 def test_without_a_baseline_node_only_the_fixed_rules_judge_and_the_line_says_so():
@@ -507,25 +507,25 @@ def run(verdicts, config=None, dry_run=False):
 
 def test_one_flaky_measurement_is_tolerated():
     result = run([F, P, P, P])
-    assert (result.phase, result.action, result.done) == (Phase.PASSED, Action.CONTINUE, True)
+    assert (result.phase, result.action, result.done) == (AnalysisPhase.PASSED, Action.CONTINUE, True)
 
 
 def test_a_second_failed_measurement_fails_the_analysis_and_it_stops_early():
     assert run([F, P]).done is False
     result = run([F, P, F])
-    assert (result.phase, result.action, result.done) == (Phase.FAILED, Action.ROLLBACK, True)
+    assert (result.phase, result.action, result.done) == (AnalysisPhase.FAILED, Action.ROLLBACK, True)
     assert result.reason == "2 measurements failed, more than failure_limit 1"
 
 
 def test_consecutive_errors_reaching_the_limit_fail_it_and_errors_apart_do_not():
-    assert run([E, E, E]).phase == Phase.RUNNING
+    assert run([E, E, E]).phase == AnalysisPhase.RUNNING
     four = run([E, E, E, E])
-    assert (four.phase, four.action) == (Phase.FAILED, Action.ROLLBACK)
+    assert (four.phase, four.action) == (AnalysisPhase.FAILED, Action.ROLLBACK)
     assert four.reason == "4 measurements in a row could not be taken (consecutive_error_limit 4)"
     two = run([E, E], config=settings(consecutive_error_limit=2))
-    assert (two.phase, two.done) == (Phase.FAILED, True)
+    assert (two.phase, two.done) == (AnalysisPhase.FAILED, True)
     apart = run([E, P, E, P], config=settings(consecutive_error_limit=2))
-    assert apart.phase == Phase.INCONCLUSIVE  # two measurements not taken, more than inconclusive_limit 1
+    assert apart.phase == AnalysisPhase.INCONCLUSIVE  # two measurements not taken, more than inconclusive_limit 1
 
 
 @pytest.mark.parametrize("inconclusive", ["pass", "pause", "fail"])
@@ -533,16 +533,16 @@ def test_an_analysis_that_could_take_no_measurement_fails_even_when_its_error_li
     # A breaker's profile: consecutive_error_limit 50 with count 4 and inconclusive = "pass" let a canary
     # whose /metrics never read roll on.
     result = run([E, E, E, E], config=settings(consecutive_error_limit=50, inconclusive=inconclusive))
-    assert (result.phase, result.action, result.done) == (Phase.FAILED, Action.ROLLBACK, True), result.reason
+    assert (result.phase, result.action, result.done) == (AnalysisPhase.FAILED, Action.ROLLBACK, True), result.reason
     assert result.reason == "none of the 4 measurements could be taken (consecutive_error_limit 50 is above count 4)"
-    assert run([E, P, E, E], config=settings(consecutive_error_limit=50)).phase == Phase.INCONCLUSIVE
+    assert run([E, P, E, E], config=settings(consecutive_error_limit=50)).phase == AnalysisPhase.INCONCLUSIVE
 
 
 def test_after_count_measurements_a_few_unclear_ones_are_tolerated_and_more_are_inconclusive():
-    assert run([P, I, P, P]).phase == Phase.PASSED
-    assert run([P, E, P, P]).phase == Phase.PASSED  # what could not be seen is tolerated like an inconclusive one
+    assert run([P, I, P, P]).phase == AnalysisPhase.PASSED
+    assert run([P, E, P, P]).phase == AnalysisPhase.PASSED  # what could not be seen is tolerated like an inconclusive one
     result = run([P, I, P, I])
-    assert (result.phase, result.action) == (Phase.INCONCLUSIVE, Action.PAUSE)
+    assert (result.phase, result.action) == (AnalysisPhase.INCONCLUSIVE, Action.PAUSE)
 
 
 @pytest.mark.parametrize("choice, action, done_after", [("fail", Action.ROLLBACK, 2), ("pause", Action.PAUSE, 4),
@@ -552,17 +552,17 @@ def test_the_profile_chooses_what_an_inconclusive_analysis_does(choice, action, 
     quiet = [I] * 4
     assert run(quiet[:done_after - 1], config).done is False
     result = run(quiet[:done_after], config)
-    assert (result.phase, result.action, result.done) == (Phase.INCONCLUSIVE, action, True)
+    assert (result.phase, result.action, result.done) == (AnalysisPhase.INCONCLUSIVE, action, True)
     assert f'inconclusive = "{choice}"' in result.summary()
 
 
 def test_a_dry_run_computes_everything_measures_to_the_end_and_says_what_it_would_have_done():
     failed = run([F, F], dry_run=True)
-    assert (failed.phase, failed.action, failed.done) == (Phase.FAILED, Action.ROLLBACK, False)
+    assert (failed.phase, failed.action, failed.done) == (AnalysisPhase.FAILED, Action.ROLLBACK, False)
     assert failed.rollout_action == Action.MEASURE
     end = run([F, F, P, P], dry_run=True)
     assert (end.phase, end.action, end.done, end.rollout_action) == \
-        (Phase.FAILED, Action.ROLLBACK, True, Action.CONTINUE)
+        (AnalysisPhase.FAILED, Action.ROLLBACK, True, Action.CONTINUE)
     assert "it would roll the canary back and stop the rollout; nothing acted on, the rollout goes on" in end.summary()
     assert end.document()["dry_run"] is True and end.document()["action"] == "rollback"
     for_real = run([F, F])
@@ -583,7 +583,7 @@ def test_a_run_measures_each_interval_and_a_failed_scrape_costs_one_measurement(
     state = AnalysisRun(config, "cyan", "peacock")
     at = T0
     state = state.record(canary.scrape("cyan", at), baseline.scrape("peacock", at))
-    assert state.measurements == () and state.result.phase == Phase.RUNNING
+    assert state.measurements == () and state.result.phase == AnalysisPhase.RUNNING
     plan = ["serve", "lost", "serve", "serve"]
     for step in plan:
         at += 30
@@ -595,7 +595,7 @@ def test_a_run_measures_each_interval_and_a_failed_scrape_costs_one_measurement(
     assert verdicts == [P, E, P, P]
     third = state.measurements[2]
     assert (third.canary.start, third.canary.end, third.canary.requests) == (T0 + 30, T0 + 90, 80)  # two intervals
-    assert state.result.phase == Phase.PASSED and state.result.done
+    assert state.result.phase == AnalysisPhase.PASSED and state.result.done
     with pytest.raises(ValueError, match="done"):
         state.record(canary.scrape("cyan", at + 30), baseline.scrape("peacock", at + 30))
 

@@ -9,8 +9,9 @@ import subprocess
 import pytest
 
 from flatshare_ops.common.completions import golden_body
+from flatshare_ops.common.protocol import AnalysisPhase
 from flatshare_ops.config.profile import Golden
-from flatshare_ops.control.analysis import Action, Phase, assess
+from flatshare_ops.control.analysis import Action, assess
 from flatshare_ops.control.golden import GoldenCheck, answers_of, reference_of
 from flatshare_ops.sandbox.completions import answer_token_ids
 
@@ -51,8 +52,8 @@ def test_nothing_to_compare_with_records_the_answers_as_the_reference():
     assert c.document()["canary_answers"] == [[1], [2], [3]]
 
 
-@pytest.mark.parametrize("changes, phase, action", [(False, Phase.FAILED, Action.ROLLBACK),
-                                                    (True, Phase.RUNNING, Action.MEASURE)])
+@pytest.mark.parametrize("changes, phase, action", [(False, AnalysisPhase.FAILED, Action.ROLLBACK),
+                                                    (True, AnalysisPhase.RUNNING, Action.MEASURE)])
 def test_golden_answers_that_differ_fail_the_analysis_before_any_measurement(changes, phase, action):
     from flatshare_ops.config.profile import load_profile
     from conftest import REPO
@@ -60,7 +61,7 @@ def test_golden_answers_that_differ_fail_the_analysis_before_any_measurement(cha
     settings = load_profile(REPO / "profiles/rtx-5060-ti-serve.toml").profile.release.analysis
     result = assess([], settings, canary="cyan", baseline="peacock",
                     golden=check([(1,), (2,), (3,)], [(1,), (2,), (4,)], changes=changes))
-    assert (result.phase, result.action, result.done) == (phase, action, phase == Phase.FAILED)
+    assert (result.phase, result.action, result.done) == (phase, action, phase == AnalysisPhase.FAILED)
     assert result.document()["golden"]["changes_answers"] is changes
 
 

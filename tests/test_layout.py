@@ -89,6 +89,165 @@ def test_each_step_is_defined_once_and_the_plan_reads_the_table():
     assert all(callable(s.run) and s.description for s in steps.STEPS)
 
 
+#: Where a word of the protocol's vocabularies means something else: (file under flatshare_ops/, scope: a function,
+#: class or module-level name around it, "*" for the whole file; the word, "*" for any) -> what it means there.
+OTHER_MEANINGS = {
+    ("check/run.py", "*", "release"): "the name of serving-check's finding on the node's release lock and journal",
+    ("check/cli.py", "_main", "release"): "the name of serving-check's finding on the node's release lock and journal",
+    ("check/cli.py", "_parser", "serving-check"): "the program's name",
+    ("render/dashboard.py", "*", "serving-check"): "a panel's title (the program's report)",
+    ("cli/sandbox.py", "*", "running"): "systemd's SystemState of a sandbox machine",
+    ("node/steps.py", "_wait_ready", "failed"): "systemd's ActiveState of the engine",
+    ("control/bootstrap.py", "*", "done"): "the status column of bootstrap's lines, for people",
+    ("control/analysis.py", "Verdict", "inconclusive"): "a measurement's verdict, which the node never reads",
+    ("control/analysis.py", "Action", "rollback"): "what the rollout does with an analysis, which the node never reads",
+    ("control/analysis.py", "_TALLY_WORDS", "*"): "how many measurements had each verdict, in words for people",
+    ("control/rollout.py", "document", "done"): "what exit code 0 means in --json (the run did what it was asked)",
+    ("control/summary.py", "COLUMNS", "analysis"): "a column of the rollout's summary, and the field it shows",
+    ("node/plan.py", "CHANGE_CLASSES", "drain-voice"): "a change class (X-Flatshare-Change=drain-voice), not a step",
+}
+
+
+def _protocol_words() -> dict[str, list[str]]:
+    """Each word of common/protocol.py's vocabularies -> the names of the enums it is a value of."""
+    from enum import StrEnum
+
+    from flatshare_ops.common import protocol
+
+    words: dict[str, list[str]] = {}
+    for thing in vars(protocol).values():
+        if isinstance(thing, type) and issubclass(thing, StrEnum) and thing.__module__ == protocol.__name__:
+            for member in thing:
+                words.setdefault(member.value, []).append(thing.__name__)
+    return words
+
+
+def _words_used(path: Path, words: dict[str, list[str]]) -> list[tuple[int, str, str, tuple[str, ...]]]:
+    """(line, word, how it is used, the scopes around it: ``"*"`` then the outermost first) for each string constant
+    of ``path`` that is a protocol word where it is used as one: compared (``==``, ``!=``, ``in`` a tuple, set or
+    list of constants; not ``"release" in report``, a key), a dict's value, the keys of a dict that maps words (two
+    or more keys of one vocabulary; a single word among other keys names a document's field: ``release``,
+    ``analysis``), a call's argument (not an attribute's or a key's name: ``getattr``, ``.get``, ``text_field``;
+    not a decorator's: a command's name), a ``Literal[...]``, a parameter's default, an assigned value (a constant,
+    a tuple, set or list of them, either branch of a conditional)."""
+
+    def constants(node: ast.AST) -> list[ast.Constant]:
+        if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in words:
+            return [node]
+        if isinstance(node, (ast.Tuple, ast.Set, ast.List)):
+            return [c for element in node.elts for c in constants(element)]
+        if isinstance(node, ast.IfExp):
+            return constants(node.body) + constants(node.orelse)
+        if isinstance(node, ast.Call) and getattr(node.func, "id", "") in ("frozenset", "set", "tuple"):
+            return [c for argument in node.args for c in constants(argument)]
+        return []
+
+    def mapping(keys: list[ast.Constant]) -> bool:
+        vocabularies = [name for key in keys for name in words[str(key.value)]]
+        return any(vocabularies.count(name) > 1 for name in vocabularies)
+
+    found: list[tuple[int, str, str, tuple[str, ...]]] = []
+
+    class Visitor(ast.NodeVisitor):
+        def __init__(self) -> None:
+            self.scopes = ["*"]
+
+        def visit_FunctionDef(self, node):  # noqa: N802 (ast.NodeVisitor's names)
+            self.scopes.append(node.name)
+            for child in ast.iter_child_nodes(node):
+                if child not in node.decorator_list:  # ``@app.command("release")``: a command's name
+                    self.visit(child)
+            self.scopes.pop()
+
+        visit_AsyncFunctionDef = visit_ClassDef = visit_FunctionDef
+
+        def note(self, nodes, how: str) -> None:
+            found.extend((c.lineno, str(c.value), how, tuple(self.scopes)) for c in nodes)
+
+        def visit_Assign(self, node):  # noqa: N802
+            targets = node.targets if isinstance(node, ast.Assign) else [node.target]
+            named = len(self.scopes) == 1 and isinstance(targets[0], ast.Name)
+            if named:
+                self.scopes.append(targets[0].id)
+            self.note(constants(node.value), "assigned")
+            self.generic_visit(node)
+            if named:
+                self.scopes.pop()
+
+        def visit_AnnAssign(self, node):  # noqa: N802
+            if node.value is not None:
+                self.visit_Assign(node)
+            else:
+                self.generic_visit(node)
+
+        def visit_Compare(self, node):  # noqa: N802
+            for left, op, right in zip((node.left, *node.comparators), node.ops, node.comparators):
+                if not isinstance(op, (ast.In, ast.NotIn)):  # ``"release" in report``: a key, a field's name
+                    self.note(constants(left), "compared")
+                self.note(constants(right), "compared")
+            self.generic_visit(node)
+
+        def visit_Dict(self, node):  # noqa: N802
+            keys = [c for k in node.keys if k is not None for c in constants(k)]
+            if mapping(keys):
+                self.note(keys, "a dict's key")
+            for value in node.values:
+                self.note(constants(value), "a dict's value")
+            self.generic_visit(node)
+
+        def visit_Call(self, node):  # noqa: N802
+            name = node.func.attr if isinstance(node.func, ast.Attribute) else getattr(node.func, "id", "")
+            names = {1} if name in ("getattr", "hasattr", "setattr") or name.endswith("_field") else \
+                {0} if name in ("get", "pop", "setdefault") else set()
+            for index, argument in enumerate(node.args):
+                if index not in names:
+                    self.note(constants(argument), "an argument")
+            for keyword in node.keywords:
+                self.note(constants(keyword.value), "an argument")
+            self.generic_visit(node)
+
+        def visit_Subscript(self, node):  # noqa: N802
+            name = node.value.attr if isinstance(node.value, ast.Attribute) else getattr(node.value, "id", "")
+            if name == "Literal":
+                self.note(constants(node.slice), "a Literal")
+            self.generic_visit(node)
+
+        def visit_arguments(self, node):  # noqa: N802
+            for default in (*node.defaults, *node.kw_defaults):
+                if default is not None:
+                    self.note(constants(default), "a default")
+            self.generic_visit(node)
+
+    Visitor().visit(ast.parse(path.read_text()))
+    return sorted(set(found))
+
+
+def test_no_module_outside_common_defines_or_spells_a_protocol_word():
+    """Every kind, mode, phase, step, result, state and refusal that crosses between the operator's side and a node
+    (or into the node's files) is a member of one enum in common/protocol.py: no other module spells one of its
+    words where it uses it as one (sandbox/, the stand-ins, counts "refused" and "failed" calls of its own), but
+    where the word means something else (:data:`OTHER_MEANINGS`, each with what it means there)."""
+    words = _protocol_words()
+    assert {"released", "rolled back", "failed", "abandoned", "release", "repair", "deciding", "busy", "pending",
+            "undo-rollout", "drain-voice", "passed", "interrupted"} <= set(words)
+    spelled, allowed = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        relative = path.relative_to(PACKAGE).as_posix()
+        if relative.startswith(("common/", "sandbox/")):
+            continue
+        for line, word, how, scope in _words_used(path, words):
+            meant = next((key for key in OTHER_MEANINGS if key[0] == relative and key[1] in scope
+                          and key[2] in (word, "*")), None)
+            if meant is not None:
+                allowed.add(meant)
+                continue
+            where = ".".join(scope[1:]) or "the module"
+            spelled.append(f"flatshare_ops/{relative}:{line}: {word!r} ({how}, in {where}; a word of "
+                           f"{' and '.join(words[word])}): use common/protocol.py's member")
+    assert not spelled, "\n".join(spelled)
+    assert allowed == set(OTHER_MEANINGS), f"no longer needed: {sorted(set(OTHER_MEANINGS) - allowed)}"
+
+
 def test_the_architecture_documents_layout_names_every_module_under_its_folder():
     readme = (REPO / "docs/architecture.md").read_text()
     section = readme[readme.index("## Layout"):]

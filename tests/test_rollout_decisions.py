@@ -17,11 +17,12 @@ from flatshare_ops.common import protocol
 from flatshare_ops.node.output import ReleaseOutput
 
 ADMIT = protocol.line(protocol.AdmitRequest("cyan", "s1")).encode()
-RESULTS: dict[int, str] = {Exit.OK: protocol.ROLLED_BACK, Exit.REFUSED: protocol.REFUSED, Exit.NOTHING_TO_DO: protocol.NOTHING}
+RESULTS: dict[int, str] = {Exit.OK: protocol.OutcomeResult.ROLLED_BACK, Exit.REFUSED: protocol.OutcomeResult.REFUSED,
+                           Exit.NOTHING_TO_DO: protocol.OutcomeResult.NOTHING_TO_DO}
 
 
 def outcome(code: int) -> bytes:
-    return protocol.line(protocol.Outcome("s1", int(code), RESULTS.get(code, protocol.FAILED))).encode()
+    return protocol.line(protocol.Outcome("s1", int(code), RESULTS.get(code, protocol.OutcomeResult.FAILED))).encode()
 
 
 #: The summary document of the last :func:`run` (control/rollout.py ``Rollout.document``): what it says of each node.
@@ -158,7 +159,8 @@ def test_the_summary_says_what_the_node_did_as_its_outcome_says_never_its_text_f
     # The people's line says "released"; the outcome document is what counts.
     nodes = {name: FakeNode(switch_script=[f"{name}: released r1\n".encode(), protocol.line(
         protocol.Outcome("s1", 0, word, "r1")).encode()], switch_status=Exit.OK)
-             for name, word in (("cyan", protocol.ROLLED_BACK), ("peacock", protocol.REPAIRED))}
+             for name, word in (("cyan", protocol.OutcomeResult.ROLLED_BACK),
+                                ("peacock", protocol.OutcomeResult.REPAIRED))}
     targets = fleet(**nodes)
     code, text = run(targets)  # two nodes: a row each in the summary
     assert code == Exit.OK and (result_of("cyan"), result_of("peacock")) == ("rolled back", "repaired"), last
@@ -169,8 +171,8 @@ def test_the_summary_says_what_the_node_did_as_its_outcome_says_never_its_text_f
 
 def test_an_automatic_rollback_stops_the_rollout_with_its_own_code_and_says_why():
     why = "restart-engine failed: http://127.0.0.1:8000/health did not answer 200 within the engine's start budget"
-    cyan = FakeNode(switch_script=[protocol.line(protocol.Outcome("s1", int(Exit.ROLLED_BACK),
-                                                                  protocol.AUTO_ROLLED_BACK, "r0", why)).encode()],
+    cyan = FakeNode(switch_script=[protocol.line(protocol.Outcome(
+        "s1", int(Exit.ROLLED_BACK), protocol.OutcomeResult.AUTO_ROLLED_BACK, "r0", why)).encode()],
                     switch_status=Exit.ROLLED_BACK)
     peacock = FakeNode()
     targets = fleet(cyan=cyan, peacock=peacock)
@@ -409,8 +411,8 @@ def test_an_interrupt_while_waiting_to_ask_again_says_the_node_was_waiting_and_q
     from flatshare_ops.control.rollout import OperatorInterrupted
 
     why = "cyan may not drain now: 0 other node(s) take calls"
-    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message=why,
-                               refused_for=protocol.REFUSED_FOR_ADMISSION)
+    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.OutcomeResult.REFUSED, message=why,
+                               refused_for=protocol.RefusedFor.ADMISSION)
     cyan = FakeNode(switch_script=[protocol.line(refusal).encode()], switch_status=Exit.REFUSED)
     targets = fleet(cyan=cyan, peacock=FakeNode())
     pauses = []
@@ -484,8 +486,8 @@ def test_an_interrupt_during_a_canarys_analysis_says_it_is_unjudged(monkeypatch)
 def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
     # A breaker's case: the wait asked again with 3 s left when an attempt takes 8 s (its preflight), and ran
     # past its bound by an attempt.
-    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="busy",
-                               refused_for=protocol.REFUSED_FOR_BUSY)
+    refusal = protocol.Outcome("s1", int(Exit.REFUSED), protocol.OutcomeResult.REFUSED, message="busy",
+                               refused_for=protocol.RefusedFor.BUSY)
     targets = fleet(cyan=FakeNode(), peacock=FakeNode())
     rollout = Rollout(None, targets[:1], targets, ReleaseOutput(None, io.StringIO()), mode="rollback", wait_s=60)
     rollout.outcomes["cyan"] = refusal
@@ -495,7 +497,8 @@ def test_each_nodes_wait_leaves_room_for_one_more_attempt_as_long_as_its_last():
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 60, attempt_s=1) is not None
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 10, attempt_s=8) is None  # a pause is 2 s at least
     assert rollout._wait_again(targets[0], Exit.REFUSED, None, attempt_s=0) is None  # no --wait
-    rollout.outcomes["cyan"] = protocol.Outcome("s1", int(Exit.REFUSED), protocol.REFUSED, message="held")
+    rollout.outcomes["cyan"] = protocol.Outcome("s1", int(Exit.REFUSED), protocol.OutcomeResult.REFUSED,
+                                                message="held")
     assert rollout._wait_again(targets[0], Exit.REFUSED, now + 600, attempt_s=0) is None  # a hold: no waiting
 
 
@@ -504,8 +507,8 @@ def test_an_interrupt_during_an_automatic_rollback_names_the_rollback_not_the_fa
     # restart-engine)", the failed switch's words. The node says its phase (common/protocol.py Progress).
     from flatshare_ops.control.rollout import OperatorInterrupted
 
-    said = [protocol.Progress("s1", protocol.SWITCHING, "restart-engine"),
-            protocol.Progress("s1", protocol.ROLLING_BACK, "restart-engine")]
+    said = [protocol.Progress("s1", protocol.SwitchPhase.SWITCHING, "restart-engine"),
+            protocol.Progress("s1", protocol.SwitchPhase.ROLLING_BACK, "restart-engine")]
     cyan = FakeNode(switch_script=[*(protocol.line(p).encode() for p in said), OperatorInterrupted(Exit.INTERRUPTED)],
                     switch_status=None)
     targets = fleet(cyan=cyan, peacock=FakeNode())

@@ -172,6 +172,7 @@ def rollback(
     """Switch nodes back: each to the last release that served before its current one; with --all, the
     fleet to what it ran before its last rollout (a failed or interrupted node first, then as a rollout:
     its canaries analysed)."""
+    from ..common.protocol import Mode
     from ..config.inventory import inventory_path
     from ..control.rollout import Rollout, terminal
     from ..control.targets import every_node, targets
@@ -183,18 +184,19 @@ def rollback(
     _on_signals()
     shown: _Shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
     if not all_nodes:
-        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode="rollback", dry_run=dry_run, inventory=path,
-                                         **shown), as_json))
+        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode=Mode.ROLLBACK, dry_run=dry_run,
+                                         inventory=path, **shown), as_json))
     undo, order = _last_rollout(chosen, out)
     if undo is None:
         out.line("rollback: no node records a rollout to undo; nothing to do")
         raise typer.Exit(4)
-    raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode="undo-rollout", dry_run=dry_run, undo=undo,
+    raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode=Mode.UNDO_ROLLOUT, dry_run=dry_run, undo=undo,
                                      analysis=analysis.value, inventory=path, **shown), as_json))
 
 
 def _last_rollout(chosen, out):
     """(the fleet's last rollout, the nodes in the order to undo it: failed or interrupted first)."""
+    from ..common.protocol import UNFINISHED
     from ..control import commands
     from ..control.fanout import ask
     from ..control.rollout import last_rollout
@@ -210,6 +212,6 @@ def _last_rollout(chosen, out):
 
     def troubled(target) -> bool:
         last = (records.get(target.name) or [{}])[-1]
-        return bool(statuses.get(target.name, {}).get("switching")) or last.get("result") in ("failed", "abandoned")
+        return bool(statuses.get(target.name, {}).get("switching")) or last.get("result") in UNFINISHED
 
     return undo, sorted(chosen, key=lambda t: not troubled(t))

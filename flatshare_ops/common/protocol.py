@@ -19,12 +19,19 @@ typed protocol"). Text written for people is never parsed:
 A line that does not start with :data:`PREFIX` is for people; a protocol line
 of an unknown kind or a damaged one is ignored by :func:`parse` (an older
 operator meeting a newer node), never guessed at.
+
+The words both sides read (every kind, mode, phase, step, result, state and
+refusal, in messages or in the node's files: its journal, history, lock.json)
+are the values of the enums below, each a ``StrEnum`` whose members are those
+strings, so that the messages and files read and write exactly the words they
+always did; no other module spells one (tests/test_layout.py).
 """
 
 from __future__ import annotations
 
 import json
 from dataclasses import asdict, dataclass, field, fields
+from enum import StrEnum
 
 #: The bundle protocol a node's entry point runs; raise it only for a change an older entry point cannot run.
 VERSION = 1
@@ -46,19 +53,168 @@ ADMISSION_WAIT_S = 60.0
 #: Protocol lines start with this (the operator's side reads them; people never see them).
 PREFIX = "::flatshare:"
 
-#: What a switch did, as its :class:`Outcome` says (``result``), for summaries and the rollout's decisions.
-RELEASED, ROLLED_BACK, REPAIRED = "released", "rolled back", "repaired"
-AUTO_ROLLED_BACK = "rolled back automatically"
-NOTHING, PLANNED, REFUSED, FAILED, INTERRUPTED = "nothing to do", "planned", "refused", "failed", "interrupted"
-#: Results of a switch that left its node on the release asked for, serving.
-SUCCESS = (RELEASED, ROLLED_BACK, REPAIRED)
-#: Why a switch was refused, where waiting may end it (:attr:`Outcome.refused_for`): its admission to drain
-#: (too few other nodes take calls now, or they lack the headroom), or another release holds the node.
-REFUSED_FOR_ADMISSION, REFUSED_FOR_BUSY = "admission", "busy"
-#: Where a switch stands (:class:`Progress`): before any change (its refusals, preflight and admission: a node
-#: that ends here changed nothing), carrying out its plan's steps, ending early (giving calls back), or carrying
-#: out the steps of the automatic rollback its failed switch began.
-DECIDING, SWITCHING, ENDING_EARLY, ROLLING_BACK = "deciding", "switching", "ending early", "rolling back"
+
+class OutcomeResult(StrEnum):
+    """What a switch command did, as its :class:`Outcome` says (``result``): the node's switch command (node/cli.py,
+    node/switch.py; node/entry.py for what it refuses before the switch runs) writes it, and keeps it
+    (node/outcomes.py); the operator's side reads it for its summaries and the rollout's decisions
+    (control/rollout.py)."""
+
+    RELEASED = "released"
+    ROLLED_BACK = "rolled back"
+    REPAIRED = "repaired"
+    AUTO_ROLLED_BACK = "rolled back automatically"
+    NOTHING_TO_DO = "nothing to do"
+    PLANNED = "planned"
+    REFUSED = "refused"
+    FAILED = "failed"
+    INTERRUPTED = "interrupted"
+
+
+class RecordResult(StrEnum):
+    """What a record of ``releases/history.jsonl`` says became of its switch (``result``; releases/README.md): the
+    node writes it (node/records.py, the history's one writer) and reads it back for its rollback rule
+    (node/history.py); the operator's side reads it in the node's ``history`` and ``status`` answers
+    (control/answers.py, cli/). ``analysed``: a canary analysis of the node's release, not a switch."""
+
+    RELEASED = "released"
+    ROLLED_BACK = "rolled back"
+    REPAIRED = "repaired"
+    FAILED = "failed"
+    ABANDONED = "abandoned"
+    ANALYSED = "analysed"
+
+
+class SwitchKind(StrEnum):
+    """What a switch is: the plan's ``kind`` (node/plan.py), its journal's (``releases/switching.json``,
+    node/journal.py) and its history record's (node/records.py). The node decides it; the operator's side reads it
+    in the plan an outcome carries and in the history."""
+
+    RELEASE = "release"
+    ROLLBACK = "rollback"
+    REPAIR = "repair"
+
+
+class RecordKind(StrEnum):
+    """What a history record is (``kind``): a switch (each :class:`SwitchKind`'s value) or a canary analysis of
+    the node's release (``analysis``, node/records.py ``append_analysis``). The node writes and reads it; the
+    operator's side reads it in the node's ``history`` answer."""
+
+    RELEASE = SwitchKind.RELEASE.value
+    ROLLBACK = SwitchKind.ROLLBACK.value
+    REPAIR = SwitchKind.REPAIR.value
+    ANALYSIS = "analysis"
+
+
+class Mode(StrEnum):
+    """What the operator's side asks of a node's switch: a release (of the bundle it sends), a rollback (the
+    node's rollback rule) or the undo of a rollout (back to what the node ran before it). The operator's side
+    (control/rollout.py) asks it with ``flatshare-node switch``'s options (control/commands.py); the node
+    (node/cli.py, node/switch.py ``Request``) writes it in ``lock.json`` (node/lock.py), which both sides read
+    for people (common/wording.py)."""
+
+    RELEASE = "release"
+    ROLLBACK = "rollback"
+    UNDO_ROLLOUT = "undo-rollout"
+
+
+class PlanForm(StrEnum):
+    """How a switch prints its plan on the operator's terminal (the bundle header's ``plan``): whole, or in a few
+    lines (the whole plan then goes to the node's release.log only). The operator's side writes it
+    (control/rollout.py); the node reads it (node/cli.py), a header without it meaning ``full``."""
+
+    FULL = "full"
+    COMPACT = "compact"
+
+
+class SwitchPhase(StrEnum):
+    """Where a switch stands (:attr:`Progress.phase`): before any change (its refusals, preflight and admission:
+    a node that ends here changed nothing), carrying out its plan's steps, ending early (giving calls back), or
+    carrying out the steps of the automatic rollback its failed switch began. The node sends it
+    (node/output.py, node/runner.py); the operator's side reads it (control/rollout.py)."""
+
+    DECIDING = "deciding"
+    SWITCHING = "switching"
+    ENDING_EARLY = "ending early"
+    ROLLING_BACK = "rolling back"
+
+
+class RefusedFor(StrEnum):
+    """Why a switch was refused, where waiting may end it (:attr:`Outcome.refused_for`): its admission to drain
+    (too few other nodes take calls now, or they lack the headroom), or another release holds the node. The node
+    sends it (``Refused.waits_for``: node/refusals.py, node/runner.py, node/lock.py); the operator's ``--wait``
+    reads it (control/rollout.py)."""
+
+    ADMISSION = "admission"
+    BUSY = "busy"
+
+
+class StepState(StrEnum):
+    """How far one step of a switch got, in its journal (``releases/switching.json`` ``steps[].state``;
+    releases/README.md): the node writes it (node/runner.py) and reads it to finish or describe an interrupted
+    switch (node/journal.py)."""
+
+    PENDING = "pending"
+    RUNNING = "running"
+    DONE = "done"
+    FAILED = "failed"
+
+
+class SwitchState(StrEnum):
+    """What became of one switch, as a node's ``status --switch ID`` answer says (``state``): recorded in its
+    history, still switching (its journal there and its lock held), interrupted (its journal there, nobody
+    holding the lock), ended with no switch run (its kept outcome), or unknown there. The node answers it
+    (node/status.py ``switch_state``); the operator's follow-up after a lost session reads it
+    (control/answers.py ``follow_up_report``)."""
+
+    RECORDED = "recorded"
+    SWITCHING = "switching"
+    INTERRUPTED = "interrupted"
+    ENDED = "ended"
+    UNKNOWN = "unknown"
+
+
+class AnalysisPhase(StrEnum):
+    """Where a canary analysis is (Argo Rollouts' phases): measuring, or its outcome. The operator's side decides
+    it (control/analysis.py) and records it in the node's history (``analysis.phase`` of an ``analysed`` record,
+    through ``flatshare-node record-analysis``); the node reads it (node/history.py, node/switch.py) to know a
+    release whose analysis failed, or a switch whose analysis passed."""
+
+    RUNNING = "running"
+    PASSED = "passed"
+    FAILED = "failed"
+    INCONCLUSIVE = "inconclusive"
+
+
+class StepName(StrEnum):
+    """The steps a switch can take, in the step table's order (node/steps.py ``STEPS``, which gives each its
+    description and function): the plan lists them, the journal records them, :attr:`Progress.step` and history
+    records (``step``) name them, and the operator's side reads them there."""
+
+    DRAIN_VOICE = "drain-voice"
+    STOP_GATEWAY = "stop-gateway"
+    INSTALL_UNITS = "install-units"
+    RESTART_ENGINE = "restart-engine"
+    RESTART_VOICE = "restart-voice"
+    START_GATEWAY = "start-gateway"
+    END_VOICE_DRAIN = "end-voice-drain"
+    APPLY_UNITS = "apply-units"
+    SWITCH_CURRENT = "switch-current"
+    SERVING_CHECK = "serving-check"
+    RECORD_HISTORY = "record-history"
+
+
+#: What a successful switch of each kind is recorded as in the history (and, so, what its outcome says).
+SUCCEEDED: dict[SwitchKind, RecordResult] = {SwitchKind.RELEASE: RecordResult.RELEASED,
+                                              SwitchKind.ROLLBACK: RecordResult.ROLLED_BACK,
+                                              SwitchKind.REPAIR: RecordResult.REPAIRED}
+#: The history results of a switch that left its node on the release asked for, serving.
+SUCCESS = frozenset(SUCCEEDED.values())
+#: The history results of a switch that ended with its release active and serving-check passed: the releases a
+#: rollback may return to (node/history.py ``served_releases``).
+SERVED = frozenset({RecordResult.RELEASED, RecordResult.ROLLED_BACK})
+#: The history results of a switch that did not end serving its target: it failed, or another switch replaced it.
+UNFINISHED = frozenset({RecordResult.FAILED, RecordResult.ABANDONED})
 
 
 @dataclass(frozen=True)
@@ -103,7 +259,8 @@ class Outcome:
     Attributes:
         switch: the switch's id.
         code: the exit code (:class:`flatshare_ops.errors.Exit`).
-        result: one of the results above (``released``, ``rolled back automatically``, ``refused``...).
+        result: an :class:`OutcomeResult` (``released``, ``rolled back automatically``, ``refused``...); read as
+            text, so that a newer node's word is shown as it is, never a damaged line.
         release: the release the node is on afterwards, when known.
         message: the one-line reason of a failure or refusal, else None.
         detail: a JSON-ready document of what else the node has to say (an automatic rollback's
@@ -120,8 +277,8 @@ class Outcome:
         engine_start_s: seconds the ``restart-engine`` step took (stop, start, /health 200), when it ran.
         plan: the switch's plan as data (node/plan.py ``Plan``: ``node``, ``from_id``, ``to_id``, ``kind``,
             ``steps``, ``units``, ``reasons``, ``flag_changes``, ``drains``...), when one was made.
-        refused_for: a refusal that may end by waiting: :data:`REFUSED_FOR_ADMISSION` or
-            :data:`REFUSED_FOR_BUSY`; None for any other result or refusal (a preflight's, a hold's).
+        refused_for: a refusal that may end by waiting: a :class:`RefusedFor`; None for any other result or
+            refusal (a preflight's, a hold's).
     """
 
     switch: str
@@ -148,8 +305,8 @@ class Progress:
 
     Attributes:
         switch: the switch's id.
-        phase: :data:`DECIDING`, :data:`SWITCHING`, :data:`ENDING_EARLY` or :data:`ROLLING_BACK`.
-        step: the step under way (node/steps.py's names), ``""`` before the first.
+        phase: a :class:`SwitchPhase`.
+        step: the step under way (a :class:`StepName`), ``""`` before the first.
         waiting_for: what a wait waits for (``"http://127.0.0.2:8000/health to answer 200"``), ``""`` when none.
         waited_s: how long the wait has lasted (seconds), when waiting.
         bound_s: the wait's bound (seconds), when waiting.
@@ -175,8 +332,10 @@ def waiting_words(message: Progress) -> str:
     return f"still waiting for {message.waiting_for} ({waited}{bound}){said}"
 
 
-#: The steps that take a node out of calls, and those that give calls back (node/steps.py, the step table).
-DRAIN_STEPS, GIVE_BACK_STEPS = ("drain-voice", "stop-gateway"), ("start-gateway", "end-voice-drain")
+#: The steps that take a node out of calls (node/steps.py: a plan with one of them asks for admission to drain),
+#: and those that give calls back.
+DRAIN_STEPS = (StepName.DRAIN_VOICE, StepName.STOP_GATEWAY)
+GIVE_BACK_STEPS = (StepName.START_GATEWAY, StepName.END_VOICE_DRAIN)
 
 
 def drain_window(timings: dict[str, tuple[float, float]]) -> float | None:

@@ -14,6 +14,7 @@ import math
 from typing import Mapping
 
 from .clock import utc_stamp
+from .protocol import Mode
 from .text import one_line
 
 
@@ -98,7 +99,8 @@ def holder_phrase(record: Mapping, pid: int | None, damage: str | None = None, s
     mode, since = text_field(record, "mode"), time_field(record, "started_at")
     who = who_phrase(user, host)
     parts = [f"{who} {process}" if who else process]
-    undoing = {"rollback": "a rollback", "undo-rollout": "a rollout's undo"}.get(mode or "")
+    undoings: dict[str, str] = {Mode.ROLLBACK: "a rollback", Mode.UNDO_ROLLOUT: "a rollout's undo"}
+    undoing = undoings.get(mode or "")
     if undoing:  # its target is decided under the lock: until then lock.json has none, and that is no gap
         parts.append(f"{undoing} to release {release}" if release else f"{undoing}, its target not yet decided")
     elif release:

@@ -34,6 +34,7 @@ from typing import Any
 
 from ..common import vllm_metrics as vm
 from ..common.clock import utc_stamp
+from ..common.protocol import AnalysisPhase
 from ..common.text import one_line
 from ..config.profile import Analysis as Settings
 from .golden import GoldenCheck
@@ -55,15 +56,6 @@ class Verdict(StrEnum):
 
 #: How verdicts combine in one measurement: the worst wins (fail > error > inconclusive > pass).
 _WORST = {Verdict.PASS: 0, Verdict.INCONCLUSIVE: 1, Verdict.ERROR: 2, Verdict.FAIL: 3}
-
-
-class Phase(StrEnum):
-    """Where an analysis is: measuring, or its outcome."""
-
-    RUNNING = "running"
-    PASSED = "passed"
-    FAILED = "failed"
-    INCONCLUSIVE = "inconclusive"
 
 
 class Action(StrEnum):
@@ -698,7 +690,7 @@ class AnalysisResult:
     settings: Settings
     dry_run: bool
     measurements: tuple[Measurement, ...]
-    phase: Phase
+    phase: AnalysisPhase
     action: Action
     done: bool
     reason: str
@@ -722,7 +714,7 @@ class AnalysisResult:
         tally = ", ".join(f"{self.tally[v]} {word}" for v, word in _TALLY_WORDS.items())
         head = f"analysis of {who}: {self.phase}, {len(self.measurements)} of {self.settings.count} measurements " \
                f"({tally})"
-        if self.phase == Phase.RUNNING:
+        if self.phase == AnalysisPhase.RUNNING:
             return f"{'dry run: ' if self.dry_run else ''}{head}: measuring"
         if self.dry_run:
             then = "goes on" if self.done else "measures on"
@@ -799,32 +791,32 @@ def assess(measurements: Sequence[Measurement], settings: Settings, *, canary: s
     streak = _longest_run(verdicts, Verdict.ERROR)
     finished = taken == settings.count
     if golden is not None and golden.failed:
-        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        phase, action, early = AnalysisPhase.FAILED, Action.ROLLBACK, True
         reason = golden.reason()
     elif failed > settings.failure_limit:
-        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        phase, action, early = AnalysisPhase.FAILED, Action.ROLLBACK, True
         reason = f"{failed} measurements failed, more than failure_limit {settings.failure_limit}"
     elif streak >= settings.consecutive_error_limit:
-        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        phase, action, early = AnalysisPhase.FAILED, Action.ROLLBACK, True
         reason = (f"{streak} measurements in a row could not be taken "
                   f"(consecutive_error_limit {settings.consecutive_error_limit})")
     elif finished and streak == taken:
         # consecutive_error_limit above count: not one measurement could be taken. What the analysis never saw
         # fails it, whatever ``inconclusive`` says (a canary whose metrics never read would otherwise pass).
-        phase, action, early = Phase.FAILED, Action.ROLLBACK, True
+        phase, action, early = AnalysisPhase.FAILED, Action.ROLLBACK, True
         reason = (f"none of the {taken} measurements could be taken (consecutive_error_limit "
                   f"{settings.consecutive_error_limit} is above count {settings.count})")
     elif unclear > settings.inconclusive_limit and (finished or settings.inconclusive == "fail"):
-        phase, action = Phase.INCONCLUSIVE, _INCONCLUSIVE_DOES[settings.inconclusive]
+        phase, action = AnalysisPhase.INCONCLUSIVE, _INCONCLUSIVE_DOES[settings.inconclusive]
         early = settings.inconclusive == "fail"
         reason = (f"{unclear} measurements neither passed nor failed, more than inconclusive_limit "
                   f"{settings.inconclusive_limit}; inconclusive = \"{settings.inconclusive}\"")
     elif finished:
-        phase, action, early = Phase.PASSED, Action.CONTINUE, True
+        phase, action, early = AnalysisPhase.PASSED, Action.CONTINUE, True
         reason = (f"{failed} failed (failure_limit {settings.failure_limit}), {unclear} neither passed nor failed "
                   f"(inconclusive_limit {settings.inconclusive_limit})")
     else:
-        phase, action, early = Phase.RUNNING, Action.MEASURE, False
+        phase, action, early = AnalysisPhase.RUNNING, Action.MEASURE, False
         reason = f"{settings.count - taken} measurements to go"
     done = finished if dry_run else (early or finished)
     return AnalysisResult(canary, baseline, settings, dry_run, tuple(measurements), phase, action, done, reason,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..common.clock import is_duration
 
-from ..common import protocol
+from ..common.protocol import SUCCESS, OutcomeResult, RecordResult, SwitchKind, SwitchState
 from ..common.text import one_line
 from ..common.wording import hold_phrase, int_field, not_recorded, text_field, time_field, who_phrase
 from ..errors import Exit
@@ -47,7 +47,7 @@ def status_lines(name: str, report: dict) -> list[str]:
         parts.append(f"units unknown ({why})")
     lines = ["; ".join(parts)]
     last = report.get("last")
-    if isinstance(last, dict) and (last.get("result") == "failed" or last.get("auto")):
+    if isinstance(last, dict) and (last.get("result") == RecordResult.FAILED or last.get("auto")):
         # What became of the node's last switch, when it did not simply end well: how it failed and
         # whether calls were given back (the early end), or that the node rolled itself back, and why.
         lines.append(f"  last switch: {history_line(last)}")
@@ -79,12 +79,12 @@ def history_line(record: dict) -> str:
     before = "(none)" if "before" in record and record["before"] is None else text_field(record, "before")
     target = text_field(record, "target")
     result = text_field(record, "result")
-    if result == "analysed":  # a canary analysis of the node's release, not a switch (releases/README.md)
+    if result == RecordResult.ANALYSED:  # a canary analysis of the node's release, not a switch (releases/README.md)
         summary = text_field(record, "reason") or "a canary analysis, its summary not recorded"
         rollout = text_field(record, "rollout")
         return (f"{when or 'at an unrecorded time'} {target or 'an unrecorded release'}: {summary}"
                 + (f" (rollout {rollout})" if rollout else ""))
-    if result == "failed":
+    if result == RecordResult.FAILED:
         step, reason = text_field(record, "step"), text_field(record, "reason")
         what = f"failed at {step or 'a step it does not name'}: {reason or 'no reason recorded'}"
         calls = text_field(record, "calls")
@@ -158,22 +158,22 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
     """(exit code, the line to print) from what a node says of one switch after a lost connection
     (``flatshare-node status --switch ID``: node/status.py ``switch_state``)."""
     state = answer.get("state")
-    if state == "recorded":
+    if state == SwitchState.RECORDED:
         record = found if isinstance(found := answer.get("record"), dict) else {}
         result, target = text_field(record, "result"), text_field(record, "target")
         to = target or "a release the record does not name"
-        if result in protocol.SUCCESS and text_field(record, "auto"):
-            return Exit.ROLLED_BACK, (f"{name}: the node says: {protocol.AUTO_ROLLED_BACK} to {to}: "
+        if result in SUCCESS and text_field(record, "auto"):
+            return Exit.ROLLED_BACK, (f"{name}: the node says: {OutcomeResult.AUTO_ROLLED_BACK} to {to}: "
                                       f"{text_field(record, 'auto')} (switch {switch_id})")
-        if result in protocol.SUCCESS:
+        if result in SUCCESS:
             return Exit.OK, f"{name}: the node says: {result} {to} (switch {switch_id})"
         what = f"{result} at" if result else "a switch whose result is not recorded, at"
-        if text_field(record, "auto") and text_field(record, "kind") == "rollback":
+        if text_field(record, "auto") and text_field(record, "kind") == SwitchKind.ROLLBACK:
             what = f"the automatic rollback ({text_field(record, 'auto')}) {what}"
         return Exit.FAILED, (f"{name}: the node says: {what} {text_field(record, 'step') or 'a step it does not name'}"
                              f": {text_field(record, 'reason') or 'no reason recorded'} (switch {switch_id}); the "
                              "next 'flatshare release' finishes it")
-    if state == "ended":  # no switch ran: the node kept what its command ended with (node/outcomes.py)
+    if state == SwitchState.ENDED:  # no switch ran: the node kept what its command ended with (node/outcomes.py)
         kept = found if isinstance(found := answer.get("outcome"), dict) else {}
         code = int_field(kept, "code")
         result, message = text_field(kept, "result"), text_field(kept, "message")
@@ -182,12 +182,12 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
                 f"{name}: the node says: {result or 'ended'}: {message or 'no message kept'} (switch {switch_id})"
                 + not_recorded("its kept outcome", missing))
     journal = text_field(answer, "journal")
-    if state == "switching":
+    if state == SwitchState.SWITCHING:
         return Exit.STILL_SWITCHING, (
             f"{name}: the node is still switching after {bound:g} s (the reconnect bound)"
             + (f": {journal}" if journal else " (it holds its release lock)")
             + f"; follow it with 'flatshare status --node {name}' (or the node's releases/release.log)")
-    if state == "interrupted":
+    if state == SwitchState.INTERRUPTED:
         return Exit.FAILED, (f"{name}: the node says the switch was interrupted: "
                              f"{journal or 'its journal is there, though the answer does not summarise it'}; "
                              "the next 'flatshare release' finishes it")

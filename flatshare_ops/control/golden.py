@@ -18,6 +18,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Any
 
+from ..common.protocol import AnalysisPhase
 from ..common.text import clip, one_line
 
 
@@ -183,7 +184,9 @@ def reference_of(records: list, prompts: list[str], max_tokens: int) -> tuple[tu
     None when there is none."""
     for record in reversed(records):
         analysis = record.get("analysis") if isinstance(record, dict) else None
-        golden = analysis.get("golden") if isinstance(analysis, dict) and analysis.get("phase") == "passed" else None
+        if not isinstance(analysis, dict) or analysis.get("phase") != AnalysisPhase.PASSED:
+            continue
+        golden = analysis.get("golden")
         if (not isinstance(golden, dict) or golden.get("prompts") != prompts
                 or type(golden.get("max_tokens")) is not int or golden.get("max_tokens") != max_tokens
                 or golden.get("failed") is not False or not isinstance(golden.get("canary_answers"), list)

@@ -28,6 +28,7 @@ from pathlib import Path
 from typing import TypeGuard, cast
 
 from ..common import protocol
+from ..common.protocol import Mode, PlanForm, RecordKind, RefusedFor, SwitchPhase, SwitchState
 from ..config.profile import Admission
 from ..common.poll import PROGRESS_EVERY_S, poll_until
 from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
@@ -122,7 +123,7 @@ class Rollout:
         chosen: the nodes to switch, in order.
         everyone: every inventory node (the admission probes the others).
         out: the operator's terminal.
-        mode: ``release``, ``rollback`` or ``undo-rollout``.
+        mode: what each node's switch is asked to do.
         undo: the rollout to undo (mode ``undo-rollout``).
         inventory: the inventory file in use, named in the commands this run suggests (:meth:`command`).
         verbose: each node prints its whole plan (else a compact one; the whole plan is in its release.log).
@@ -137,7 +138,7 @@ class Rollout:
     """
 
     def __init__(self, root: Path, chosen: list[NodeTarget], everyone: list[NodeTarget], out: ReleaseOutput,
-                 mode: str = "release", force: bool = False, dry_run: bool = False, batch_size: int | None = None,
+                 mode: Mode = Mode.RELEASE, force: bool = False, dry_run: bool = False, batch_size: int | None = None,
                  undo: str | None = None, auto_rollback: bool = True, analysis: str = "on",
                  inventory: Path | None = None, verbose: bool = False, quiet: bool = False,
                  plain: bool = False, retry: bool = False, wait_s: float | None = None,
@@ -357,7 +358,7 @@ class Rollout:
                 "(--batch-size, or the inventory's rollout.batch)")
         canaries = min(strategy.canaries, len(self.chosen) - 1) if len(self.chosen) > 1 else 0
         batches = plan_batches(self.chosen, canaries, self.batch_size)
-        if len(self.chosen) > 1 or self.mode != "release":
+        if len(self.chosen) > 1 or self.mode != Mode.RELEASE:
             self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
                           + (" (dry run)" if self.dry_run else "")
                           + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
@@ -377,13 +378,13 @@ class Rollout:
             # A canary whose rollback is owed is rolled back by this rollout's canary step (not refused).
             carries = batches[0] if canaries and not self.dry_run and self.analysis != "skip" else []
             refusal = None
-            if self.mode == "release" and not self.retry:
+            if self.mode == Mode.RELEASE and not self.retry:
                 if len(self.chosen) == 1:
                     self._start_guard()  # beside the switch: its node asks before its first change
                 else:
                     refusal = self._failed_before(carries)
             # A release or an undo (rollback --all) of several nodes; a rollback of chosen nodes goes straight.
-            if refusal is None and self.mode != "rollback" and len(self.chosen) > 1 and not self.dry_run:
+            if refusal is None and self.mode != Mode.ROLLBACK and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
             if refusal is not None:
                 self.out.line(f"flatshare: release refused: {refusal}")
@@ -408,7 +409,8 @@ class Rollout:
                         self.out.line(f"rollout {self.id} stops: {len(failures)} node(s) failed, more than "
                                       f"max_failed {strategy.max_failed}")
                     break
-                if number == 0 and canaries and number + 1 < len(batches) and self.mode in ("release", "undo-rollout"):
+                if number == 0 and canaries and number + 1 < len(batches) \
+                        and self.mode in (Mode.RELEASE, Mode.UNDO_ROLLOUT):
                     code = self._canary_analysis(batch, batches[number + 1:])
                     if code is not None:
                         worst = code
@@ -460,13 +462,14 @@ class Rollout:
             switch_id = uuid.uuid4().hex[:16]
             try:
                 # A rollback's target is decided by each node from its history, as its switch will decide it.
-                payload = bundle(self.root, target, ship=not target.local) if self.mode == "release" else {}
+                payload = bundle(self.root, target, ship=not target.local) if self.mode == Mode.RELEASE else {}
                 payload.update(progress_every_s=progress_cadence(self.settings.transport.silence_s),
-                               plan="compact", preflight_only=True)
+                               plan=PlanForm.COMPACT, preflight_only=True)
                 session = self.start(target, commands.switch(
-                    target.spec, switch_id, rollout=self.undo if self.mode == "undo-rollout" and self.undo else self.id,
-                    force=self.force, dry_run=True, rollback=self.mode == "rollback",
-                    undo_rollout=self.undo if self.mode == "undo-rollout" else None))
+                    target.spec, switch_id,
+                    rollout=self.undo if self.mode == Mode.UNDO_ROLLOUT and self.undo else self.id,
+                    force=self.force, dry_run=True, rollback=self.mode == Mode.ROLLBACK,
+                    undo_rollout=self.undo if self.mode == Mode.UNDO_ROLLOUT else None))
             except TransportError as err:
                 return None, None, str(err)
             outcome, said = None, []
@@ -515,8 +518,8 @@ class Rollout:
         self.out.line(f"rollout {self.id}: the fleet's preflight took {time.monotonic() - started:.1f} s")
         if not cannot:
             return None
-        what = "release" if self.mode == "release" else "rollback"
-        others = ("; the others can be released with --node" if self.mode == "release" else
+        what = Mode.RELEASE if self.mode == Mode.RELEASE else Mode.ROLLBACK
+        others = ("; the others can be released with --node" if self.mode == Mode.RELEASE else
                   "; each other node can be rolled back with 'flatshare rollback --node NAME'")
         return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot) + others)
@@ -626,7 +629,7 @@ class Rollout:
         switched = [t for t in canaries if t.result == Exit.OK]
         # A canary with nothing to do is judged again only in a release: an undo goes back to releases that served.
         unjudged = [t for t in canaries if t.result == Exit.NOTHING_TO_DO and t.name in self.outcomes
-                    and self.outcomes[t.name].unjudged and self.mode == "release"]
+                    and self.outcomes[t.name].unjudged and self.mode == Mode.RELEASE]
         owed = [t for t in unjudged if (self.outcomes[t.name].detail or {}).get("analysis_failed_in")]
         if owed and not self.dry_run and self.analysis != "skip":
             # Its analysis failed, and the rollback that decided never happened (the operator's side stopped,
@@ -692,7 +695,7 @@ class Rollout:
             return self._roll_back_canaries(switched)
         if verdict.action == Action.PAUSE:
             names = ", ".join(t.name for t in switched)
-            if self.mode == "undo-rollout":
+            if self.mode == Mode.UNDO_ROLLOUT:
                 self.out.line(f"the canary analysis was inconclusive and the profile says pause: the undo of rollout "
                               f"{self.undo} stops with {names} back on what it ran before. To go on: "
                               f"{self.command('rollback --all --analysis skip')} (recorded), or again with calls to "
@@ -715,7 +718,7 @@ class Rollout:
             # What the release did no longer stands: the rollback decides (an interrupt says it was under way).
             target.result = None
             self.taking_back.add(target.name)
-            target.result = self.switch(target, mode="rollback")
+            target.result = self.switch(target, mode=Mode.ROLLBACK)
             self.taking_back.discard(target.name)
             self.analysed[target.name] += (", rolled back" if target.result == Exit.OK
                                            else f", its rollback ended with exit {target.result}")
@@ -738,7 +741,7 @@ class Rollout:
         """(what became of node ``t`` in a few words, the reason or what to do when there is one)."""
         outcome = self.outcomes.get(t.name)
         if t.name in self.refused:
-            return EXIT_NAMES.get(Exit.REFUSED, "refused"), self.refused[t.name]
+            return EXIT_NAMES[Exit.REFUSED], self.refused[t.name]
         if t.result is None and t.name in self.taking_back:
             return ("its rollback (its analysis failed) was under way when interrupted",
                     "the node finishes it, or, before any change, refuses it once its admission to drain goes "
@@ -752,17 +755,17 @@ class Rollout:
                     f"({self.command('status')} shows it)")
         if t.result is None and t.name in self.switching:
             stands = self.progress.get(t.name)
-            if stands is None or stands.phase == protocol.DECIDING:
+            if stands is None or stands.phase == SwitchPhase.DECIDING:
                 # Its refusals, preflight or admission: nothing changed there yet, and an admission no one
                 # answers now is refused (node/cli.py): it changes nothing unless its plan drains nothing.
                 return ("deciding on the node when interrupted (its checks and preflight, before any change)",
                         "it refuses once its admission to drain goes unanswered (a plan that drains nothing goes "
                         f"on): {self.command('status')} shows what it did")
             where = f" (step {stands.step})" if stands.step else ""
-            if stands.phase == protocol.ROLLING_BACK:
+            if stands.phase == SwitchPhase.ROLLING_BACK:
                 return (f"rolling back automatically on the node when interrupted{where} (its new release did not "
                         "serve)", f"it carries on: {self.command('status')} follows it")
-            if stands.phase == protocol.ENDING_EARLY:
+            if stands.phase == SwitchPhase.ENDING_EARLY:
                 return (f"ending its switch early on the node when interrupted{where}",
                         f"it gives calls back: {self.command('status')} follows it")
             return f"switching on the node when interrupted{where}", f"it carries on: {self.command('status')} follows it"
@@ -828,7 +831,7 @@ class Rollout:
 
     # --- one node --------------------------------------------------------------------------------------
 
-    def switch(self, target: NodeTarget, mode: str | None = None) -> int:
+    def switch(self, target: NodeTarget, mode: Mode | None = None) -> int:
         """Run the node's switch (``mode``: this run's, or ``rollback`` for a canary that failed its analysis)
         and report what the node says; returns its exit code."""
         mode = mode or self.mode
@@ -857,7 +860,7 @@ class Rollout:
                 time.sleep(pause)
                 self.waiting.pop(target.name, None)
                 # The release may have failed and been taken back meanwhile (the run it waited for): asked again.
-                refusal = self._failed_before() if mode == "release" and not self.retry else None
+                refusal = self._failed_before() if mode == Mode.RELEASE and not self.retry else None
                 if refusal is not None:
                     echo(f"flatshare: release refused: {refusal}")
                     self.refused[target.name] = refusal
@@ -878,30 +881,30 @@ class Rollout:
         outcome = self.outcomes.get(target.name)
         if target.name in self.refused:  # the retry guard's: no wait ends it
             return None
-        if wait_until is None or code != Exit.REFUSED or outcome is None or outcome.refused_for not in (
-                protocol.REFUSED_FOR_ADMISSION, protocol.REFUSED_FOR_BUSY):
+        if wait_until is None or code != Exit.REFUSED or outcome is None \
+                or outcome.refused_for not in frozenset(RefusedFor):
             return None
         pause = random.uniform(2.0, 8.0)
         return pause if time.monotonic() + pause + attempt_s < wait_until else None
 
-    def _switch(self, target: NodeTarget, mode: str, echo) -> int:
+    def _switch(self, target: NodeTarget, mode: Mode, echo) -> int:
         from .bundle import bundle
 
         switch_id = uuid.uuid4().hex[:16]
         self.switch_ids[target.name] = switch_id
         try:
-            payload = bundle(self.root, target, ship=not target.local) if mode == "release" else {}
+            payload = bundle(self.root, target, ship=not target.local) if mode == Mode.RELEASE else {}
             payload["progress_every_s"] = progress_cadence(self.settings.transport.silence_s)
-            payload["plan"] = "full" if self.verbose or self.dry_run else "compact"
-            if self._guard is not None and mode == "release":
+            payload["plan"] = PlanForm.FULL if self.verbose or self.dry_run else PlanForm.COMPACT
+            if self._guard is not None and mode == Mode.RELEASE:
                 payload["confirm"] = True  # the retry guard's verdict is read beside it: asked before any change
             session = self.start(target, commands.switch(
                 # An undo is part of the rollout it undoes: its switches carry that rollout's id, so that a
                 # `rollback --all` run again goes on undoing it, never undoes the undo.
-                target.spec, switch_id, rollout=self.undo if mode == "undo-rollout" and self.undo else self.id,
+                target.spec, switch_id, rollout=self.undo if mode == Mode.UNDO_ROLLOUT and self.undo else self.id,
                 force=self.force, dry_run=self.dry_run,
-                rollback=mode == "rollback", undo_rollout=self.undo if mode == "undo-rollout" else None,
-                auto_rollback=self.auto_rollback and (mode != "release"
+                rollback=mode == Mode.ROLLBACK, undo_rollout=self.undo if mode == Mode.UNDO_ROLLOUT else None,
+                auto_rollback=self.auto_rollback and (mode != Mode.RELEASE
                                                       or target.loaded.profile.release.auto_rollback)))
         except TransportError as err:
             echo(f"flatshare: {err}")
@@ -917,7 +920,7 @@ class Rollout:
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
                     self.asking.add(target.name)
-                    reason = self.guard_refusal(target) if mode == "release" else None
+                    reason = self.guard_refusal(target) if mode == Mode.RELEASE else None
                     if reason is None and message.drains:
                         reason = self.admission(target, message.node_id, message.load)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
@@ -1057,11 +1060,11 @@ class Rollout:
                 seen["error"] = f"its status answer is not an object: {clip(result.output.strip(), 200)}"
                 return False
             seen["answer"] = answer
-            return answer.get("state") != "switching"
+            return answer.get("state") != SwitchState.SWITCHING
 
         poll_until(settled, bound, 1.0)
         answer = seen["answer"]
-        if isinstance(answer, dict) and answer.get("state") == "switching" and not answer.get("journal") \
+        if isinstance(answer, dict) and answer.get("state") == SwitchState.SWITCHING and not answer.get("journal") \
                 and time.monotonic() < deciding_until:
             self.out.line(f"{target.name}: the node holds its lock before any journal (deciding whether it may "
                           f"switch): asking on, up to {deciding_until - time.monotonic():.0f} s more")
@@ -1115,7 +1118,7 @@ def last_rollout(histories: dict[str, list[dict]], pending: dict[str, str | None
         if pending.get(node):
             return pending[node]
         for record in records:
-            if record.get("kind") == "analysis":
+            if record.get("kind") == RecordKind.ANALYSIS:
                 continue  # an analysis is no switch: a later rollout that only re-analysed undoes nothing
             started = record.get("started_at") or 0
             if record.get("rollout") and isinstance(started, (int, float)) and started >= when:

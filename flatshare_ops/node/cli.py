@@ -129,15 +129,15 @@ def _on_sigterm(_signum, _frame):
     raise Interrupted("SIGTERM")
 
 
-def _result_of(err: FlatshareError) -> str:
+def _result_of(err: FlatshareError) -> protocol.OutcomeResult:
     """The result word (:mod:`common.protocol`) of an error that ended a switch command."""
     from ..errors import Refused, SwitchFailed
 
     if isinstance(err, Refused):
-        return protocol.REFUSED
+        return protocol.OutcomeResult.REFUSED
     if isinstance(err, SwitchFailed):
-        return protocol.FAILED
-    return protocol.FAILED if err.exit_code == Exit.FAILED else protocol.REFUSED
+        return protocol.OutcomeResult.FAILED
+    return protocol.OutcomeResult.FAILED if err.exit_code == Exit.FAILED else protocol.OutcomeResult.REFUSED
 
 
 def switch(args) -> int:
@@ -147,7 +147,8 @@ def switch(args) -> int:
 
     ctx = _context(args)
     stdin = _Stdin()
-    mode = "undo-rollout" if args.undo_rollout else "rollback" if args.rollback else "release"
+    mode = protocol.Mode.UNDO_ROLLOUT if args.undo_rollout else protocol.Mode.ROLLBACK if args.rollback \
+        else protocol.Mode.RELEASE
     if args.bundle_file is not None:
         from ..common.files import Damaged, read_bytes
 
@@ -161,7 +162,7 @@ def switch(args) -> int:
             raise FlatshareError(f"node switch: cannot read the bundle {args.bundle_file} ({err})") from None
     else:
         first = stdin.line(30.0)
-    if mode == "release" and not first:
+    if mode == protocol.Mode.RELEASE and not first:
         raise FlatshareError("node switch: a release needs its bundle as the first line of stdin")
     try:
         bundle = loads(first) if first else None
@@ -175,10 +176,10 @@ def switch(args) -> int:
             poll.set_progress_every(bundle["progress_every_s"])
         except ValueError as err:
             raise FlatshareError(f"node switch: {err}") from None
-    request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == "release" else None, force=args.force,
-                      dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout, undo=args.undo_rollout,
-                      auto_rollback=not args.no_auto_rollback,
-                      full_plan=not (isinstance(bundle, dict) and bundle.get("plan") == "compact"),
+    request = Request(mode=mode, bundle=validate_bundle(bundle) if mode == protocol.Mode.RELEASE else None,
+                      force=args.force, dry_run=args.dry_run, switch=args.switch_id, rollout=args.rollout,
+                      undo=args.undo_rollout, auto_rollback=not args.no_auto_rollback,
+                      full_plan=not (isinstance(bundle, dict) and bundle.get("plan") == protocol.PlanForm.COMPACT),
                       preflight_only=args.dry_run and isinstance(bundle, dict) and bundle.get("preflight_only") is True)
     try:
         ctx.releases.mkdir(parents=True, exist_ok=True)
@@ -244,7 +245,7 @@ def switch(args) -> int:
         message = (f"unexpected {type(err).__name__}: {err} (a bug in flatshare-ops; the traceback is in "
                    f"{ctx.log_path}; 'flatshare status --node {ctx.node}' shows the node's state)")
         out.line(f"flatshare: {message}")
-        outcome = protocol.Outcome(request.switch, int(Exit.FAILED), protocol.FAILED, None, message)
+        outcome = protocol.Outcome(request.switch, int(Exit.FAILED), protocol.OutcomeResult.FAILED, None, message)
     except BaseException as err:  # an interrupt before the switch began: nothing was changed
         from .runner import Interrupted
 
@@ -254,7 +255,8 @@ def switch(args) -> int:
         name = err.signal_name if isinstance(err, Interrupted) else "SIGINT"
         out.line(f"flatshare: interrupted by {name} before the switch began; nothing was changed")
         code = Exit.TERMINATED if name == "SIGTERM" else Exit.INTERRUPTED
-        outcome = protocol.Outcome(request.switch, int(code), protocol.INTERRUPTED, None, f"interrupted by {name}")
+        outcome = protocol.Outcome(request.switch, int(code), protocol.OutcomeResult.INTERRUPTED, None,
+                                   f"interrupted by {name}")
     if not args.dry_run:
         _keep(ctx, outcome, out)
     out.close()

@@ -118,7 +118,7 @@ def _first_line() -> bytes:
 def _refuse(message: str, code: int = REFUSED) -> NoReturn:
     print(f"flatshare-node: {message}", flush=True)
     switch = _option(sys.argv[1:], "--switch-id") or ""
-    result = protocol.REFUSED if code == REFUSED else protocol.FAILED
+    result = protocol.OutcomeResult.REFUSED if code == REFUSED else protocol.OutcomeResult.FAILED
     print(protocol.line(protocol.Outcome(switch, code, result, None, message)), end="", flush=True)
     sys.exit(code)
 

@@ -20,6 +20,7 @@ from pathlib import Path
 from ..common import durable
 from ..common.clock import is_duration, is_time, utc_stamp
 from ..common.files import MAX_DEPTH, dumps, json_damage, loads, nesting, read_bytes
+from ..common.protocol import SERVED, UNFINISHED, AnalysisPhase, OutcomeResult, RecordResult
 from ..errors import NodeStateError
 
 HISTORY_SCHEMA = 2
@@ -27,10 +28,6 @@ HISTORY_SCHEMA = 2
 KNOWN_SCHEMAS = (HISTORY_SCHEMA,)
 #: The most history.jsonl may hold (bytes): about 30,000 records, decades of releases.
 MAX_BYTES = 16 << 20
-#: Results of a switch that ended with its release active and serving-check passed.
-SERVED_RESULTS = ("released", "rolled back")
-#: Every result a record may carry (``analysed``: a canary analysis of the node's release, not a switch).
-RESULTS = ("released", "rolled back", "repaired", "failed", "abandoned", "analysed")
 
 
 class HistoryOrderError(NodeStateError):
@@ -51,7 +48,7 @@ class History:
     def __init__(self, records: list[dict], skipped: list[str], disorder: str | None = None) -> None:
         self.records, self.skipped, self.disorder = records, skipped, disorder
 
-    def has(self, switch: str | None, result: str, kind: str | None = None) -> bool:
+    def has(self, switch: str | None, result: RecordResult, kind: str | None = None) -> bool:
         """Whether switch ``switch`` is already recorded with ``result`` (so it is never recorded twice); with
         ``kind``, as a switch of that kind: a release that failed and the automatic rollback that followed it
         share one switch id, and each part's failure is recorded once."""
@@ -178,8 +175,8 @@ def _wrong_types(record: dict) -> str | None:
     if is_time(record.get("started_at")) and is_time(record.get("finished_at")) \
             and record["finished_at"] < record["started_at"]:
         return f"it finished ({utc_stamp(record['finished_at'])}) before it started ({utc_stamp(record['started_at'])})"
-    if record.get("result") not in RESULTS:
-        return f"result {record.get('result')!r} is not one of {', '.join(RESULTS)}"
+    if record.get("result") not in frozenset(RecordResult):  # every result a record may carry
+        return f"result {record.get('result')!r} is not one of {', '.join(RecordResult)}"
     return None
 
 
@@ -294,10 +291,10 @@ def served_releases(history: History) -> list[str]:
     distrusted: set[str] = set()
     for record in reversed(history.records):
         after, target = record.get("after"), record.get("target")
-        if record.get("result") in ("failed", "abandoned"):
+        if record.get("result") in UNFINISHED:
             if record.get("verdict", True) is not False and isinstance(target, str) and target not in seen:
                 distrusted.add(target)
-        elif record.get("result") in SERVED_RESULTS and record.get("served") and isinstance(after, str) \
+        elif record.get("result") in SERVED and record.get("served") and isinstance(after, str) \
                 and after not in seen and after not in distrusted:
             seen.append(after)
     return seen
@@ -323,24 +320,25 @@ def failed_releases(records: list[dict]) -> dict[str, dict]:
     analysed: dict[str, dict] = {}  # release -> its failed canary analysis, until the canary is rolled back
     for record in records:
         result, target, switch = record.get("result"), record.get("target"), record.get("switch")
-        if result == "failed" and record.get("verdict") is True and isinstance(target, str) and isinstance(switch, str):
+        if result == RecordResult.FAILED and record.get("verdict") is True and isinstance(target, str) \
+                and isinstance(switch, str):
             verdicts[switch] = record
-        elif result == "rolled back" and record.get("auto") and switch in verdicts:
+        elif result == RecordResult.ROLLED_BACK and record.get("auto") and switch in verdicts:
             cause = verdicts.pop(switch)
-            failed[cause["target"]] = {"how": "rolled back automatically", "at": record.get("finished_at"),
+            failed[cause["target"]] = {"how": OutcomeResult.AUTO_ROLLED_BACK, "at": record.get("finished_at"),
                                        "switch": switch,
                                        "why": f"{cause.get('step') or 'a step'} failed: {cause.get('reason') or 'no reason recorded'}"}
-        elif result == "analysed" and isinstance(target, str) and isinstance(record.get("analysis"), dict):
+        elif result == RecordResult.ANALYSED and isinstance(target, str) and isinstance(record.get("analysis"), dict):
             phase = record["analysis"].get("phase")
-            if phase == "failed":
+            if phase == AnalysisPhase.FAILED:
                 analysed[target] = {"how": "its canary analysis failed", "at": record.get("finished_at"),
                                     "switch": switch, "why": record.get("reason") or "no summary recorded"}
-            elif phase == "passed":  # analysed again (a --retry) and passed
+            elif phase == AnalysisPhase.PASSED:  # analysed again (a --retry) and passed
                 analysed.pop(target, None)
                 failed.pop(target, None)
-        elif result == "rolled back" and record.get("before") in analysed:  # the canary taken back from it
+        elif result == RecordResult.ROLLED_BACK and record.get("before") in analysed:  # the canary taken back from it
             failed[record["before"]] = {**analysed.pop(record["before"]), "at": record.get("finished_at")}
-        if result in SERVED_RESULTS and record.get("served") and isinstance(record.get("after"), str) \
+        if result in SERVED and record.get("served") and isinstance(record.get("after"), str) \
                 and not record.get("auto") and record.get("before") != record.get("after"):
             failed.pop(record["after"], None)
             analysed.pop(record["after"], None)

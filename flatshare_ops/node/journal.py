@@ -18,12 +18,12 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Field, ValidationErr
 from ..common import durable
 from ..common.clock import is_time
 from ..common.node_files import JOURNAL, RELEASES
+from ..common.protocol import StepState, SwitchKind
 from ..common.text import clip, one_line as text_line
 from ..common.files import Damaged, parse_json_object, read_bytes
 from ..errors import NodeStateError
 from ..schema_errors import one_line
 
-StepState = Literal["pending", "running", "done", "failed"]
 #: How far ahead of this node's clock a journal's time may be (seconds): a switch that began is never later.
 AHEAD_S = 86400.0
 
@@ -50,7 +50,9 @@ class StepRecord(BaseModel):
 
     model_config = ConfigDict(extra="forbid", strict=True, allow_inf_nan=False, defer_build=True)
     name: str
-    state: StepState = "pending"
+    # Not strict: the journal is read from JSON's text, which strict mode refuses for an enum; the values it
+    # accepts, and its errors' words, are those of a Literal of the enum's values.
+    state: StepState = Field(default=StepState.PENDING, strict=False)
     at: Time | None = None  # Unix seconds of the last change
     error: str | None = None
 
@@ -74,7 +76,7 @@ class Journal(BaseModel):
     forced: bool = False
     resumed: int = Field(default=0, ge=0)
     auto: str | None = None  # why the node started this switch by itself (an automatic rollback), else None
-    kind: Literal["release", "rollback", "repair"] = "release"
+    kind: SwitchKind = Field(default=SwitchKind.RELEASE, strict=False)  # not strict: as StepRecord.state
     steps: list[StepRecord]
 
     def step(self, name: str) -> StepRecord:
@@ -145,8 +147,8 @@ def remove_journal(state_dir: Path) -> None:
 def journal_summary(journal: Journal) -> str:
     """One line: from, to, and how far it got; an automatic rollback says so, and why (it is not any switch: the
     release before it did not serve)."""
-    done = [s.name for s in journal.steps if s.state == "done"]
-    failed = [s for s in journal.steps if s.state == "failed"]
+    done = [s.name for s in journal.steps if s.state == StepState.DONE]
+    failed = [s for s in journal.steps if s.state == StepState.FAILED]
     stopped = f", failed at {failed[0].name}" if failed else ""
     what = (f"automatic rollback ({clip(text_line(journal.auto), 200)}): switch" if journal.auto else "switch")
     return (f"{what} {journal.from_ or '(no release)'} -> {journal.to} by {journal.user}@{journal.host} pid "

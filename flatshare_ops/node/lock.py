@@ -25,7 +25,7 @@ from ..common import durable
 from ..common.locks import LockTableError, held_by, read_holder, release_holder
 from ..common.wording import holder_phrase
 from ..common.files import dumps
-from ..common import protocol
+from ..common.protocol import Mode, RefusedFor
 from ..errors import NodeStateError, Refused
 from .context import NodeContext
 
@@ -57,10 +57,10 @@ def lock_reading(ctx: NodeContext) -> tuple[bool, str | None]:
 
 
 @contextmanager
-def node_lock(ctx: NodeContext, release: str | None, action: str = "release",
-              mode: str = "release") -> Iterator[Callable[[str], None]]:
+def node_lock(ctx: NodeContext, release: str | None, action: str = Mode.RELEASE,
+              mode: Mode = Mode.RELEASE) -> Iterator[Callable[[str], None]]:
     """Hold the node's release lock, with the holder's details beside it (``lock.json``: host, pid, user,
-    ``mode`` (``release``, ``rollback``, ``undo-rollout``), ``release`` once known, ``started_at``).
+    ``mode`` (a :class:`common.protocol.Mode`), ``release`` once known, ``started_at``).
 
     Yields a function that records the release the holder switches to, once it is known (a rollback's
     target is decided under the lock), in ``lock.json``.
@@ -172,12 +172,12 @@ def _refuse_held(ctx: NodeContext, action: str, read_pid=None) -> NoReturn:
                       "wait for it to finish") from None
     if pid is None:
         raise Refused(f"{action} refused: {ctx.node}'s release lock was held a moment ago and is free now: "
-                      "asked again, it goes ahead", waits_for=protocol.REFUSED_FOR_BUSY)
+                      "asked again, it goes ahead", waits_for=RefusedFor.BUSY)
     raise Refused(f"{action} refused: {ctx.node} is being released by {describe_lock(ctx, pid)}; "
-                  "wait for it to finish", waits_for=protocol.REFUSED_FOR_BUSY)
+                  "wait for it to finish", waits_for=RefusedFor.BUSY)
 
 
-def _write_holder(ctx: NodeContext, release: str | None, mode: str, started_at: float) -> None:
+def _write_holder(ctx: NodeContext, release: str | None, mode: Mode, started_at: float) -> None:
     holder = {"host": socket.gethostname(), "pid": os.getpid(), "user": getpass.getuser(), "mode": mode,
               **({"release": release} if release is not None else {}), "started_at": started_at}
     try:

@@ -46,7 +46,8 @@ class ReleaseOutput:
         #: The switch whose progress goes to the operator as :class:`protocol.Progress` lines (set by the
         #: switch command, whose operator reads them); None: waits are printed as lines for people.
         self.switch: str | None = None
-        self.phase, self.step = protocol.DECIDING, ""
+        self.phase: protocol.SwitchPhase = protocol.SwitchPhase.DECIDING
+        self.step = ""
         if log_path is not None:
             try:  # never through a link, never blocking on a FIFO: release.log is the node's own record
                 fd = open_regular(log_path, os.O_WRONLY | os.O_APPEND | os.O_CREAT, 0o644)
@@ -119,8 +120,8 @@ class ReleaseOutput:
         self._write_log(text)
         self._write_terminal(text)
 
-    def stage(self, phase: str, step: str = "") -> None:
-        """The switch moved on (:data:`protocol.DECIDING`, ``SWITCHING``, ``ENDING_EARLY``; the step under way):
+    def stage(self, phase: protocol.SwitchPhase, step: str = "") -> None:
+        """The switch moved on (its :class:`protocol.SwitchPhase`; the step under way):
         the operator's side is told, in a :class:`protocol.Progress` line."""
         self.phase, self.step = phase, step
         if self.switch is not None:

@@ -28,9 +28,9 @@ the only place that carries a plan out.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
 
 from ..common import unit_file
+from ..common.protocol import StepName, SwitchKind
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT, VOICE_UNIT
 from .steps import STEPS, STEP_BY_NAME
 
@@ -40,16 +40,18 @@ CHANGE_CLASSES = ("switch", "drain-gateway", "drain-voice", "restart", "start", 
 ENGINE_FIELDS = (("vllm_release",), ("module", "sha256"), ("module", "path"), ("engine", "venv"),
                  ("engine", "argv"), ("engine", "url"))
 #: The steps each class needs (besides the ones every switch runs: see :data:`ALWAYS`).
-_CLASS_STEPS = {
-    "switch": ("drain-voice", "stop-gateway", "restart-engine", "start-gateway", "end-voice-drain"),
-    "drain-gateway": ("stop-gateway", "start-gateway"),
-    "drain-voice": ("drain-voice", "restart-voice", "end-voice-drain"),
+_CLASS_STEPS: dict[str, tuple[StepName, ...]] = {
+    "switch": (StepName.DRAIN_VOICE, StepName.STOP_GATEWAY, StepName.RESTART_ENGINE, StepName.START_GATEWAY,
+               StepName.END_VOICE_DRAIN),
+    "drain-gateway": (StepName.STOP_GATEWAY, StepName.START_GATEWAY),
+    "drain-voice": (StepName.DRAIN_VOICE, StepName.RESTART_VOICE, StepName.END_VOICE_DRAIN),
     "restart": (),
     "start": (),
     "none": (),
 }
 #: Steps every switch runs.
-ALWAYS = ("install-units", "apply-units", "switch-current", "serving-check", "record-history")
+ALWAYS = (StepName.INSTALL_UNITS, StepName.APPLY_UNITS, StepName.SWITCH_CURRENT, StepName.SERVING_CHECK,
+          StepName.RECORD_HISTORY)
 
 
 @dataclass(frozen=True)
@@ -80,7 +82,7 @@ class Plan:
         node: the node's name.
         from_id: the active release's id (None on a node's first release).
         to_id: the new release's id.
-        kind: ``release``, ``rollback`` or ``repair`` (what the history will call it).
+        kind: what the switch is (what the history will call it).
         resume: finishing (or, for a rollback, abandoning) an interrupted switch.
         replaces: the target of an interrupted switch this one replaces (a release of another release).
         automatic: the node started this switch by itself (an automatic rollback).
@@ -94,8 +96,8 @@ class Plan:
     node: str
     from_id: str | None
     to_id: str
-    kind: Literal["release", "rollback", "repair"]
-    steps: list[str]
+    kind: SwitchKind
+    steps: list[StepName]
     units: dict[str, str]
     reasons: list[str] = field(default_factory=list)
     flag_changes: list[str] = field(default_factory=list)
@@ -148,13 +150,13 @@ def _whole_switch_actions(new: dict[str, str]) -> dict[str, str]:
     return actions
 
 
-def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: Literal["release", "rollback", "repair"] = "release",
+def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: SwitchKind = SwitchKind.RELEASE,
          flag_changes=None, resume: bool = False, replaces: str | None = None, automatic: bool = False,
          from_id: str | None = None, not_running: tuple[str, ...] = ()) -> Plan:
     """The plan to switch ``node`` from ``old`` (None: no release yet) to ``new``.
 
     Args:
-        kind: ``release``, ``rollback`` or ``repair``; a repair is a whole switch.
+        kind: what the switch is; a repair is a whole switch.
         flag_changes: a function ``(old view or None, new view) -> lines`` naming the engine
             flags that change (:func:`common.vllm_argv.changes`); None to list none.
         resume: finishing or abandoning an interrupted switch: a whole switch (its
@@ -169,14 +171,15 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: Literal["re
             end-voice-drain would wait for a voice worker nobody starts).
     """
     flags = flag_changes(old, new) if flag_changes else []
-    if old is None or resume or replaces or automatic or kind == "repair" or not_running:
+    if old is None or resume or replaces or automatic or kind == SwitchKind.REPAIR or not_running:
         reason = (f"the new engine did not serve: back to {new.id}, the release that served before it, "
                   "by the node itself; every managed service restarts" if automatic
                   else f"replacing the interrupted switch to {replaces} (never finished) with this release, "
                   "instead of finishing it first: every managed service restarts" if replaces
-                  else "finishing an interrupted switch: every managed service restarts" if resume and kind == "release"
+                  else "finishing an interrupted switch: every managed service restarts"
+                  if resume and kind == SwitchKind.RELEASE
                   else "abandoning an interrupted switch: every managed service restarts" if resume
-                  else "the node does not serve: every managed service restarts" if kind == "repair"
+                  else "the node does not serve: every managed service restarts" if kind == SwitchKind.REPAIR
                   else f"{', '.join(not_running)}, not running now: every managed service restarts" if not_running
                   else f"the stored copy of {from_id}, the release it leaves, is damaged: every managed service "
                   "restarts" if from_id
@@ -217,7 +220,7 @@ def plan(node: str, old: ReleaseView | None, new: ReleaseView, kind: Literal["re
     for cls in classes:
         steps.update(_CLASS_STEPS[cls])
     if actions.get(VOICE_UNIT) == "restart":
-        steps.add("restart-voice")
+        steps.add(StepName.RESTART_VOICE)
     ordered = [s.name for s in STEPS if s.name in steps]
     return Plan(node, old.id, new.id, kind, ordered, actions, reasons, flags)
 
@@ -251,8 +254,9 @@ def title(p: Plan) -> str:
     if p.replaces:
         return f" (replacing the interrupted switch to {p.replaces})"
     if p.resume:
-        return " (finishing an interrupted switch)" if p.kind == "release" else " (abandoning an interrupted switch)"
-    return {"rollback": " (rollback)", "repair": " (repair)"}.get(p.kind, "")
+        return (" (finishing an interrupted switch)" if p.kind == SwitchKind.RELEASE
+                else " (abandoning an interrupted switch)")
+    return {SwitchKind.ROLLBACK: " (rollback)", SwitchKind.REPAIR: " (repair)"}.get(p.kind, "")
 
 
 def describe(p: Plan) -> list[str]:

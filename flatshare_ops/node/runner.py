@@ -32,19 +32,19 @@ import time
 from pathlib import Path
 
 from ..common import systemd
-from ..common import protocol
+from ..common.protocol import SUCCEEDED, RefusedFor, StepName, StepState, SwitchPhase
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from . import drain, journal as journals
-from .records import SUCCESS, append_abandoned, append_failure
+from .records import append_abandoned, append_failure
 from .context import NodeContext
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView
 from .steps import DEFAULT_STOP_TIMEOUT_S, STEP_BY_NAME, NotAdmitted, StepError, Switch, old_engine_gone
 
 #: Steps whose failure means the new engine does not serve: the ones a node may roll back by itself.
-ENGINE_VERDICTS = ("restart-engine", "serving-check")
+ENGINE_VERDICTS = (StepName.RESTART_ENGINE, StepName.SERVING_CHECK)
 
 
 class Interrupted(BaseException):
@@ -123,7 +123,7 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
                                 f"{ctx.node}: could not write the journal ({describe_failure(err)}): nothing was "
                                 "changed; free the space or fix the filesystem, then run the command again") from None
     step = "journal"
-    phase = protocol.ROLLING_BACK if p.automatic else protocol.SWITCHING
+    phase = SwitchPhase.ROLLING_BACK if p.automatic else SwitchPhase.SWITCHING
     out.stage(phase)
     try:
         if abandon is not None:
@@ -131,14 +131,14 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
         for number, step in enumerate(p.steps, 1):
             out.stage(phase, step)
             out.line(f"step {number}/{len(p.steps)} {step}")
-            journals.mark(ctx.state_dir, journal, step, "running")
+            journals.mark(ctx.state_dir, journal, step, StepState.RUNNING)
             started = time.monotonic()
             STEP_BY_NAME[step].run(sw)
             sw.timings[step] = (started, time.monotonic())
-            journals.mark(ctx.state_dir, journal, step, "done")
+            journals.mark(ctx.state_dir, journal, step, StepState.DONE)
     except NotAdmitted as err:
         if abandon is None and drain_kept is None and not journal.resumed and not journal.auto \
-                and all(s == "drain-voice" for s in p.steps[:p.steps.index(step)]):
+                and all(s == StepName.DRAIN_VOICE for s in p.steps[:p.steps.index(StepName(step))]):
             _refused_midway(sw, str(err))
         _end_early(sw, step, str(err))
     except StepError as err:
@@ -156,7 +156,7 @@ def run(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput, journal
     except OSError as err:  # the switch is recorded: the next run finds it so and removes the journal
         out.line(f"  note: the switch is recorded, but its journal could not be removed ({describe_failure(err)}); "
                  "the next release removes it")
-    sw.out.line(f"{ctx.node}: {SUCCESS[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
+    sw.out.line(f"{ctx.node}: {SUCCEEDED[p.kind]} {p.to_id}" + (" (automatically)" if journal.auto else ""))
     return sw.timings
 
 
@@ -171,7 +171,7 @@ def _refused_midway(sw: Switch, reason: str) -> None:
     """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        sw.out.stage(protocol.ENDING_EARLY, sw.out.step)
+        sw.out.stage(SwitchPhase.ENDING_EARLY, sw.out.step)
         calls = give_back(sw)
         try:
             journals.remove_journal(sw.ctx.state_dir)
@@ -182,13 +182,13 @@ def _refused_midway(sw: Switch, reason: str) -> None:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
     raise Refused(f"{sw.ctx.node}: {reason}; nothing was changed (calls: {calls}: its voice drain ended and its "
-                  "gateway never stopped)", waits_for=protocol.REFUSED_FOR_ADMISSION)
+                  "gateway never stopped)", waits_for=RefusedFor.ADMISSION)
 
 
 def _end_early(sw: Switch, step: str, reason: str, verdict: bool = False) -> None:
     ctx, p = sw.ctx, sw.plan
     early_end(sw, step, reason, verdict=verdict)
-    number = p.steps.index(step) + 1 if step in p.steps else 0
+    number = p.steps.index(StepName(step)) + 1 if step in p.steps else 0
     where = f"step {number}/{len(p.steps)} {step}" if number else "writing the journal"
     raise SwitchFailed(
         f"{ctx.node}: {where} failed: {reason}. The journal ({ctx.journal_path}) is kept: the next "
@@ -223,7 +223,7 @@ def _record_failure(sw: Switch, step: str, reason: str, calls: str | None = None
     assert journal is not None  # run() gives every switch its journal
     try:
         if step in [s.name for s in journal.steps]:
-            journals.mark(ctx.state_dir, journal, step, "failed", reason)
+            journals.mark(ctx.state_dir, journal, step, StepState.FAILED, reason)
     except OSError as err:
         out.line(f"  could not write the journal ({describe_failure(err)}); it stays as last written")
     try:
@@ -246,7 +246,7 @@ def early_end(sw: Switch, step: str, reason: str, recorded: bool = False, verdic
     """
     previous = {s: signal.signal(s, signal.SIG_IGN) for s in (signal.SIGINT, signal.SIGTERM)}
     try:
-        sw.out.stage(protocol.ENDING_EARLY, step)
+        sw.out.stage(SwitchPhase.ENDING_EARLY, step)
         calls = give_back(sw)
         if not recorded:
             _record_failure(sw, step, reason, calls, verdict=verdict)

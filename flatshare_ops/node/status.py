@@ -11,6 +11,7 @@ import os
 
 from ..common import systemd
 from ..common.files import Damaged
+from ..common.protocol import SwitchState
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
 from . import history as histories, journal as journals
@@ -24,7 +25,8 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     """What became of one switch (after a lost connection, the operator asks this).
 
     Returns:
-        ``{"state": ...}``: ``recorded`` with the history ``record`` (released, failed...),
+        ``{"state": ...}``, a :class:`common.protocol.SwitchState`: ``recorded`` with the history ``record`` (released,
+        failed...),
         ``switching`` (its journal is there and the lock is held), ``interrupted``
         (its journal is there, nobody holds the lock, and the part it journals is not recorded: an automatic
         rollback interrupted after the failed release it follows was recorded is ``interrupted``), ``ended`` with the ``outcome`` the
@@ -37,7 +39,7 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     try:
         records = [r for r in read_history(ctx).records if r.get("switch") == switch_id]
     except NodeStateError as err:
-        return {"state": "unknown", "damaged": [str(err)]}
+        return {"state": SwitchState.UNKNOWN, "damaged": [str(err)]}
     try:
         pending = journals.read_journal(ctx.state_dir, ctx.node)
     except NodeStateError as err:
@@ -50,22 +52,22 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         damaged.append(str(err))
         holder = 0
     if pending is not None and pending.switch == switch_id and holder is not None:
-        return {"state": "switching", "journal": journals.journal_summary(pending), "pid": holder}
+        return {"state": SwitchState.SWITCHING, "journal": journals.journal_summary(pending), "pid": holder}
     if pending is not None and pending.switch == switch_id and not any(r.get("kind") == pending.kind for r in records):
         # Its journal is a part not recorded yet: an automatic rollback interrupted after the failure it follows
         # was recorded (one switch id, two parts) is that rollback, never only the failure before it.
-        return {"state": "interrupted", "journal": journals.journal_summary(pending)}
+        return {"state": SwitchState.INTERRUPTED, "journal": journals.journal_summary(pending)}
     if records:
-        return {"state": "recorded", "record": records[-1]}
+        return {"state": SwitchState.RECORDED, "record": records[-1]}
     if holder is not None:
-        return {"state": "switching", "journal": None, "pid": holder}
+        return {"state": SwitchState.SWITCHING, "journal": None, "pid": holder}
     try:
         kept = find(ctx, switch_id)
     except Damaged as err:
         kept, damaged = None, [*damaged, f"{err}; what switch commands ended with cannot be read: move it aside"]
     if kept is not None:
-        return {"state": "ended", "outcome": kept}
-    return {"state": "unknown", "damaged": damaged}
+        return {"state": SwitchState.ENDED, "outcome": kept}
+    return {"state": SwitchState.UNKNOWN, "damaged": damaged}
 
 
 def node_status(ctx: NodeContext) -> dict:

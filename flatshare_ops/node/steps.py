@@ -2,7 +2,8 @@
 
 One table (:data:`STEPS`) that the plan (which steps), the dry run (their
 descriptions) and the switch (their functions) all read; a step's name
-exists once. Each function takes the :class:`Switch` in progress and is
+exists once, in common/protocol.py's ``StepName`` (the names cross to the
+operator's side), and each name has one step here. Each function takes the :class:`Switch` in progress and is
 idempotent, so that finishing an interrupted switch is simply running the
 steps again (adr/0004-release-journal.md). Every wait is bounded and says
 so, and prints a line at least every 10 s (common.poll).
@@ -18,6 +19,7 @@ from typing import TYPE_CHECKING, Callable
 from ..common import systemd
 from ..common import durable
 from ..common.files import Damaged, read_bytes
+from ..common.protocol import DRAIN_STEPS, StepName
 from ..common.units import CHECK_TIMER, ENGINE_UNIT, GATEWAY_UNIT, TARGET_UNIT, VOICE_UNIT
 from ..errors import FlatshareError, Refused, SystemdError
 from . import drain
@@ -490,39 +492,44 @@ class Step:
         description: one line for the dry run.
         touches: what it changes on the node.
         run: its function.
-        drains: it takes the node out of calls (admission to drain is needed first).
     """
 
-    name: str
+    name: StepName
     description: str
     touches: tuple[str, ...]
     run: Callable[[Switch], None]
-    drains: bool = False
+
+    @property
+    def drains(self) -> bool:
+        """It takes the node out of calls (admission to drain is needed first): common/protocol.py's
+        ``DRAIN_STEPS``, which also time how long a switch kept its node out of calls."""
+        return self.name in DRAIN_STEPS
 
 
 STEPS: tuple[Step, ...] = (
-    Step("drain-voice", "drain the voice worker (drain file; wait for its status written after this drain began)",
-         ("voice.drain", VOICE_UNIT), drain_voice, drains=True),
-    Step("stop-gateway", "stop the gateway (SIGTERM: it drains, answering 503 + Retry-After: 1)",
-         (GATEWAY_UNIT,), stop_gateway, drains=True),
-    Step("install-units", "install the release's changed units, remove dropped ones, daemon-reload",
+    Step(StepName.DRAIN_VOICE, "drain the voice worker (drain file; wait for its status written after this drain "
+         "began)", ("voice.drain", VOICE_UNIT), drain_voice),
+    Step(StepName.STOP_GATEWAY, "stop the gateway (SIGTERM: it drains, answering 503 + Retry-After: 1)",
+         (GATEWAY_UNIT,), stop_gateway),
+    Step(StepName.INSTALL_UNITS, "install the release's changed units, remove dropped ones, daemon-reload",
          ("unit directory",), install_units),
-    Step("restart-engine", "stop the engine, start it (its pre-start step builds the serve module), wait for /health",
-         (ENGINE_UNIT,), restart_engine),
-    Step("restart-voice", "restart the voice worker (it comes up drained while the drain file stays)",
+    Step(StepName.RESTART_ENGINE, "stop the engine, start it (its pre-start step builds the serve module), wait "
+         "for /health", (ENGINE_UNIT,), restart_engine),
+    Step(StepName.RESTART_VOICE, "restart the voice worker (it comes up drained while the drain file stays)",
          (VOICE_UNIT,), restart_voice),
-    Step("start-gateway", "start the gateway", (GATEWAY_UNIT,), start_gateway),
-    Step("end-voice-drain", "end the voice drain and wait for the worker to take calls again",
+    Step(StepName.START_GATEWAY, "start the gateway", (GATEWAY_UNIT,), start_gateway),
+    Step(StepName.END_VOICE_DRAIN, "end the voice drain and wait for the worker to take calls again",
          ("voice.drain",), end_voice_drain),
-    Step("apply-units", "restart or start the other changed units; start and enable flatshare.target and the check timer",
-         (TARGET_UNIT, CHECK_TIMER), apply_units),
-    Step("switch-current", "point releases/current at the new release", ("releases/current",), switch_current),
-    Step("serving-check", "run serving-check against the new release, then place one call through the gateway",
-         (), serving_check),
-    Step("record-history", "append to releases/history.jsonl (then the journal is removed)",
+    Step(StepName.APPLY_UNITS, "restart or start the other changed units; start and enable flatshare.target and "
+         "the check timer", (TARGET_UNIT, CHECK_TIMER), apply_units),
+    Step(StepName.SWITCH_CURRENT, "point releases/current at the new release", ("releases/current",), switch_current),
+    Step(StepName.SERVING_CHECK, "run serving-check against the new release, then place one call through the "
+         "gateway", (), serving_check),
+    Step(StepName.RECORD_HISTORY, "append to releases/history.jsonl (then the journal is removed)",
          ("releases/history.jsonl", "releases/switching.json"), record_history),
 )
 #: Step name -> step.
 STEP_BY_NAME = {step.name: step for step in STEPS}
-if len(STEP_BY_NAME) != len(STEPS):  # a name exists once
-    raise ImportError("two steps share a name in node/steps.py")
+if tuple(STEP_BY_NAME) != tuple(StepName):  # each name has one step, in the names' order
+    raise ImportError("node/steps.py's table and common/protocol.py's StepName do not name the same steps in the "
+                      "same order (or two steps share a name)")

@@ -38,6 +38,8 @@ from dataclasses import dataclass, field
 from typing import Callable, Iterator
 
 from ..common import protocol
+from ..common.protocol import (SUCCEEDED, AnalysisPhase, Mode, OutcomeResult, RecordKind, RecordResult, StepName,
+                               SwitchKind)
 from ..errors import Exit, FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from . import hold, journal as journals
 from .bundle import bundle_view, load_view, stored_matches, validate_bundle  # noqa: F401  (validate_bundle: cli)
@@ -47,7 +49,7 @@ from .lock import node_lock
 from .output import ReleaseOutput
 from .plan import Plan, ReleaseView, compact, describe, plan, plan_document, title
 from .prune import prune
-from .records import SUCCESS, read_history
+from .records import read_history
 from .refusals import Admission, admit_to_drain, refuse_node_state, refuse_what_cannot_start
 from .runner import RollbackNeeded, describe_failure, new_journal, run
 from .store import current_release, ensure_releases_dir, is_stored, store_release
@@ -59,8 +61,8 @@ class Request:
     """What the operator's side asked of the node.
 
     Attributes:
-        mode: ``release`` (to ``bundle``), ``rollback`` (the node's rollback rule) or
-            ``undo-rollout`` (back to what ran before rollout ``undo``).
+        mode: a release (to ``bundle``), a rollback (the node's rollback rule) or an undo of rollout ``undo``
+            (back to what ran before it).
         bundle: ``{"id", "files", "commit"?}`` for a release, else None.
         force: release even with E2 drop-ins linked (recorded).
         dry_run: decide and print everything; change nothing.
@@ -75,7 +77,7 @@ class Request:
             (node/refusals.py), and the engine's missing home is made as the switch would make it.
     """
 
-    mode: str = "release"
+    mode: Mode = Mode.RELEASE
     bundle: dict | None = None
     force: bool = False
     dry_run: bool = False
@@ -90,9 +92,9 @@ class Request:
         self.switch = self.switch or uuid.uuid4().hex[:16]
 
     @property
-    def action(self) -> str:
-        """``release`` or ``rollback``, for messages."""
-        return "release" if self.mode == "release" else "rollback"
+    def action(self) -> Mode:
+        """``release`` or ``rollback`` (an undo of a rollout is one), for messages."""
+        return Mode.RELEASE if self.mode == Mode.RELEASE else Mode.ROLLBACK
 
 
 @dataclass
@@ -101,7 +103,7 @@ class Done:
     and what else the outcome says (an automatic rollback's cause)."""
 
     code: int
-    result: str
+    result: OutcomeResult
     release: str | None = None
     message: str | None = None
     detail: dict = field(default_factory=dict)
@@ -156,7 +158,7 @@ def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: A
     """
     if request.bundle is not None:
         validate_bundle(request.bundle)
-    if request.mode == "release" and request.bundle is None:
+    if request.mode == Mode.RELEASE and request.bundle is None:
         raise FlatshareError("node switch: a release needs its bundle on stdin")
     ensure_releases_dir(ctx.state_dir)
     began = time.time()
@@ -170,7 +172,7 @@ def _analyses(hist, switch: str | None):
     """The ``analysed`` records of ``switch`` in the history, oldest first, each with its analysis document
     (``{}`` when the record holds none that is an object)."""
     for r in hist.records:
-        if switch is not None and r.get("switch") == switch and r.get("result") == "analysed":
+        if switch is not None and r.get("switch") == switch and r.get("result") == RecordResult.ANALYSED:
             yield r, r.get("analysis") if isinstance(r.get("analysis"), dict) else {}
 
 
@@ -180,11 +182,13 @@ def unjudged_switch(hist, current: str | None) -> str | None:
     switch recorded) or it was the node's first release."""
     if current is None:
         return None
-    installed = next((r for r in reversed(hist.records) if r.get("kind") != "analysis" and r.get("after") == current
-                      and r.get("result") == "released" and isinstance(r.get("switch"), str)), None)
+    installed = next((r for r in reversed(hist.records) if r.get("kind") != RecordKind.ANALYSIS
+                      and r.get("after") == current and r.get("result") == RecordResult.RELEASED
+                      and isinstance(r.get("switch"), str)), None)
     if installed is None or installed.get("before") is None:
         return None  # a node's first release is never analysed, whichever run finishes its rollout
-    if any(a.get("skipped") is True or a.get("phase") == "passed" for _, a in _analyses(hist, installed["switch"])):
+    if any(a.get("skipped") is True or a.get("phase") == AnalysisPhase.PASSED
+           for _, a in _analyses(hist, installed["switch"])):
         return None
     return installed["switch"]
 
@@ -192,7 +196,8 @@ def unjudged_switch(hist, current: str | None) -> str | None:
 def failed_analysis(hist, switch: str | None) -> str | None:
     """The rollout whose canary analysis of ``switch`` failed (not a dry run), or None: a failed analysis decides
     a rollback, which is owed until the node leaves that release (the rollout that finds it carries it out)."""
-    failed = [r for r, a in _analyses(hist, switch) if a.get("phase") == "failed" and a.get("dry_run") is not True]
+    failed = [r for r, a in _analyses(hist, switch)
+              if a.get("phase") == AnalysisPhase.FAILED and a.get("dry_run") is not True]
     if not failed:
         return None
     return failed[-1].get("rollout") if isinstance(failed[-1].get("rollout"), str) else "an earlier rollout"
@@ -220,24 +225,24 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
         work = decide(ctx, request, out, state)
         if work is None:
             _go_on(request, confirm)
-            if request.mode == "release":  # nothing to switch, but what the release enables stays enabled
+            if request.mode == Mode.RELEASE:  # nothing to switch, but what the release enables stays enabled
                 from .steps import keep_enabled
 
                 assert request.bundle is not None  # a release has its bundle (switch() refuses one without)
                 keep_enabled(ctx, bundle_view(request.bundle).units, out, request.dry_run)
             unjudged = unjudged_switch(state.hist, state.current)
             owed = failed_analysis(state.hist, unjudged)
-            return Done(Exit.NOTHING_TO_DO, protocol.NOTHING, state.current, unjudged=unjudged,
+            return Done(Exit.NOTHING_TO_DO, OutcomeResult.NOTHING_TO_DO, state.current, unjudged=unjudged,
                         detail={"analysis_failed_in": owed} if owed else {}, before=state.current)
-        if request.mode != "release":  # a rollback's target is decided just now: lock.json names it from here on
+        if request.mode != Mode.RELEASE:  # a rollback's target is decided just now: lock.json names it from here on
             holder(work.new.id)
         _refuse(ctx, request, out, work, admit, confirm)
         if request.preflight_only:
-            return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
+            return Done(Exit.OK, OutcomeResult.PLANNED, state.current, before=state.current,
                         commit=(request.bundle or {}).get("commit"), plan=plan_document(work.plan))
         if request.dry_run:
             out.line("dry run: nothing changed")
-            return Done(Exit.OK, protocol.PLANNED, state.current, before=state.current,
+            return Done(Exit.OK, OutcomeResult.PLANNED, state.current, before=state.current,
                         commit=(request.bundle or {}).get("commit"), plan=plan_document(work.plan))
         if request.bundle is not None:
             _store(ctx, request, out)
@@ -268,7 +273,7 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
         if not request.dry_run:
             journals.remove_journal(ctx.state_dir)
         pending = None
-    if request.mode in ("rollback", "undo-rollout"):
+    if request.mode in (Mode.ROLLBACK, Mode.UNDO_ROLLOUT):
         return _rollback_work(ctx, request, out, state.current, pending, hist)
     assert request.bundle is not None  # a release has its bundle (switch() refuses one without)
     target = request.bundle["id"]
@@ -283,7 +288,8 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
         out.line(f"an interrupted {journals.journal_summary(pending)} is replaced: the checkout renders {target}, "
                  "so the node switches straight to it (the interrupted release is not started again)")
         old = _old_view(ctx, pending.to, out)
-        return Work(plan(ctx.node, old, new, "release", _flag_changes, replaces=pending.to, from_id=pending.to), new,
+        return Work(plan(ctx.node, old, new, SwitchKind.RELEASE, _flag_changes, replaces=pending.to,
+                         from_id=pending.to), new,
                     abandon=(pending, f"replaced by the switch to {target}"))
     if state.current == target:
         problems = _unhealthy(ctx, out)
@@ -292,9 +298,9 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
             return None
         out.line(f"{ctx.node}: already on {target}, but it does not serve ({'; '.join(problems)}): "
                  "switching again to repair it")
-        return Work(plan(ctx.node, new, new, "repair", _flag_changes), new)
+        return Work(plan(ctx.node, new, new, SwitchKind.REPAIR, _flag_changes), new)
     old = _old_view(ctx, state.current, out)
-    return Work(plan(ctx.node, old, new, "release", _flag_changes, from_id=state.current,
+    return Work(plan(ctx.node, old, new, SwitchKind.RELEASE, _flag_changes, from_id=state.current,
                      not_running=_services_not_running(ctx) if old is not None else ()), new)
 
 
@@ -327,10 +333,10 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
     # rollback (an automatic one cut short by a signal or a full disk included) was leaving its own "from": a
     # rollback now goes on to where it was going (excluding its target, the release that served, would leave
     # the node "no earlier release that served" to return to).
-    leaving = (pending.from_ if pending is not None and pending.kind == "rollback" else
+    leaving = (pending.from_ if pending is not None and pending.kind == SwitchKind.ROLLBACK else
                pending.to if pending is not None else current)
     hist.in_order()  # which switch came last decides both rollbacks: never guessed from a history out of order
-    if request.mode == "undo-rollout":
+    if request.mode == Mode.UNDO_ROLLOUT:
         target = _before_rollout(hist, pending, request.undo)
         if target is None:
             out.line(f"{ctx.node}: its last switch is not part of rollout {request.undo}; nothing to do")
@@ -350,15 +356,15 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
         out.line(f"the interrupted {journals.journal_summary(pending)} will be abandoned")
     new = load_view(ctx, target)
     old_id = pending.to if pending is not None else current
-    return Work(plan(ctx.node, _old_view(ctx, old_id, out), new, "rollback", _flag_changes, resume=pending is not None,
-                     from_id=old_id), new,
+    return Work(plan(ctx.node, _old_view(ctx, old_id, out), new, SwitchKind.ROLLBACK, _flag_changes,
+                     resume=pending is not None, from_id=old_id), new,
                 abandon=(pending, "abandoned by rollback") if pending is not None else None)
 
 
 def _before_rollout(hist: histories.History, pending, rollout: str | None) -> str | None:
     """What the node ran before rollout ``rollout``: the ``before`` of its first switch in that rollout,
     provided the node's last switch (or its interrupted one) belongs to it."""
-    switches = [r for r in hist.records if r.get("kind") != "analysis"]  # an analysis is no switch
+    switches = [r for r in hist.records if r.get("kind") != RecordKind.ANALYSIS]  # an analysis is no switch
     last_rollout = pending.rollout if pending is not None else (switches[-1] if switches else {}).get("rollout")
     if not rollout or last_rollout != rollout:
         return None
@@ -421,7 +427,7 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
         for line in compact(work.plan):
             out.line(line)
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
-    if "restart-engine" in work.plan.steps:
+    if StepName.RESTART_ENGINE in work.plan.steps:
         refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run and not request.preflight_only)
     _go_on(request, confirm)
     if work.plan.drains and not request.preflight_only:
@@ -465,14 +471,15 @@ def _carry_out(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Wor
         assert back_to is not None  # raised only with roll_back_on_failure
         return _roll_back_automatically(ctx, request, out, work, failure, back_to, admit)
     _prune(ctx, out)
-    return Done(Exit.OK, SUCCESS[p.kind], p.to_id, first=p.from_id is None, before=p.from_id,
+    # The outcome says what the history records of the switch (node/records.py ``append_success``).
+    return Done(Exit.OK, OutcomeResult(SUCCEEDED[p.kind]), p.to_id, first=p.from_id is None, before=p.from_id,
                 commit=(request.bundle or {}).get("commit"), **_durations(timings), plan=plan_document(p))
 
 
 def _durations(timings: dict[str, tuple[float, float]]) -> dict:
     """The outcome's ``drained_s`` and ``engine_start_s`` from a run's step timings (seconds; None when the
     switch did not drain, or did not restart the engine)."""
-    engine = timings.get("restart-engine")
+    engine = timings.get(StepName.RESTART_ENGINE)
     return {"drained_s": protocol.drain_window(timings),
             "engine_start_s": round(engine[1] - engine[0], 3) if engine else None}
 
@@ -488,7 +495,8 @@ def _readmission(ctx: NodeContext, p: Plan, new: ReleaseView, out: ReleaseOutput
 def _auto_rollback_target(ctx: NodeContext, request: Request, p: Plan, state: State, out: ReleaseOutput) -> str | None:
     """The release a failed release or repair goes back to by itself: the newest that served, other than the
     new one, still stored (the node's rollback rule); None when off or there is none (it then says so)."""
-    if not request.auto_rollback or p.kind not in ("release", "repair") or "restart-engine" not in p.steps:
+    if not request.auto_rollback or p.kind not in (SwitchKind.RELEASE, SwitchKind.REPAIR) \
+            or StepName.RESTART_ENGINE not in p.steps:
         return None
     try:
         target = histories.rollback_target(state.hist, p.to_id, lambda rid: _intact(ctx, rid, out))
@@ -529,7 +537,7 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
         detail = {"failed_release": work.plan.to_id, "failed_step": failure.step, "reason": failure.reason,
                   "engine_output": failure.engine_output, "rolled_back_to": back_to}
         new = load_view(ctx, back_to)
-        p = plan(ctx.node, work.new, new, "rollback", _flag_changes, automatic=True)
+        p = plan(ctx.node, work.new, new, SwitchKind.ROLLBACK, _flag_changes, automatic=True)
         for line in describe(p):
             out.line(line)
         admit_to_drain(ctx, p, new, out, admit, "automatic rollback")
@@ -558,7 +566,7 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
     _prune(ctx, out)
     # The drain began in the failed switch and ended in its rollback: both runs' steps make its window.
     drained = {**timings, **{k: v for k, v in failure.switch.timings.items() if k in protocol.DRAIN_STEPS}}
-    return Done(Exit.ROLLED_BACK, protocol.AUTO_ROLLED_BACK, back_to, why, detail, before=work.plan.from_id,
+    return Done(Exit.ROLLED_BACK, OutcomeResult.AUTO_ROLLED_BACK, back_to, why, detail, before=work.plan.from_id,
                 commit=(request.bundle or {}).get("commit"), **_durations(drained), plan=plan_document(work.plan))
 
 
