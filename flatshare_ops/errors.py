@@ -4,9 +4,10 @@ Every error an operator can meet (bad profile, damaged node file, unreachable
 node, missing unit) is raised as a :class:`FlatshareError` whose message
 already reads like a colleague's note: the place, the rule, the way out
 (docs/reference/engineering-style.md). The command line prints it as one line
-and exits with the class's code from :class:`Exit`. Standard library only
-(common/protocol.py, whose words some codes are, is too): serving-check and the
-node side import this module.
+and exits with the class's code from :class:`Exit`. Standard library only, and
+nothing of the package: serving-check and the node side import this module
+(what each code means in a summary, in the protocol's words, is
+control/summary.py's ``EXIT_NAMES``).
 
 serving-check is the exception: it exits with the Nagios plugin codes
 (:mod:`flatshare_ops.check.report`), never with these.
@@ -16,7 +17,6 @@ from __future__ import annotations
 
 from enum import IntEnum
 
-from .common.protocol import OutcomeResult, RefusedFor
 
 
 class Exit(IntEnum):
@@ -38,25 +38,6 @@ class Exit(IntEnum):
     TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
-#: What each code means, for summaries (``cyan: refused``): a switch's result where the code is one's.
-EXIT_NAMES: dict[int, str] = {
-    Exit.OK: OutcomeResult.RELEASED,
-    Exit.FAILED: "failed mid-switch (journal kept)",
-    Exit.BAD_INPUT: "bad input",
-    Exit.REFUSED: OutcomeResult.REFUSED,
-    Exit.NOTHING_TO_DO: OutcomeResult.NOTHING_TO_DO,
-    Exit.DAMAGED: "damaged node state",
-    Exit.UNREACHABLE: "unreachable",
-    Exit.STILL_SWITCHING: "still switching",
-    Exit.SYSTEMD: "systemd did not answer",
-    Exit.ROLLED_BACK: OutcomeResult.AUTO_ROLLED_BACK,
-    Exit.ANALYSIS_FAILED: "canary analysis failed (rolled back)",
-    Exit.PAUSED: "paused (canary analysis inconclusive)",
-    Exit.INTERRUPTED: OutcomeResult.INTERRUPTED,
-    Exit.TERMINATED: "terminated",
-}
-
-
 class FlatshareError(Exception):
     """An operator-facing error: ``str(err)`` is the whole one-line message.
 
@@ -74,11 +55,11 @@ class ProfileError(FlatshareError):
 class Refused(FlatshareError):
     """The command will not start; nothing was changed (or only calls were given back).
 
-    ``waits_for``: why, for a refusal waiting may end; else None."""
+    ``waits_for``: why, for a refusal waiting may end (a common/protocol.py ``RefusedFor``); else None."""
 
     exit_code = Exit.REFUSED
 
-    def __init__(self, message: str = "", waits_for: RefusedFor | None = None) -> None:
+    def __init__(self, message: str = "", waits_for: str | None = None) -> None:
         super().__init__(message)
         self.waits_for = waits_for
 

@@ -31,7 +31,8 @@ from ..common import protocol
 from ..common.protocol import Mode, PlanForm, RecordKind, RefusedFor, SwitchPhase, SwitchState
 from ..config.profile import Admission
 from ..common.poll import PROGRESS_EVERY_S, poll_until
-from ..errors import EXIT_NAMES, Exit, FlatshareError, Refused, TransportError
+from ..errors import Exit, FlatshareError, Refused, TransportError
+from .summary import EXIT_NAMES
 from ..node.output import ReleaseOutput
 from . import commands
 from .answers import admission_line, follow_up_report, owed_rollback_words

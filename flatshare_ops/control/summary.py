@@ -7,6 +7,27 @@ commands.md's ``--json`` and docs/release.md, "The summary"); the table is one r
 
 from __future__ import annotations
 
+from ..common.protocol import OutcomeResult
+from ..errors import Exit
+
+#: What each code means, for summaries (``cyan: refused``): a switch's result where the code is one's.
+EXIT_NAMES: dict[int, str] = {
+    Exit.OK: OutcomeResult.RELEASED,
+    Exit.FAILED: "failed mid-switch (journal kept)",
+    Exit.BAD_INPUT: "bad input",
+    Exit.REFUSED: OutcomeResult.REFUSED,
+    Exit.NOTHING_TO_DO: OutcomeResult.NOTHING_TO_DO,
+    Exit.DAMAGED: "damaged node state",
+    Exit.UNREACHABLE: "unreachable",
+    Exit.STILL_SWITCHING: "still switching",
+    Exit.SYSTEMD: "systemd did not answer",
+    Exit.ROLLED_BACK: OutcomeResult.AUTO_ROLLED_BACK,
+    Exit.ANALYSIS_FAILED: "canary analysis failed (rolled back)",
+    Exit.PAUSED: "paused (canary analysis inconclusive)",
+    Exit.INTERRUPTED: OutcomeResult.INTERRUPTED,
+    Exit.TERMINATED: "terminated",
+}
+
 #: The table's columns: (heading, the node entry's key).
 COLUMNS = (("node", "node"), ("from -> to", "switched"), ("commit", "commit"), ("result", "result"),
            ("drained", "drained_s"), ("engine start", "engine_start_s"), ("analysis", "analysis"),
