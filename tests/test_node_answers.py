@@ -6,6 +6,7 @@ own parser."""
 from __future__ import annotations
 
 import json
+import os
 import subprocess
 import sys
 from types import SimpleNamespace
@@ -177,3 +178,37 @@ def test_doctor_says_a_serving_check_under_way_is_running_not_that_it_never_ran(
         "ok", "cyan serving-check", "serving-check.timer active; serving-check is running now (its last run is not known)")
     never = {**running, "running": False}
     assert check_runs_line("cyan", never)[2] == "serving-check.timer active; serving-check has not run from it yet"
+
+
+def test_a_switch_that_ends_between_the_journal_read_and_the_lock_read_is_recorded_not_interrupted(tmp_path,
+                                                                                                      monkeypatch):
+    # A suite run's case (under load): a follow-up's status read the journal of a switch at its last step, the
+    # switch then recorded itself, removed its journal and let its lock go, and the lock read free: "interrupted"
+    # of a release that was recorded. The switch's own writers end it here, between the two reads.
+    import time
+
+    from flatshare_ops.common.protocol import RecordResult, SwitchKind, SwitchState
+    from flatshare_ops.node import journal as journals, records, status
+
+    ctx = _context(tmp_path)
+    ctx.releases.mkdir(parents=True)
+    journal = journals.Journal(from_="a" * 16, to="b" * 16, node="cyan", host="h", pid=os.getpid(), user="u",
+                               started_at=time.time(), kind=SwitchKind.RELEASE, switch="s1",
+                               steps=[journals.StepRecord(name="record-history")])
+    journals.write_journal(ctx.state_dir, journal)
+    ended: list[bool] = []
+
+    def lock_read_after_the_switch_ended(_ctx):
+        if not ended:
+            records.append_success(ctx, journal, journal.to)  # the record-history step, then the journal's removal
+            journals.remove_journal(ctx.state_dir)
+            ended.append(True)
+        return None  # its lock let go
+
+    monkeypatch.setattr(status, "holder_pid", lock_read_after_the_switch_ended)
+    answer = status.switch_state(ctx, "s1")
+    assert answer["state"] == SwitchState.RECORDED, answer
+    assert answer["record"]["result"] == RecordResult.RELEASED and answer["record"]["target"] == "b" * 16
+    # A journal no lock holds in both readings is an interrupted switch, as before.
+    journals.write_journal(ctx.state_dir, journal.model_copy(update={"switch": "s2"}))
+    assert status.switch_state(ctx, "s2")["state"] == SwitchState.INTERRUPTED

@@ -24,6 +24,11 @@ from .lock import describe_lock, holder_pid
 def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     """What became of one switch (after a lost connection, the operator asks this).
 
+    Its history, journal and lock are read one after the other, and a switch may end (or begin) between the
+    reads: its journal read while it ran, its lock read free after it ended, says "interrupted" of a switch that
+    was recorded. So "interrupted" is said only when a second reading says it too (a switch that ended between
+    them is recorded by then; one that began holds its lock).
+
     Returns:
         ``{"state": ...}``, a :class:`common.protocol.SwitchState`: ``recorded`` with the history ``record`` (released,
         failed...),
@@ -33,6 +38,14 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         switch command kept (refused, nothing to do: no switch ran; node/outcomes.py), or
         ``unknown`` (none of these: the command never began on the node).
     """
+    answer = _switch_state(ctx, switch_id)
+    if answer["state"] == SwitchState.INTERRUPTED:
+        answer = _switch_state(ctx, switch_id)
+    return answer
+
+
+def _switch_state(ctx: NodeContext, switch_id: str) -> dict:
+    """One reading of :func:`switch_state`: the history, then the journal, then the lock."""
     from .outcomes import find
     from .records import read_history
 
