@@ -176,10 +176,9 @@ class Rollout:
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
         self.taking_back: set[str] = set()  # canaries whose rollback after a failed analysis is under way
-        #: A single node's retry guard, read beside its switch (:meth:`_start_guard`): the thread, and its verdict
-        #: once it ended (``[refusal or None]``, or ``[the exception it raised]``).
-        self._guard: threading.Thread | None = None
-        self._guard_verdict: list = []
+        #: A single node's retry guard, read beside its switch (:meth:`_start_guard`): its refusal or None, or
+        #: the exception it raised, once it ended.
+        self._guard: Future | None = None
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -590,23 +589,24 @@ class Rollout:
         and its node asks for a go-ahead after its preflight, before its admission to drain and any change (also
         with nothing to switch), when :meth:`guard_refusal` waits for the verdict."""
 
+        guard: Future = Future()
+
         def read() -> None:
             try:
-                self._guard_verdict[:] = [self._failed_before()]
+                guard.set_result(self._failed_before())
             except BaseException as err:  # raised where the verdict is awaited
-                self._guard_verdict[:] = [err]
+                guard.set_exception(err)
 
-        self._guard = threading.Thread(target=read, daemon=True, name="retry-guard")
-        self._guard.start()
+        threading.Thread(target=read, daemon=True, name="retry-guard").start()
+        self._guard = guard
 
-    def _end_guard(self) -> BaseException | str | None:
-        """The guard's verdict (:meth:`_start_guard`), waited for in small steps (a signal reaches the main thread
-        between them); None when there is none."""
-        if self._guard is None:
-            return None
-        while self._guard.is_alive():
-            self._guard.join(0.2)
-        return self._guard_verdict[0] if self._guard_verdict else None
+    def _end_guard(self) -> None:
+        """Wait for the guard (:meth:`_start_guard`) to end, in small steps (a signal reaches the main thread
+        between them)."""
+        from concurrent.futures import wait
+
+        while self._guard is not None and not self._guard.done():
+            wait([self._guard], 0.2)
 
     def guard_refusal(self, target: NodeTarget) -> str | None:
         """Why the retry guard refuses this release (kept as ``target``'s refusal, for the summary), or None.
@@ -614,9 +614,8 @@ class Rollout:
         Raises:
             FlatshareError: what the guard raised (a chosen node's profile that does not render).
         """
-        verdict = self._end_guard()
-        if isinstance(verdict, BaseException):
-            raise verdict
+        self._end_guard()
+        verdict = self._guard.result() if self._guard is not None else None
         if verdict is not None:
             self.refused[target.name] = verdict
         return verdict
