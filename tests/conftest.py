@@ -14,6 +14,12 @@ import pytest
 REPO = Path(__file__).resolve().parent.parent
 BIN = Path(sys.executable).parent
 
+# `flatshare` and `serving-check`, run by subprocess.run, start from this test process's zygote (tests/cli_zygote.py):
+# the same process of their own, without importing everything again.
+import cli_zygote  # noqa: E402
+
+subprocess.run = cli_zygote.run
+
 
 def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None,
             timeout: float = 120):
