@@ -43,6 +43,22 @@ def test_a_node_command_that_cannot_answer_gives_its_reason_and_exit_code_as_fie
     assert not_an_answer(result.status, result.output + result.errors, raised.value) == f"exit 2: {error['message']}"
 
 
+def test_a_node_commands_reason_reaches_the_operator_whole_with_its_way_out(tmp_path):
+    # A history that is a directory, under a state directory with a long path (as a sandbox's is): the node's
+    # reason names the path twice and ends with what to do; the operator's line carries all of it.
+    state = tmp_path / ("a-state-directory-with-a-long-name-" * 4) / "state"
+    (state / "releases/history.jsonl").mkdir(parents=True)
+    done = subprocess.run([sys.executable, "-m", "flatshare_ops.node", "history", "--node", "cyan",
+                           "--state-dir", str(state), "--scope", "user"], capture_output=True, timeout=60)
+    error = _error_line(done.stdout)
+    assert len(error["message"]) > 300 and error["message"].endswith("until a release serves"), error
+    result = CommandResult(done.returncode, done.stdout.decode(), done.stderr.decode())
+    with pytest.raises(NodeCommandError) as raised:
+        answer_of(result)
+    assert not_an_answer(result.status, result.output + result.errors, raised.value) == \
+        f"exit {done.returncode}: {error['message']}"
+
+
 class _Session:
     """What a node's record-analysis said (the bytes as a session reads them) and its exit status."""
 

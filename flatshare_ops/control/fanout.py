@@ -104,15 +104,16 @@ def not_an_answer(status: int | None, output: str, err: ValueError) -> str:
         err: the JSON parser's complaint.
 
     Returns:
-        ``exit N: REASON`` for a command that said why it could not answer (:class:`NodeCommandError`); else
-        ``exit N: LAST LINE``, each line shortened to 300 characters, then the first line when more came, then
-        the parser's complaint when the exit status was 0.
+        ``exit N: REASON`` for a command that said why it could not answer (:class:`NodeCommandError`: its
+        reason whole, up to 4,000 characters, as it carries the way out); else ``exit N: LAST LINE``, each line
+        shortened to 300 characters, then the first line when more came, then the parser's complaint when the
+        exit status was 0.
     """
-    def short(line: str) -> str:
-        return line if len(line) <= 300 else line[:300] + f"... ({len(line)} characters)"
+    def short(line: str, most: int = 300) -> str:
+        return line if len(line) <= most else line[:most] + f"... ({len(line)} characters)"
 
     if isinstance(err, NodeCommandError):
-        return f"exit {err.error.code}: {short(one_line(err.error.message))}"
+        return f"exit {err.error.code}: {short(one_line(err.error.message), 4000)}"
     lines = output.strip().splitlines() or ["no output"]
 
     message = f"exit {status}: {short(lines[-1])}"
