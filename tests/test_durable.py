@@ -182,5 +182,5 @@ def test_a_history_record_from_before_schema_2_is_named_and_skipped_and_the_othe
     read = history.read_history(path, "cyan")
     assert read.records == [current]
     assert read.skipped == [f"history.jsonl:{n}: a record of schema 1, written by a flatshare-ops before schema 2, "
-                            "which this one does not read (move history.jsonl aside: the node then starts a new "
-                            "history); skipped" for n in (1, 2)]
+                            "which this one does not read (no rollback returns to it; the file's other records are "
+                            "read as ever: delete the line to end this note); skipped" for n in (1, 2)]

@@ -142,7 +142,8 @@ def problem(record: object, node: str) -> str | None:
         return f"a record of the wrong types (schema is {type(schema).__name__})"
     if schema < HISTORY_SCHEMA:
         return (f"a record of schema {schema}, written by a flatshare-ops before schema {HISTORY_SCHEMA}, which this "
-                "one does not read (move history.jsonl aside: the node then starts a new history)")
+                "one does not read (no rollback returns to it; the file's other records are read as ever: delete the "
+                "line to end this note)")
     if schema not in KNOWN_SCHEMAS:
         return (f"a record of schema {schema}, which this flatshare-ops does not read (it reads "
                 f"{' and '.join(map(str, KNOWN_SCHEMAS))}; update flatshare-ops on the node)")
