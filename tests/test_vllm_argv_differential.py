@@ -536,16 +536,15 @@ def test_argv_shapes_and_releases():
     assert vllm_argv.flag_name("max_num_seqs") == "--max-num-seqs"
 
 
-def test_vllm_argv_imports_only_the_standard_library_quickly():
-    code = ("import json, sys, time; before = set(sys.modules); t = time.perf_counter(); "
-            "import flatshare_ops.common.vllm_argv; seconds = time.perf_counter() - t; "
-            "print(json.dumps([seconds, sorted(set(sys.modules) - before)]))")
+def test_vllm_argv_imports_only_the_standard_library():
+    # (what it costs is bench/'s to measure, not a test's)
+    code = ("import json, sys; before = set(sys.modules); import flatshare_ops.common.vllm_argv; "
+            "print(json.dumps(sorted(set(sys.modules) - before)))")
     proc = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO,
                           timeout=60)
     assert proc.returncode == 0, proc.stderr
-    seconds, modules = json.loads(proc.stdout)
+    modules = json.loads(proc.stdout)
     not_stdlib = [m for m in modules if m.split(".")[0] not in sys.stdlib_module_names
                   and not m.startswith("flatshare_ops")]
     assert not_stdlib == []
     assert "flatshare_ops.common.vllm_argv" in modules
-    assert seconds < 0.5  # ~2.5 ms with bytecode cached; generous for an uncompiled, loaded machine
