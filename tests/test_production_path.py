@@ -54,6 +54,11 @@ def test_an_operators_hold_refuses_releases_and_rollbacks_to_its_node_and_is_not
         assert again.returncode == 3 and "already held" in again.stderr + again.stdout
         status = run_cli("hold", "status", *inventory)
         assert "cyan: held by" in status.stdout and "E2 benchmark" in status.stdout and "peacock: not held" in status.stdout
+        # The fleet's status says it too, as a field of the node's answer (and a held node is no unwell one: exit 0).
+        overview = run_cli("status", "--json", *inventory)
+        assert overview.returncode == 0, overview.stdout + overview.stderr
+        answers = json.loads(overview.stdout)
+        assert "E2 benchmark" in answers["cyan"]["hold"] and answers["peacock"]["hold"] is None, answers
         old = run_cli("lock", "status", *inventory)  # the old spelling is gone (issue 33): a usage error
         assert old.returncode == 2 and not old.stdout, old.stdout + old.stderr
         fleet.set_hold(next(v for v in (0, 48, 7) if str(v) not in (fleet.hold("cyan"), fleet.hold("peacock"))))

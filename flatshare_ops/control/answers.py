@@ -53,6 +53,10 @@ def status_lines(name: str, report: dict) -> list[str]:
         lines.append(f"  last switch: {history_line(last)}")
     if report.get("drain_left"):
         lines.append(f"  not taking calls: {one_line(report['drain_left'])}")
+    hold = text_field(report, "hold")
+    if hold:
+        lines.append(f"  held by {hold}: releases and rollbacks to it are refused until 'flatshare hold lift --node "
+                     f"{one_line(name)}'")
     for damage in report.get("damaged") or []:
         lines.append(f"  damaged: {one_line(damage)}")
     return lines

@@ -118,7 +118,7 @@ class GoldenCheck:
             tokens = sum(len(a) for a, b in zip(self.canary_answers, self.other_answers)
                          if a is not None and b is not None)
             return (f"golden answers of {self.canary} against {self._other_name()}: {self.compared} of "
-                    f"{len(self.prompts)} prompt(s) agree token for token ({tokens} tokens){errors}")
+                    f"{len(self.prompts)} prompt(s) agree token for token ({tokens} tokens in all){errors}")
         said = "; ".join(self._named(d) for d in self.differences)
         then = (" (the release says it changes answers, --changes-answers: not a failure)" if self.changes_answers
                 else ": the analysis fails")

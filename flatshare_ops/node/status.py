@@ -90,14 +90,15 @@ def node_status(ctx: NodeContext) -> dict:
         A JSON-ready dict: ``node``, ``release``, ``in_progress`` (who holds the lock, from the
         kernel's lock table, in words) and ``in_progress_pid`` (its pid), ``switching`` (the journal's
         summary) and ``switching_pid`` (the pid the journal names), ``units`` (unit -> ActiveState),
-        ``last`` (the newest history record), ``damaged`` (one line per damaged file).
+        ``last`` (the newest history record), ``hold`` (the operator's hold in words: who, since when, why;
+        None when there is none), ``damaged`` (one line per damaged file).
     """
     from .records import read_history
     from .store import current_release
 
     status: dict = {"node": ctx.node, "release": None, "switching": None, "switching_rollout": None,
                     "switching_pid": None, "in_progress": None, "in_progress_pid": None, "units": {}, "last": None,
-                    "damaged": []}
+                    "hold": None, "damaged": []}
     try:
         status["release"] = current_release(ctx.state_dir)
     except NodeStateError as err:
@@ -130,10 +131,11 @@ def node_status(ctx: NodeContext) -> dict:
             if os.path.exists(drain):  # a dangling link drains nobody
                 status["drain_left"] = (f"{drain} is present with no release running: the voice worker takes no "
                                         "calls; 'flatshare release' to this node gives them back")
-    from .hold import read_hold
+    from .hold import describe, read_hold
 
-    try:  # the operator's hold: shown by 'flatshare hold status'; here only its damage, which refuses releases
-        read_hold(ctx)
+    try:  # the operator's hold (it refuses releases and rollbacks; a damaged one too)
+        hold = read_hold(ctx)
+        status["hold"] = describe(hold) if hold is not None else None
     except NodeStateError as err:
         status["damaged"].append(str(err))
     try:

@@ -116,7 +116,8 @@ def placeholder_pins(root: Path) -> list[str]:
         except ProfileError:
             continue
         if pin == PLACEHOLDER_PIN:
-            found.append(f"{path} pins a placeholder module hash (zeros): a release of it is refused until you "
+            found.append(f"{path} pins a placeholder module hash (zeros): a release of it to a production node (a sandbox "
+                         "builds and pins its own) is refused until you "
                          f"pin the built module: 'flatshare profiles pin-module --sha256 HEX --profile {path}' "
                          "(or --file PATH, or --from-node NAME)")
     return found
