@@ -108,6 +108,42 @@ def test_ssh_reaches_each_node_with_its_host_key_checked(sandbox, node):
     assert (result.status, result.output) == (0, node)
 
 
+#: Kills the nearest sshd ancestor of the command: its session on the node ends with no exit status.
+KILL_MY_SESSION = """
+import os, signal
+pid = os.getppid()
+while pid > 1:
+    with open(f"/proc/{pid}/cmdline", "rb") as f:
+        if f.read().split(b"\\0")[0].split(b"/")[-1].startswith(b"sshd"):
+            os.kill(pid, signal.SIGKILL)
+            break
+    with open(f"/proc/{pid}/stat") as f:
+        pid = int(f.read().rsplit(")", 1)[1].split()[1])
+"""
+
+
+@pytest.mark.parametrize("how", ["its session on the node is killed", "a signal ends it"])
+def test_a_command_that_ends_without_an_exit_status_is_lost_never_a_result(sandbox, how):
+    # A breaker's case: a session killed while the retry guard read a node's history came back as a result with
+    # no exit status ("exit None: no output"), the guard took it for a history it could not read and let through
+    # a release it refuses; a lost session is asked again on a new connection (control/rollout.py run_command).
+    from flatshare_ops.control.connection import Lost
+
+    argv = {"its session on the node is killed": [sys.executable, "-c", KILL_MY_SESSION],
+            "a signal ends it": ["sh", "-c", 'kill -KILL "$$"']}[how]
+    conn = SSHConnection(_target(sandbox, "cyan"))
+    try:
+        with pytest.raises(Lost, match="ended without an exit status"):
+            conn.run(argv, timeout_s=30)
+    finally:
+        conn.close()
+    again = SSHConnection(_target(sandbox, "cyan"))  # the node is still there: a new connection answers
+    try:
+        assert again.run(["sh", "-c", "echo answered"]).output == "answered\n"
+    finally:
+        again.close()
+
+
 def test_each_nodes_ssh_sessions_have_a_home_of_their_own_and_this_pythons_path(sandbox):
     # bash reads ~/.bashrc for every command sshd runs: the node's own, not this machine user's.
     home = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).root / "home"

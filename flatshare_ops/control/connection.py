@@ -133,7 +133,10 @@ class Connection:
         seconds overall.
 
         Raises:
-            TransportError: unreachable, lost, or no end within ``timeout_s`` (the message names the bound).
+            Lost: its session ended without an exit status (the connection or the session on the node dropped,
+                or a signal ended the command: RFC 4254 6.10 sends "exit-signal" then, not "exit-status"): no
+                answer, which a read-only command's caller may ask for again.
+            TransportError: unreachable, or no end within ``timeout_s`` (the message names the bound).
         """
         session = self.start(argv, stderr_apart=True)
         try:
@@ -152,6 +155,9 @@ class Connection:
                 if chunk:
                     chunks.append(chunk)
             status = session.exit_status(max(0.1, deadline - time.monotonic()))
+            if status is None:
+                raise Lost(f"{self.node}: {argv[0]} ended without an exit status (its connection or its session on "
+                           "the node dropped, or a signal ended it)")
             return CommandResult(status, b"".join(chunks).decode(errors="replace"),
                                  session.errors().decode(errors="replace"))
         finally:

@@ -116,7 +116,7 @@ def not_an_answer(status: int | None, output: str, err: ValueError) -> str:
         return f"exit {err.error.code}: {short(one_line(err.error.message), 4000)}"
     lines = output.strip().splitlines() or ["no output"]
 
-    message = f"exit {status}: {short(lines[-1])}"
+    message = f"{'no exit status' if status is None else f'exit {status}'}: {short(lines[-1])}"
     if len(lines) > 1:
         message += f" (after {len(lines) - 1} other line(s), the first: {short(lines[0])})"
     if status == 0:

@@ -25,7 +25,7 @@ import time
 import uuid
 from concurrent.futures import Future
 from pathlib import Path
-from typing import TypeGuard, cast
+from typing import Callable, TypeGuard, cast
 
 from ..common import protocol
 from ..common.protocol import Mode, PlanForm, RecordKind, RefusedFor, SwitchPhase, SwitchState
@@ -167,7 +167,7 @@ class Rollout:
         self._closed = False
         self._lock = threading.Lock()
         self.switching: set[str] = set()
-        self.asking: set[str] = set()  # nodes waiting for our admission answer right now
+        self.asking: dict[str, bool] = {}  # nodes waiting for our answer right now -> whether to drain (else a go-ahead)
         self.waiting: dict[str, str] = {}  # node -> the refusal it waits (--wait) to ask again after, right now
         self.progress: dict[str, protocol.Progress] = {}  # node -> where its switch last said it stands
         self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
@@ -176,6 +176,7 @@ class Rollout:
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
         self.taking_back: set[str] = set()  # canaries whose rollback after a failed analysis is under way
+        self._guard_notes: list[str] = []  # what the guard beside a switch found to say (_end_guard says it)
         #: A single node's retry guard, read beside its switch (:meth:`_start_guard`): its refusal or None, or
         #: the exception it raised, once it ended.
         self._guard: Future | None = None
@@ -524,18 +525,22 @@ class Rollout:
         return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot) + others)
 
-    def _failed_before(self, carries: list[NodeTarget] | tuple = ()) -> str | None:
+    def _failed_before(self, carries: list[NodeTarget] | tuple = (),
+                       say: Callable[[str], None] | None = None) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this
         checkout renders for it failed (rolled back automatically, or its canary analysis failed: node/history.py
         ``failed_releases``), taken back or, for a canary whose rollback is owed, not yet. Release ids are per
         node, so each node's history is read for its own; a failure anywhere refuses the whole fleet until
         ``--retry``, except an owed rollback on one of ``carries`` (this rollout's canaries, whose canary step
-        carries it out first). A node whose history cannot be read is said, and does not refuse."""
+        carries it out first). A node whose history cannot be read is said (by ``say``, a line at a time: the
+        operator's output unless given), and does not refuse."""
         from concurrent.futures import ThreadPoolExecutor
 
         from ..common.clock import utc_stamp
         from ..node.history import failed_releases
         from .bundle import bundle
+
+        say = say or self.out.line
 
         def failed_on(target: NodeTarget) -> tuple[str, dict] | None:
             try:
@@ -544,21 +549,21 @@ class Rollout:
                 if target in self.chosen:
                     raise
                 # Another node's profile that does not render stops nothing here: its own release would say it.
-                self.out.line(f"{target.name}: its profile does not render ({err}): whether this release failed "
-                              "there is not known")
+                say(f"{target.name}: its profile does not render ({err}): whether this release failed "
+                    "there is not known")
                 return None
             try:
                 result = self.run_command(target, commands.history(target.spec))
             except TransportError as err:
-                self.out.line(f"{target.name}: its history could not be read ({err}): whether this release "
-                              "failed there is not known")
+                say(f"{target.name}: its history could not be read ({err}): whether this release "
+                    "failed there is not known")
                 return None
             try:
                 answer = answer_of(result)
             except ValueError as err:  # the node's own one line (a damaged history: exit 5), said as it said it
                 said = not_an_answer(result.status, f"{result.output}\n{result.errors}", err)
-                self.out.line(f"{target.name}: its history could not be read ({said}): whether this release "
-                              "failed there is not known")
+                say(f"{target.name}: its history could not be read ({said}): whether this release "
+                    "failed there is not known")
                 return None
             records = answer.get("records") if isinstance(answer, dict) else None
             found = failed_releases(records if isinstance(records, list) else []).get(release)
@@ -590,23 +595,27 @@ class Rollout:
         with nothing to switch), when :meth:`guard_refusal` waits for the verdict."""
 
         guard: Future = Future()
+        notes: list[str] = []  # said by _end_guard, in the main thread, once the verdict is in
 
         def read() -> None:
             try:
-                guard.set_result(self._failed_before())
+                guard.set_result(self._failed_before(say=notes.append))
             except BaseException as err:  # raised where the verdict is awaited
                 guard.set_exception(err)
 
         threading.Thread(target=read, daemon=True, name="retry-guard").start()
-        self._guard = guard
+        self._guard, self._guard_notes = guard, notes
 
     def _end_guard(self) -> None:
         """Wait for the guard (:meth:`_start_guard`) to end, in small steps (a signal reaches the main thread
-        between them)."""
+        between them), then say its notes (a history that could not be read), once. An interrupted release
+        never gets here: what the guard would have said is not said after the summary."""
         from concurrent.futures import wait
 
         while self._guard is not None and not self._guard.done():
             wait([self._guard], 0.2)
+        while self._guard_notes:
+            self.out.line(self._guard_notes.pop(0))
 
     def guard_refusal(self, target: NodeTarget) -> str | None:
         """Why the retry guard refuses this release (kept as ``target``'s refusal, for the summary), or None.
@@ -751,7 +760,8 @@ class Rollout:
             return ("waiting (--wait) to ask again when interrupted",
                     f"its last attempt was refused ({self.waiting[t.name]}); nothing changed on it")
         if t.result is None and t.name in self.asking:
-            return ("was asking for admission to drain", "without an answer it refuses and changes nothing "
+            asked = "admission to drain" if self.asking[t.name] else "the go-ahead (before any change)"
+            return (f"was asking for {asked}", "without an answer it refuses and changes nothing "
                     f"({self.command('status')} shows it)")
         if t.result is None and t.name in self.switching:
             stands = self.progress.get(t.name)
@@ -919,12 +929,12 @@ class Rollout:
                     continue
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
-                    self.asking.add(target.name)
+                    self.asking[target.name] = message.drains
                     reason = self.guard_refusal(target) if mode == Mode.RELEASE else None
                     if reason is None and message.drains:
                         reason = self.admission(target, message.node_id, message.load)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())
-                    self.asking.discard(target.name)
+                    self.asking.pop(target.name, None)
                 elif isinstance(message, protocol.Outcome):
                     outcome = message
                     self.outcomes[target.name] = message

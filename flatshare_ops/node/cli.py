@@ -209,11 +209,12 @@ def switch(args) -> int:
             out.line(f"{ctx.node}: asking the operator's side whether to go on")
         _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load, drains))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
+        asked = "the admission request" if drains else "the go-ahead request"
         if answer is None and stdin.closed:
-            return ("the operator's side went away before answering the admission request (interrupted, or "
+            return (f"the operator's side went away before answering {asked} (interrupted, or "
                     "not run through 'flatshare release', which asks the other nodes)")
         if answer is None:
-            return (f"no answer to the admission request within {ADMISSION_TIMEOUT_S:g} s "
+            return (f"no answer to {asked} within {ADMISSION_TIMEOUT_S:g} s "
                     "(run releases through 'flatshare release', which asks the other nodes)")
         document = protocol.parse_answer(answer)
         if document is None:
