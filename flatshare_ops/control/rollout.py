@@ -361,6 +361,8 @@ class Rollout:
         batches = plan_batches(self.chosen, canaries, self.batch_size)
         if len(self.chosen) > 1 or self.mode != Mode.RELEASE:
             self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
+                          + (f" (of rollout {self.undo}: its nodes' history records these switches under that id)"
+                             if self.mode == Mode.UNDO_ROLLOUT and self.undo else "")
                           + (" (dry run)" if self.dry_run else "")
                           + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
                              + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
