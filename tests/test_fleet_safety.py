@@ -875,6 +875,9 @@ def test_a_stalled_ssh_session_ends_at_the_silence_bound_and_reports_what_the_no
         last = fleet.history(name)[-1]
         assert (last["target"], last["result"]) == (expected, "released"), last
         assert fleet.current(name) == expected
+        # The history record comes before the switch's last acts (the journal's removal, the prune): it ends when
+        # it lets go of its lock (the kernel's lock table).
+        assert _poll(lambda: fleet.lock_holder(name) is None, 90), fleet.lock_holder(name)
     fleet.settled(name)
 
 
@@ -1383,7 +1386,8 @@ def test_a_slow_preflight_is_not_taken_for_a_stalled_session(fleet):
 def test_an_operator_interrupted_during_the_preflight_says_nothing_changed_there_and_the_node_refuses(fleet):
     # A breaker's case: Ctrl-C while the node was only in its preflight, and the summary said "switching on the
     # node when interrupted (it carries on)": nothing had changed there, and without its operator the node
-    # refuses at its admission to drain. The node says where its switch stands (typed Progress messages).
+    # refuses at its go-ahead (a single node's release asks one before its admission to drain and any change).
+    # The node says where its switch stands (typed Progress messages).
     name = "cyan"
     fleet.new_hold(name)
     before, invocation = fleet.current(name), fleet.engine_invocation(name)
@@ -1410,7 +1414,7 @@ def test_an_operator_interrupted_during_the_preflight_says_nothing_changed_there
     # What the node did, by its own records and systemd's: nothing changed, its engine never restarted.
     assert fleet.current(name) == before and fleet.engine_invocation(name) == invocation
     log = fleet.log_since(name, offset)
-    assert not re.search(r"step \d+/\d+ ", log) and "admission" in log, log
+    assert not re.search(r"step \d+/\d+ ", log) and "went away before answering the go-ahead request" in log, log
     fleet.settled(name)
 
 

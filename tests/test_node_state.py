@@ -1529,6 +1529,50 @@ def test_a_release_that_rolled_itself_back_is_refused_from_any_checkout_until_re
 
 
 @ROLLBACKS
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with_its_summary(fleet, tmp_path, sig):
+    # A breaker's case: a signal while the retry guard, read beside a single node's switch, still read the nodes'
+    # histories: the summary said the node was "asking for admission to drain", and after it came a line from the
+    # guard's thread, about a history that "could not be read (exit None: no output)".
+    fleet.change()
+    before = (fleet.current(), len(fleet.history()))
+    until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
+    env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
+           **faults(slow_command="history", seconds=120, until=str(until))}
+    operator = subprocess.Popen([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        assert operator.stdout is not None
+        for line in operator.stdout:
+            said.append(line)
+            if "asking the operator's side whether to go on" in line:
+                operator.send_signal(sig)
+                break
+        said.append(operator.communicate(timeout=120)[0])
+    finally:
+        until.touch()
+        if operator.poll() is None:
+            operator.kill()
+    out = "".join(said)
+    assert operator.returncode == 128 + sig, out
+    # The summary's line for cyan ends the output (the signal may come before or after the operator's side read
+    # the go-ahead request: either way nothing changed there, and the node refuses without an answer).
+    last = out.rstrip().splitlines()[-1]
+    assert re.match(rf"{CYAN}: (was asking for the go-ahead|deciding on the node when interrupted) \(.*before any "
+                    r"change\).* refuses", last), out
+    assert "could not be read" not in out and "None" not in out and "Traceback" not in out, out
+    # The node refused on its own, changing nothing.
+    from node_processes import switch_pids
+
+    from flatshare_ops.common.poll import poll_until
+
+    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
+    fleet.settled()
+
+
+@ROLLBACKS
 @pytest.mark.parametrize("fault", [{"auto_rollback_journal_fails": "ENOSPC"}, {"auto_rollback_journal_fails": "EROFS"},
                                    {"signal_at_auto_rollback": "SIGTERM"}],
                          ids=["full-disk", "read-only", "sigterm"])

@@ -25,6 +25,9 @@ this file wraps the package's functions in the node-side process only
   its start).
 - ``{"signal_at_auto_rollback": SIGNAL}``: the node's switch is sent SIGNAL as it hands over to its automatic
   rollback (after the failed switch is recorded, before the rollback's first write).
+- ``{"slow_command": COMMAND, "seconds": S, "until": PATH}``: a node command COMMAND (``history``...) waits at its
+  start until PATH exists, at most S seconds (the retry guard's history reads, held while a switch asks its
+  go-ahead).
 """
 
 import json
@@ -147,5 +150,17 @@ def _install(spec: dict) -> None:
         object.__setattr__(step, "run", slow)
 
 
+def _slow_command(spec: dict) -> None:
+    import time
+
+    argv = getattr(sys, "orig_argv", sys.argv)
+    if spec["slow_command"] in argv[argv.index("flatshare_ops.node") + 1:][:1]:
+        deadline = time.monotonic() + float(spec["seconds"])
+        while time.monotonic() < deadline and not os.path.exists(spec["until"]):
+            time.sleep(0.05)
+
+
 if _SPEC and ("flatshare_ops.node" in _ARGV or "flatshare-node" in _ARGV):
+    if "slow_command" in json.loads(_SPEC) and "flatshare_ops.node" in getattr(sys, "orig_argv", sys.argv):
+        _slow_command(json.loads(_SPEC))
     _install(json.loads(_SPEC))
