@@ -91,18 +91,19 @@ def user_manager(tmp_path_factory):
 # the module's): each group then brings up its own fleet, in whichever process runs it. Mark tests or a
 # module's pytestmark, never both (xdist joins every group name it finds).
 #
-# The groups are sent longest first (GROUP_SECONDS: measured on this machine's 2 CPUs beside the rest of
-# the suite; a group not listed counts as short), so that no process is left with a long group at the end.
-# The real engines' tier (test_real_engine: about 10 minutes alone, its two engines taking most of both CPUs while
-# they start) goes first and keeps one process for the whole run; the other processes share the rest.
+# The groups are sent longest first (GROUP_SECONDS: the sum of each group's test durations in a full `make test`
+# on this machine's 2 CPUs, four processes; a group not listed counts as short), so that no process is left with a
+# long group at the end. The real engines' tier and the machines tier (each about a quarter of the whole) go first,
+# a process each; the other processes share the rest.
 
 GROUP_SECONDS = {
-    "test_machines": 420, "test_real_engine": 360,
-    "test_fleet_safety": 170, "test_node_state": 170, "test_node_state_damaged_logs": 130,
-    "test_fleet_safety_signals": 165, "test_node_state_writes": 130, "test_fleet_safety_race": 120,
-    "test_fleet_safety_sessions": 150, "test_release": 100, "test_production_path_runbook": 90,
-    "test_node_state_rollbacks": 85, "vllm_parser": 60, "test_production_path": 60, "test_release_crashes": 50,
-    "session_sandbox": 45, "test_traffic": 35, "test_release_changes": 30, "test_variants": 30,
+    "test_real_engine": 1010, "test_machines": 900, "test_fleet_safety": 590, "test_canary": 370,
+    "test_node_state_damaged_logs": 330, "test_node_state": 320, "test_node_damage": 320,
+    "test_fleet_safety_sessions": 290, "test_node_state_rollbacks": 250, "test_fleet_safety_signals": 220,
+    "test_release": 200, "test_node_state_writes": 180, "test_fleet_safety_race": 160,
+    "test_production_path_runbook": 90, "test_rollout_strategy": 90, "test_release_changes": 90,
+    "test_release_crashes": 80, "session_sandbox": 70, "test_production_path": 70, "test_lock": 70, "vllm_parser": 60,
+    "test_make_profiles": 50, "test_node_system": 40, "test_variants": 30, "test_traffic": 30, "test_hostile_values": 30,
 }
 #: Modules that share what a test process keeps for its session, in one group: the session's `sandbox`
 #: fleet (below), and vLLM's parsers (vllm_parse_many).
