@@ -228,6 +228,17 @@ def test_a_canary_that_rolled_itself_back_stops_the_rollout_whatever_max_failed_
     assert targets[1].fake.commands == [] and targets[2].fake.commands == [], text  # never started
 
 
+def test_a_canary_refused_in_a_dry_run_is_said_as_a_dry_runs():
+    # A new user's case: a held canary in `release --all --dry-run` "did not switch", as if something had run.
+    canary = FakeNode(switch_script=[outcome(Exit.REFUSED)], switch_status=Exit.REFUSED)
+    targets = fleet(rollout={"canaries": 1, "batch": 2, "max_failed": 1}, n1=canary, n2=FakeNode(), n3=FakeNode())
+    code, text = run(targets, dry_run=True)
+    assert code == Exit.REFUSED, text
+    assert "stops: the canary n1 would not switch to the release in this dry run" in text, text
+    assert "did not switch" not in text, text
+    assert targets[1].fake.commands == [] and targets[2].fake.commands == [], text
+
+
 def test_one_node_reached_under_two_names_is_counted_once():
     # A breaker's case: the inventory listed peacock twice (as peacock and ghost); both answered "takes calls"
     # and cyan drained with one node serving. The SSH host key tells one node from another, whatever its name.

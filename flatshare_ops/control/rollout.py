@@ -403,8 +403,11 @@ class Rollout:
                     # tolerates: the canaries are there to keep a bad release from the rest (adr/0012).
                     worst = failures[0].result
                     self.out.line(f"rollout {self.id} stops: the canar{'y' if canaries == 1 else 'ies'} "
-                                  f"{', '.join(t.name for t in failures)} did not switch to the release "
-                                  "(max_failed counts nodes after the canaries)")
+                                  f"{', '.join(t.name for t in failures)} "
+                                  + ("would not switch to the release in this dry run" if self.dry_run
+                                     else "did not switch to the release")
+                                  + " (a canary that does not switch stops the rollout, whatever max_failed allows "
+                                  "after the canaries)")
                     break
                 if len(failures) > strategy.max_failed:
                     worst = failures[0].result
