@@ -1,7 +1,7 @@
 """The operator's commands for the tests, each in a process of its own forked from one that imported them once.
 
 A ``flatshare`` or ``serving-check`` started afresh spends about half a second of CPU importing (typer, pydantic,
-paramiko, jinja2, tomlkit) before it does anything, and the suite starts one about two thousand times. So each
+paramiko, jinja2, tomlkit) before it does anything, and the tests start one over and over. So each
 test process keeps a zygote (as Android's and as CPython's own forkserver): a process that has imported the
 console scripts' modules and nothing more (no thread, no socket but its own, no call into the package), and forks
 for each command. The fork is a real process of its own (its own PID, exit code, signals, file descriptors, working
