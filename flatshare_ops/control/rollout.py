@@ -600,16 +600,15 @@ class Rollout:
         with nothing to switch), when :meth:`guard_refusal` waits for the verdict."""
 
         guard: Future = Future()
-        notes: list[str] = []  # said by _end_guard, in the main thread, once the verdict is in
 
         def read() -> None:
-            try:
-                guard.set_result(self._failed_before(say=notes.append))
+            try:  # its notes said by _end_guard, in the main thread, once the verdict is in
+                guard.set_result(self._failed_before(say=self._guard_notes.append))
             except BaseException as err:  # raised where the verdict is awaited
                 guard.set_exception(err)
 
         threading.Thread(target=read, daemon=True, name="retry-guard").start()
-        self._guard, self._guard_notes = guard, notes
+        self._guard = guard
 
     def _end_guard(self) -> None:
         """Wait for the guard (:meth:`_start_guard`) to end, in small steps (a signal reaches the main thread

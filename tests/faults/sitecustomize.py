@@ -141,26 +141,25 @@ def _install(spec: dict) -> None:
         run = step.run
 
         def slow(sw):
-            deadline = time.monotonic() + float(spec["seconds"])
-            until = spec.get("until")
-            while time.monotonic() < deadline and not (until and os.path.exists(until)):
-                time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
+            _wait(float(spec["seconds"]), spec.get("until"))
             run(sw)
 
         object.__setattr__(step, "run", slow)
 
 
-def _slow_command(spec: dict) -> None:
+def _wait(seconds: float, until: str | None) -> None:
+    """Wait ``seconds``, or less once the file ``until`` exists."""
     import time
 
-    argv = getattr(sys, "orig_argv", sys.argv)
-    if spec["slow_command"] in argv[argv.index("flatshare_ops.node") + 1:][:1]:
-        deadline = time.monotonic() + float(spec["seconds"])
-        while time.monotonic() < deadline and not os.path.exists(spec["until"]):
-            time.sleep(0.05)
+    deadline = time.monotonic() + seconds
+    while time.monotonic() < deadline and not (until and os.path.exists(until)):
+        time.sleep(min(0.02, max(0.0, deadline - time.monotonic())))
 
 
 if _SPEC and ("flatshare_ops.node" in _ARGV or "flatshare-node" in _ARGV):
-    if "slow_command" in json.loads(_SPEC) and "flatshare_ops.node" in getattr(sys, "orig_argv", sys.argv):
-        _slow_command(json.loads(_SPEC))
-    _install(json.loads(_SPEC))
+    _spec = json.loads(_SPEC)
+    _argv = list(getattr(sys, "orig_argv", sys.argv))
+    _command = _argv[_argv.index("flatshare_ops.node") + 1:][:1] if "flatshare_ops.node" in _argv else []
+    if "slow_command" in _spec and _command == [_spec["slow_command"]]:
+        _wait(float(_spec["seconds"]), _spec["until"])
+    _install(_spec)
