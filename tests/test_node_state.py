@@ -1529,6 +1529,40 @@ def test_a_release_that_rolled_itself_back_is_refused_from_any_checkout_until_re
 
 
 @ROLLBACKS
+def test_a_release_whose_guard_was_read_before_another_release_of_its_node_failed_there_is_refused(fleet, tmp_path):
+    # The retry guard is read beside a switch, before the node takes its lock. Seen in CI: of two identical
+    # releases with --wait, the one that waited read the guard just before the other's failure was recorded and
+    # rolled back, took the lock just after, and switched to the release that had failed. Here the second's node
+    # side is held before its lock until its guard has read cyan's history and the first has failed.
+    left = fleet.current()
+    start = len(fleet.history())
+    edits = {'\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
+    may_switch, read = tmp_path / "may-switch", tmp_path / "histories-read"
+    state = str(fleet.node().state_dir)
+    with fleet.profile_edit(CYAN, edits):
+        failed = fleet.fresh()
+        env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
+               **faults(slow_command="switch", seconds=240, until=str(may_switch), announce="history", at=str(read))}
+        second = subprocess.Popen([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout)], env=env,
+                                  stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+        try:
+            from flatshare_ops.common.poll import poll_until
+
+            assert poll_until(lambda: read.exists() and state in read.read_text(), 120, 0.1), "no history read"
+            first = fleet.operator_release()
+        finally:
+            may_switch.touch()
+        out = second.communicate(timeout=300)[0]
+    assert first.returncode == 9, text_of(first)  # failed, rolled back automatically
+    assert second.returncode == 3, out
+    assert f"this checkout's release for cyan ({failed}) failed there and was taken back" in out, out
+    assert fleet.current() == left
+    assert [r["result"] for r in fleet.history()[start:] if r.get("target") == failed] == ["failed"], \
+        fleet.history()[start:]
+    fleet.settled()
+
+
+@ROLLBACKS
 @pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
 def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with_its_summary(fleet, tmp_path, sig):
     # A breaker's case: a signal while the retry guard, read beside a single node's switch, still read the nodes'

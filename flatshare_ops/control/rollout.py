@@ -41,6 +41,9 @@ from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
 from ..common.text import clip
 
+#: The retry guard's mark of a node whose history it did not reach (never equal to a node's mark).
+_NOT_READ = object()
+
 
 def _read(load: object) -> TypeGuard[dict]:
     """Whether a probe's ``load`` says its engine's running and waiting requests (node/probe.py ``engine_load``)."""
@@ -177,9 +180,12 @@ class Rollout:
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
         self.taking_back: set[str] = set()  # canaries whose rollback after a failed analysis is under way
         self._guard_notes: list[str] = []  # what the guard beside a switch found to say (_end_guard says it)
-        #: A single node's retry guard, read beside its switch (:meth:`_start_guard`): its refusal or None, or
-        #: the exception it raised, once it ended.
+        #: The retry guard (:meth:`_failed_before`), read beside a single node's switch (:meth:`_start_guard`) or
+        #: before a fleet's: ``(its refusal or None, {node: the mark of its newest history record read})``, or
+        #: the exception it raised, once it ended. A switch's node asks before its first change holding its lock,
+        #: sending its mark: the guard is read again when they differ (:meth:`guard_refusal`).
         self._guard: Future | None = None
+        self._guard_carries: list[NodeTarget] = []  # the canaries whose owed rollback this rollout carries out
 
     # --- connections, one per node, shared by every command of this run ------------------------------
 
@@ -382,10 +388,11 @@ class Rollout:
             carries = batches[0] if canaries and not self.dry_run and self.analysis != "skip" else []
             refusal = None
             if self.mode == Mode.RELEASE and not self.retry:
+                self._guard_carries = carries
                 if len(self.chosen) == 1:
                     self._start_guard()  # beside the switch: its node asks before its first change
                 else:
-                    refusal = self._failed_before(carries)
+                    refusal = self._read_guard()
             # A release or an undo (rollback --all) of several nodes; a rollback of chosen nodes goes straight.
             if refusal is None and self.mode != Mode.ROLLBACK and len(self.chosen) > 1 and not self.dry_run:
                 refusal = self._preflight_fleet()
@@ -530,15 +537,17 @@ class Rollout:
         return (f"the fleet's preflight found {' and '.join(n for n, _ in cannot)} cannot take this {what}, so "
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot) + others)
 
-    def _failed_before(self, carries: list[NodeTarget] | tuple = (),
-                       say: Callable[[str], None] | None = None) -> str | None:
+    def _failed_before(self, carries: list[NodeTarget] | tuple = (), say: Callable[[str], None] | None = None,
+                       seen: dict[str, str | None] | None = None) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this
         checkout renders for it failed (rolled back automatically, or its canary analysis failed: node/history.py
         ``failed_releases``), taken back or, for a canary whose rollback is owed, not yet. Release ids are per
         node, so each node's history is read for its own; a failure anywhere refuses the whole fleet until
         ``--retry``, except an owed rollback on one of ``carries`` (this rollout's canaries, whose canary step
         carries it out first). A node whose history cannot be read is said (by ``say``, a line at a time: the
-        operator's output unless given), and does not refuse."""
+        operator's output unless given), and does not refuse. ``seen``, when given, gets each node's newest
+        history mark as read (node/history.py ``newest_mark``; None for a history the node could not read; no
+        entry for a node not reached)."""
         from concurrent.futures import ThreadPoolExecutor
 
         from ..common.clock import utc_stamp
@@ -569,8 +578,13 @@ class Rollout:
                 said = not_an_answer(result.status, f"{result.output}\n{result.errors}", err)
                 say(f"{target.name}: its history could not be read ({said}): whether this release "
                     "failed there is not known")
+                if seen is not None:
+                    seen[target.name] = None
                 return None
             records = answer.get("records") if isinstance(answer, dict) else None
+            if seen is not None:
+                mark = answer.get("newest") if isinstance(answer, dict) else None
+                seen[target.name] = mark if isinstance(mark, str) else None
             found = failed_releases(records if isinstance(records, list) else []).get(release)
             return (release, found) if found else None
 
@@ -602,8 +616,9 @@ class Rollout:
         guard: Future = Future()
 
         def read() -> None:
+            seen: dict[str, str | None] = {}
             try:  # its notes said by _end_guard, in the main thread, once the verdict is in
-                guard.set_result(self._failed_before(say=self._guard_notes.append))
+                guard.set_result((self._failed_before(self._guard_carries, self._guard_notes.append, seen), seen))
             except BaseException as err:  # raised where the verdict is awaited
                 guard.set_exception(err)
 
@@ -621,14 +636,38 @@ class Rollout:
         while self._guard_notes:
             self.out.line(self._guard_notes.pop(0))
 
-    def guard_refusal(self, target: NodeTarget) -> str | None:
+    def _read_guard(self) -> str | None:
+        """Read the retry guard now, in this thread, and keep it (with the history marks it read) for the go-ahead
+        each switch's node asks (:meth:`guard_refusal`); its refusal or None.
+
+        Raises:
+            FlatshareError: a chosen node's profile that does not render.
+        """
+        seen: dict[str, str | None] = {}
+        verdict = self._failed_before(self._guard_carries, seen=seen)
+        guard: Future = Future()
+        guard.set_result((verdict, seen))
+        self._guard = guard
+        return verdict
+
+    def guard_refusal(self, target: NodeTarget, mark: str | None) -> str | None:
         """Why the retry guard refuses this release (kept as ``target``'s refusal, for the summary), or None.
+
+        ``mark`` is the node's newest history record's mark, sent holding its release lock
+        (``AdmitRequest.history``). The guard may have been read before the node took its lock, while another
+        release of the node was still under way: when the mark differs from the one the guard read, the node's
+        history changed since (that release failed and was rolled back, say), and the guard is read again, now
+        that no other switch of the node can write it.
 
         Raises:
             FlatshareError: what the guard raised (a chosen node's profile that does not render).
         """
         self._end_guard()
-        verdict = self._guard.result() if self._guard is not None else None
+        if self._guard is None:
+            return None
+        verdict, seen = self._guard.result()
+        if verdict is None and seen.get(target.name, _NOT_READ) != mark:
+            verdict = self._read_guard()
         if verdict is not None:
             self.refused[target.name] = verdict
         return verdict
@@ -874,7 +913,7 @@ class Rollout:
                 time.sleep(pause)
                 self.waiting.pop(target.name, None)
                 # The release may have failed and been taken back meanwhile (the run it waited for): asked again.
-                refusal = self._failed_before() if mode == Mode.RELEASE and not self.retry else None
+                refusal = self._read_guard() if mode == Mode.RELEASE and not self.retry else None
                 if refusal is not None:
                     echo(f"flatshare: release refused: {refusal}")
                     self.refused[target.name] = refusal
@@ -934,7 +973,7 @@ class Rollout:
                 message = protocol.parse(line)
                 if isinstance(message, protocol.AdmitRequest):
                     self.asking[target.name] = message.drains
-                    reason = self.guard_refusal(target) if mode == Mode.RELEASE else None
+                    reason = self.guard_refusal(target, message.history) if mode == Mode.RELEASE else None
                     if reason is None and message.drains:
                         reason = self.admission(target, message.node_id, message.load)
                     session.send(protocol.answer_line(protocol.AdmitAnswer(reason is None, reason)).encode())

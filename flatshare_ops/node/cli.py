@@ -207,7 +207,8 @@ def switch(args) -> int:
                 load = {"error": str(err)}
         else:
             out.line(f"{ctx.node}: asking the operator's side whether to go on")
-        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load, drains))
+        _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load, drains,
+                                    _history_mark(ctx)))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         asked = "the admission request" if drains else "the go-ahead request"
         if answer is None and stdin.closed:
@@ -327,6 +328,18 @@ def _record_analysis(args) -> int:
     return 0
 
 
+def _history_mark(ctx) -> str | None:
+    """The newest history record's mark (node/history.py ``newest_mark``), None when the history cannot be read."""
+    from ..errors import NodeStateError
+    from .history import newest_mark
+    from .records import read_history
+
+    try:
+        return newest_mark(read_history(ctx).records)
+    except NodeStateError:
+        return None
+
+
 def main(argv: list[str] | None = None) -> None:
     """Console-script entry point: exit with :class:`Exit`'s code; an operator error is one line, never a traceback."""
     args = _parser().parse_args(argv)
@@ -344,7 +357,10 @@ def main(argv: list[str] | None = None) -> None:
             from .records import read_history
 
             hist = read_history(_context(args))
-            print(dumps({"records": hist.records, "skipped": hist.skipped, "disorder": hist.disorder}, sort_keys=True))
+            from .history import newest_mark
+
+            print(dumps({"records": hist.records, "skipped": hist.skipped, "disorder": hist.disorder,
+                         "newest": newest_mark(hist.records)}, sort_keys=True))
             code = 0
         elif args.command == "hold":
             from . import hold

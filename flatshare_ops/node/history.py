@@ -301,6 +301,21 @@ def served_releases(history: History) -> list[str]:
     return seen
 
 
+def newest_mark(records: list[dict]) -> str | None:
+    """What tells the newest of ``records`` (oldest first) from any record before or after it, or None for an
+    empty history: its switch id, result and finish time (Unix seconds), as one string compared whole.
+
+    A history only grows by records appended under the node's release lock (its compaction keeps the newest),
+    so two reads with the same mark saw the same records as far as :func:`failed_releases` is concerned: the
+    operator's side compares the mark its retry guard read with the one the node sends holding its lock
+    (common/protocol.py ``AdmitRequest.history``), and reads the guard again when they differ.
+    """
+    if not records:
+        return None
+    newest = records[-1]
+    return f"{newest.get('switch')}/{newest.get('result')}/{newest.get('finished_at')}"
+
+
 def failed_releases(records: list[dict]) -> dict[str, dict]:
     """Releases that failed on this node and were taken back, each with how and when, from its history's
     records (oldest first): a switch whose engine did not serve (its failure's ``verdict``) and that the node

@@ -28,6 +28,8 @@ this file wraps the package's functions in the node-side process only
 - ``{"slow_command": COMMAND, "seconds": S, "until": PATH}``: a node command COMMAND (``history``...) waits at its
   start until PATH exists, at most S seconds (the retry guard's history reads, held while a switch asks its
   go-ahead).
+- ``{"announce": COMMAND, "at": PATH}``: a node command COMMAND appends its command line (one line) to PATH as it
+  exits, so that a test waits for that command to have answered (the retry guard's history read of a node).
 """
 
 import json
@@ -162,4 +164,12 @@ if _SPEC and ("flatshare_ops.node" in _ARGV or "flatshare-node" in _ARGV):
     _command = _argv[_argv.index("flatshare_ops.node") + 1:][:1] if "flatshare_ops.node" in _argv else []
     if "slow_command" in _spec and _command == [_spec["slow_command"]]:
         _wait(float(_spec["seconds"]), _spec["until"])
+    if "announce" in _spec and _command == [_spec["announce"]]:
+        import atexit
+
+        def _announce(path: str = _spec["at"], line: str = " ".join(_argv)) -> None:
+            with open(path, "a") as told:
+                told.write(line + "\n")
+
+        atexit.register(_announce)
     _install(_spec)
