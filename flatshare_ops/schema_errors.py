@@ -12,7 +12,9 @@ from pydantic_core import ErrorDetails
 def dotted(loc: tuple[Any, ...]) -> str:
     """A pydantic error location as a dotted key (``engine.make_room.retain_s``, ``steps[2].name``);
     aliased fields (``schema_``) are shown by their file spelling."""
-    text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc).lstrip(".")
+    # pydantic adds "[key]" after a table key it found wrong (a node's name): the key itself is the place.
+    text = "".join(f"[{part}]" if isinstance(part, int) else f".{part}" for part in loc
+                   if part != "[key]").lstrip(".")
     return re.sub(r"\bschema_\b", "schema", text)
 
 

@@ -61,8 +61,13 @@ while True:
     # the waiter: starts the command, says its PID, waits for it and says how it ended
     signal.signal(signal.SIGCHLD, signal.SIG_DFL)
     listener.close(); os.close(parent)
-    message, fds, _, _ = socket.recv_fds(connection, 1 << 22, 3)
-    request = json.loads(message)
+    message, fds, _, _ = socket.recv_fds(connection, 1 << 16, 3)  # the descriptors come with the first bytes
+    while len(message) < 8 or len(message) < 8 + int.from_bytes(message[:8], "big"):
+        more = connection.recv(1 << 16)
+        if not more:
+            os._exit(1)
+        message += more
+    request = json.loads(message[8:])
     pid = os.fork()
     if pid == 0:
         connection.close()
@@ -215,7 +220,10 @@ def _forked(program: str, args: list, rest: dict[str, Any]) -> subprocess.Comple
         connection = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         try:
             connection.connect(_start())
-            socket.send_fds(connection, [json.dumps(request).encode()], [stdin, *outs])
+            data = json.dumps(request).encode()
+            data = len(data).to_bytes(8, "big") + data  # a stream: the length first, then the request, whole
+            sent = socket.send_fds(connection, [data], [stdin, *outs])
+            connection.sendall(data[sent:])
             answers = connection.makefile("rb")
             pid = json.loads(answers.readline())["pid"]
             connection.settimeout(rest.get("timeout"))

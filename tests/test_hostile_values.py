@@ -150,6 +150,20 @@ def test_a_hold_message_must_be_one_line_of_text(tmp_path, message):
     assert not (tmp_path / "releases/hold.json").exists()
 
 
+def test_a_hold_message_longer_than_a_sentence_or_two_is_refused_and_one_written_by_hand_is_clipped(tmp_path):
+    # A breaker's case: a 131,000-character message failed on the node with the shell's "Argument list too long"
+    # (it travels in the node command's arguments), and one of 120 kB was shown whole by hold status.
+    from flatshare_ops.common.text import HOLD_MESSAGE_MAX
+    from flatshare_ops.node.hold import describe
+
+    result = run_cli("hold", "place", "--node", "cyan", "-m", "x" * (HOLD_MESSAGE_MAX + 1),
+                     "--inventory", str(tmp_path / "none.toml"))
+    assert result.returncode == 2 and f"more than {HOLD_MESSAGE_MAX}" in result.stderr, result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "Traceback" not in result.stderr
+    shown = describe({"who": "ops", "since": 1796531418, "message": "word " * 24000})
+    assert len(shown) < HOLD_MESSAGE_MAX + 100 and shown.endswith("…"), shown[-80:]
+
+
 def test_a_hold_written_by_hand_is_shown_on_one_line(tmp_path):
     from flatshare_ops.node.hold import describe
 
@@ -180,6 +194,22 @@ PROFILE_VALUES = {
     "a run_dir with a space": ("layout.run_dir", "/run/flat share", "must be one plain word"),
     "a run_dir of /": ("layout.run_dir", "/", "is not a normalized path"),
     "a run_dir with ..": ("layout.run_dir", "/run/..", "is not a normalized path"),
+    # A breaker's cases: StateDirectory= (the engine's home on a system-scope node) split at the space, and
+    # systemd ignores a path that is not normalized.
+    "a state_dir with a space": ("layout.state_dir", "/var/lib/flat share", "holds whitespace"),
+    "a state_dir with ..": ("layout.state_dir", "/var/lib/../tmp/fs", "is not a normalized path"),
+    "a state_dir with //": ("layout.state_dir", "/var//lib/fs", "is not a normalized path"),
+    # A breaker's cases: a gateway port no socket has passed every check and failed the switch's serving-check
+    # step, the node drained, with Python's "Port out of range"; a host Python's idna codec refuses at connect.
+    "a gateway port above 65535": ("gateway.url", "http://127.0.0.1:99999", "a port from 1 to 65535"),
+    "a gateway port of 0": ("gateway.url", "http://127.0.0.1:0", "a port from 1 to 65535"),
+    "a gateway host with an empty label": ("gateway.url", "http://a..b:8080", "must be http://HOST:PORT"),
+    "a gateway URL with a path": ("gateway.url", "http://127.0.0.1:8080/v1", "must be http://HOST:PORT"),
+    "a gateway URL with a user": ("gateway.url", "http://me@127.0.0.1:8080", "must be http://HOST:PORT"),
+    "an IPv6 gateway host without brackets": ("gateway.url", "http://::1:8080", "must be http://HOST:PORT"),
+    # A breaker's case: one environment entry past what exec(2) takes was refused by the node's preflight only,
+    # naming no key ("Argument list too long").
+    "an environment value too long to exec": ("engine.environment.BIG", "y" * 40000, "must be at most 32768 characters"),
 }
 
 
@@ -472,3 +502,81 @@ def test_a_count_or_share_in_the_inventory_is_refused_in_its_own_words_at_its_li
     with pytest.raises(ProfileError) as raised:
         load_inventory(path)
     assert str(raised.value) == f"{path}:{line}: {said}"
+
+
+@pytest.mark.parametrize("host", ["a..b", ".", "x" * 64 + ".example", "-x", "bad_host"])
+def test_an_inventory_host_no_connection_could_use_is_refused_at_its_line(tmp_path, host):
+    # A breaker's case: "a..b" (an empty label) and a 64-character label passed the inventory and stopped every
+    # command with UnicodeError's traceback, raised by Python's idna codec at connect time.
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import ProfileError
+
+    path = tmp_path / "fleet.toml"
+    text = f'schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "{host}"\nprofile = "{PRODUCTION}"\n'
+    path.write_text(text)
+    with pytest.raises(ProfileError) as raised:
+        load_inventory(path)
+    assert str(raised.value).startswith(f"{path}:4: nodes.cyan.host: must be an IP address or a host name"), raised.value
+
+
+@pytest.mark.parametrize("host", ["127.0.0.2", "::1", "gpu-2.example.org", "gpu-2.example.org.", "localhost"])
+def test_an_inventory_host_that_is_an_address_or_a_name_loads(tmp_path, host):
+    from flatshare_ops.config.inventory import load_inventory
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "{host}"\nprofile = "{PRODUCTION}"\n')
+    assert load_inventory(path).nodes["cyan"].host == host
+
+
+def test_a_connection_to_a_name_pythons_idna_codec_refuses_is_a_transport_error_not_a_traceback():
+    # The same name reached through an SSH config's HostName, which the inventory's check never sees.
+    from flatshare_ops.control.ssh import SSHTarget, open_socket
+    from flatshare_ops.errors import TransportError
+
+    target = SSHTarget(node="cyan", host="a..b", port=22, user="root", known_hosts=Path("/nonexistent"),
+                       connect_timeout_s=1.0)
+    with pytest.raises(TransportError) as raised:
+        open_socket(target)
+    assert str(raised.value).startswith("cyan: the name a..b does not resolve (not a host name"), raised.value
+
+
+def test_a_node_table_named_against_the_rule_is_named_at_its_line_in_plain_words(tmp_path):
+    # A breaker's case: "nodes.Peacock.[key]: String should match pattern '^[a-z][a-z0-9-]*$'" (no line, a key no
+    # file has, a regular expression for a rule).
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import ProfileError
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'schema = 1\nmin_serving = 0\n[nodes.Peacock]\nhost = "127.0.0.3"\nprofile = "{PRODUCTION}"\n')
+    with pytest.raises(ProfileError) as raised:
+        load_inventory(path)
+    assert str(raised.value) == (f'{path}:3: nodes.Peacock: node name "Peacock" must be lowercase letters, digits '
+                                 "and '-', starting with a letter (as cyan or gpu-2); rename the table")
+
+
+@pytest.mark.parametrize("key,value", [("command_timeout_s", "1e-300"), ("connect_timeout_s", "0.01"),
+                                       ("reconnect_s", "0.001")])
+def test_a_transport_bound_no_exchange_could_keep_is_refused_at_its_line(tmp_path, key, value):
+    # A breaker's case: command_timeout_s = 1e-300 loaded, and every node was then "UNKNOWN: did not finish within
+    # 1e-300 s" (exit 6, unreachable) instead of the inventory's error (exit 2).
+    from flatshare_ops.config.inventory import load_inventory
+    from flatshare_ops.errors import ProfileError
+
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "127.0.0.2"\nprofile = "{PRODUCTION}"\n'
+                    f"[transport]\n{key} = {value}\n")
+    with pytest.raises(ProfileError) as raised:
+        load_inventory(path)
+    assert str(raised.value).startswith(f"{path}:7: transport.{key}: Input should be greater than or equal to"), \
+        raised.value
+
+
+@pytest.mark.parametrize("name", ["cy\x1b[31man", "cyan\nSERVING-CHECK OK"])
+def test_an_unknown_node_name_is_echoed_escaped_on_one_line(tmp_path, name):
+    # A breaker's case: --node's value went into "no node ..." raw, a terminal escape or a newline included.
+    path = tmp_path / "fleet.toml"
+    path.write_text(f'schema = 1\nmin_serving = 0\n[nodes.cyan]\nhost = "127.0.0.2"\nprofile = "{PRODUCTION}"\n')
+    result = run_cli("status", "--node", name, "--inventory", str(path))
+    assert result.returncode == 2, result.stdout + result.stderr
+    assert len(result.stderr.strip().splitlines()) == 1 and "\x1b[" not in result.stderr, repr(result.stderr)
+    assert name.encode("unicode_escape").decode() in result.stderr, repr(result.stderr)

@@ -51,12 +51,20 @@ def one_line(value: object) -> str:
 _SHOWN = re.compile(r"[\x00-\x1f\x7f-\x9f\u061c\u200e\u200f\u2028-\u202e\u2066-\u2069\ud800-\udfff]")
 
 
+#: The longest hold message (characters): a sentence or two. It travels in the node command's argument list,
+#: and one argument of execve(2) may hold at most 128 KiB (MAX_ARG_STRLEN).
+HOLD_MESSAGE_MAX = 1000
+
+
 def hold_message(value: str) -> str | None:
     """Why a hold message (``flatshare hold place -m``) cannot be used, or None: it must be one line of
-    text, not empty, with no control character, and UTF-8 (bytes that are not arrive from the command line
-    as surrogate escapes, which the node's record cannot hold)."""
+    text, not empty, at most :data:`HOLD_MESSAGE_MAX` characters, with no control character, and UTF-8 (bytes
+    that are not arrive from the command line as surrogate escapes, which the node's record cannot hold)."""
     if not value.strip():
         return "the message is empty; say why the node is held"
+    if len(value) > HOLD_MESSAGE_MAX:
+        return (f"the message is {len(value)} characters long, more than {HOLD_MESSAGE_MAX}; say why the node is "
+                "held in a sentence or two")
     try:
         value.encode("utf-8")
     except UnicodeEncodeError:

@@ -15,7 +15,7 @@ from typing import Mapping
 
 from .clock import utc_stamp
 from .protocol import Mode
-from .text import one_line
+from .text import HOLD_MESSAGE_MAX, clip, one_line
 
 
 def text_field(record: Mapping, key: str) -> str | None:
@@ -116,6 +116,8 @@ def hold_phrase(hold: Mapping, source: str = "hold.json") -> str:
     """An operator's hold, for "held by ...": ``root@laptop since 2026-12-01T08:00:00Z: E2 benchmark``; what
     the record lacks is named (``someone, though hold.json has no who``)."""
     who, since, message = text_field(hold, "who"), time_field(hold, "since"), text_field(hold, "message")
+    if message is not None:  # a message placed before its bound, or written by hand: shown up to the bound
+        message = clip(message, HOLD_MESSAGE_MAX)
     text = (who or "someone") + (f" since {since}" if since else "") + (f": {message}" if message else "")
     present = hold if isinstance(hold, Mapping) else {}
     missing = [k if k not in present else f"usable {k}" for k, v in (("who", who), ("since", since),

@@ -11,19 +11,26 @@ import re
 from pathlib import Path
 from typing import Annotated, Literal
 
-from pydantic import BeforeValidator, Field, ValidationError, model_validator
+from pydantic import AfterValidator, BeforeValidator, Field, ValidationError, model_validator
 
 from ..errors import ProfileError
 from ..schema_errors import dotted, ordered, rule, spelled
-from .profile import StrictModel, key_lines, read_toml
+from .profile import Host, StrictModel, key_lines, read_toml
 
-NodeName = Annotated[str, Field(pattern=r"^[a-z][a-z0-9-]*$")]
+def _node_name(value: str) -> str:
+    if not re.fullmatch(r"[a-z][a-z0-9-]*", value):
+        raise ValueError(f"node name {spelled(value)} must be lowercase letters, digits and '-', starting with a "
+                         "letter (as cyan or gpu-2); rename the table")
+    return value
+
+
+NodeName = Annotated[str, AfterValidator(_node_name)]
 
 
 class Node(StrictModel):
     """One node: where its SSH server is and which profile (relative to the inventory) it runs."""
 
-    host: Annotated[str, Field(pattern=r"^[A-Za-z0-9.:-]+$")]
+    host: Host
     port: int = Field(default=22, ge=1, le=65535)
     user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] = "root"
     profile: Annotated[str, Field(min_length=1)]
@@ -42,13 +49,15 @@ class Node(StrictModel):
 class Transport(StrictModel):
     """The bounds of every SSH exchange (seconds); docs/release.md ("It never hangs and never lies") says what each does."""
 
-    connect_timeout_s: float = Field(default=10.0, gt=0, le=600)
+    # At least 0.5 s: a TCP connection and an SSH handshake, on the nearest network.
+    connect_timeout_s: float = Field(default=10.0, ge=0.5, le=600)
     keepalive_s: float = Field(default=5.0, ge=1, le=600)
     # At least 2 s: a node's first line comes after sshd's exec and two Python starts (about 0.5 s on an idle
     # node), and a node reports every third of this bound (0.2 s at the least); less could never release.
     silence_s: float = Field(default=30.0, ge=2, le=3600)
-    reconnect_s: float = Field(default=30.0, gt=0, le=3600)
-    command_timeout_s: float = Field(default=30.0, gt=0, le=3600)
+    reconnect_s: float = Field(default=30.0, ge=1, le=3600)
+    # At least 2 s, for the same starts as silence_s: a node command bounded by less never answers.
+    command_timeout_s: float = Field(default=30.0, ge=2, le=3600)
     # The operator's SSH config (control/ssh_config.py), relative to the inventory; "none" reads none.
     ssh_config: Annotated[str, Field(min_length=1)] | None = None
 

@@ -48,6 +48,68 @@ def _absolute(value: str) -> str:
 
 Text = Annotated[str, Field(min_length=1), AfterValidator(_no_control_chars)]
 AbsPath = Annotated[Text, AfterValidator(_absolute)]
+
+
+def host_problem(value: str) -> str | None:
+    """Why ``value`` is no host a node can be reached at, or None: an IP address (IPv6 without brackets), or a
+    host name of dot-separated labels of 1 to 63 letters, digits and '-', neither starting nor ending with '-',
+    253 characters at most (RFC 1035 section 2.3.1, RFC 1123 section 2.1; Python's idna codec refuses an empty
+    or longer label at connect time, before any lookup)."""
+    import ipaddress
+
+    try:
+        ipaddress.ip_address(value)
+        return None
+    except ValueError:
+        pass
+    labels = value[:-1].split(".") if value.endswith(".") else value.split(".")
+    if len(value) > 253 or not all(re.fullmatch(r"[A-Za-z0-9]([A-Za-z0-9-]{0,61}[A-Za-z0-9])?", x) for x in labels):
+        return (f"must be an IP address or a host name (dot-separated labels of 1 to 63 letters, digits and '-', "
+                f"not starting or ending with '-'), got {spelled(value)}")
+    return None
+
+
+def _host(value: str) -> str:
+    problem = host_problem(value)
+    if problem:
+        raise ValueError(problem)
+    return value
+
+
+def _http_base(value: str) -> str:
+    # http://HOST:PORT and nothing more: the node's own service, reached by urllib (docs/reference/profile-values.md).
+    from urllib.parse import urlsplit
+
+    wrong = (f"must be http://HOST:PORT (a host name or an IP address, [IPv6] in brackets, and a port from 1 to "
+             f"65535; no path), got {spelled(value)}")
+    try:
+        parts = urlsplit(value)
+        port = parts.port
+    except ValueError:
+        raise ValueError(wrong) from None
+    host = parts.hostname or ""
+    if parts.scheme != "http" or port is None or not 1 <= port <= 65535 or parts.username is not None \
+            or parts.password is not None or parts.path or parts.query or parts.fragment or "#" in value \
+            or "?" in value or value != f"http://{parts.netloc}" or host_problem(host) is not None \
+            or (":" in host) != parts.netloc.startswith("["):
+        raise ValueError(wrong)
+    return value
+
+
+#: The longest value of one engine environment entry (characters): one entry of exec(2)'s environment may
+#: hold 128 KiB (MAX_ARG_STRLEN), which this keeps any UTF-8 text under.
+ENVIRONMENT_VALUE_MAX = 32768
+
+
+def _environment_value(value: str) -> str:
+    if len(value) > ENVIRONMENT_VALUE_MAX:
+        raise ValueError(f"must be at most {ENVIRONMENT_VALUE_MAX} characters (one entry of the engine's environment, "
+                         f"which exec(2) bounds), got {len(value)}")
+    return value
+
+
+#: A host a node's SSH server or service is reached at (:func:`host_problem`).
+Host = Annotated[str, AfterValidator(_host)]
 Command = Annotated[list[Text], Field(min_length=1)]
 #: A time span: at least 1 ms (systemd reads a span that renders as 0 as "no timeout": systemd.service(5),
 #: docs/reference/systemd.md), at most a day.
@@ -173,9 +235,8 @@ class Engine(StrictModel):
     scheduler_cls: Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*(\.[A-Za-z_][A-Za-z0-9_]*)+$")]
     start_timeout_s: Seconds
     stop_timeout_s: Seconds
-    environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")], Text] = Field(
-        default_factory=dict
-    )
+    environment: dict[Annotated[str, Field(pattern=r"^[A-Za-z_][A-Za-z0-9_]*$")],
+                      Annotated[Text, AfterValidator(_environment_value)]] = Field(default_factory=dict)
     kv_offloading: KvOffloading
     make_room: MakeRoom
     flatshare_jit: FlatshareJit
@@ -231,7 +292,7 @@ class Module(StrictModel):
 
 
 #: An HTTP base URL a node reaches one of its own services at (no path): ``http://HOST:PORT``.
-HttpBase = Annotated[str, Field(pattern=r"^http://(\[[0-9A-Fa-f:.]+\]|[A-Za-z0-9.-]+):[0-9]{1,5}$")]
+HttpBase = Annotated[str, AfterValidator(_http_base)]
 
 
 class Gateway(StrictModel):
@@ -298,6 +359,20 @@ class Layout(StrictModel):
     run_dir: AbsPath
     service_user: Annotated[str, Field(pattern=r"^[a-z_][a-z0-9_-]*$")] | None = None
     output: Annotated[Text, AfterValidator(_journal_or_directory)] = "journal"
+
+    @model_validator(mode="after")
+    def _state_dir_is_one_plain_path(self) -> "Layout":
+        # A system-scope engine unit names the engine's home under it in StateDirectory= (render/units.py),
+        # which systemd splits at whitespace and ignores unless normalized (systemd.exec(5)); the release's
+        # files and the units' command lines name it too.
+        parts = self.state_dir.split("/")[1:]
+        if not parts or any(part in ("", ".", "..") for part in parts):
+            raise ValueError(f"state_dir: {spelled(self.state_dir)} is not a normalized path (no '.', '..', '//' or "
+                             "trailing '/'); write it as /var/lib/NAME")
+        if any(c.isspace() for c in self.state_dir):
+            raise ValueError(f"state_dir: {spelled(self.state_dir)} holds whitespace, which systemd's "
+                             "StateDirectory= reads as two directories; choose a path without it")
+        return self
 
     @model_validator(mode="after")
     def _run_dir_is_what_runtime_directory_makes(self) -> "Layout":
@@ -554,7 +629,7 @@ def _read_text(path: Path, kind: str = "profile") -> str:
     try:
         data = read_bytes(path, allow_symlink=True)  # a fifo or a device is refused, never waited on
     except Damaged as err:
-        raise ProfileError(f"{path}: {err.form}; give a {kind} file") from None
+        raise ProfileError(f"{path}: {err.form}; give {'an' if kind[:1] in 'aeiou' else 'a'} {kind} file") from None
     if data is None:
         raise ProfileError(f"{path}: {kind} file not found; check the path or create it")
     try:

@@ -21,6 +21,7 @@ from pathlib import Path
 
 import paramiko
 
+from ..common.text import one_line
 from ..errors import TransportError
 from . import known_hosts
 from .connection import Connection, Lost, Session
@@ -69,8 +70,11 @@ def open_socket(target: SSHTarget) -> tuple[socket.socket | paramiko.Channel, "S
     if target.jump is None:
         try:
             return socket.create_connection((target.host, target.port), timeout=target.connect_timeout_s), None
-        except socket.gaierror as err:  # the name did not resolve: nothing was tried, nothing timed out
-            raise TransportError(f"{target.node}: the name {target.host} does not resolve ({err.strerror or err}); "
+        except (socket.gaierror, UnicodeError) as err:  # the name did not resolve: nothing was tried, nothing timed out
+            # UnicodeError: Python's idna codec refuses the name before any lookup (an empty label, or one over
+            # 63 characters), as from an SSH config's HostName the inventory's own check never saw.
+            why = err.strerror if isinstance(err, socket.gaierror) else "not a host name: a label is empty or too long"
+            raise TransportError(f"{target.node}: the name {one_line(target.host)} does not resolve ({why or err}); "
                                  "check the inventory's host, or its HostName in your SSH config") from None
         except OSError as err:
             raise TransportError(f"{target.node}: cannot reach {label} within {target.connect_timeout_s:g} s "

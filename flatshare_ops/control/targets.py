@@ -15,6 +15,7 @@ from dataclasses import dataclass, field
 from functools import cached_property
 from pathlib import Path
 
+from ..common.text import one_line
 from ..config.inventory import Inventory, Node, load_inventory, node_profile_path, resolve
 from ..errors import FlatshareError
 from .commands import NodeSpec
@@ -164,13 +165,14 @@ def targets(inventory_file: Path, names: list[str], all_nodes: bool) -> list[Nod
     if all_nodes or names:
         unknown = [n for n in names if n not in inventory.nodes]
         if unknown:
-            raise FlatshareError(f"{inventory_file}: no node {', '.join(unknown)}; known nodes: {', '.join(inventory.nodes)}")
+            raise FlatshareError(f"{inventory_file}: no node {', '.join(one_line(n) for n in unknown)}; known nodes: "
+                                 f"{', '.join(inventory.nodes)}")
         chosen = list(inventory.nodes) if all_nodes else [n for n in inventory.nodes if n in names]
         return [NodeTarget(n, inventory.nodes[n], inventory_file, inventory) for n in chosen]
     here = this_node()
     if here not in inventory.nodes:
         raise FlatshareError(
-            f"this machine ({here}) is not a node of {inventory_file}; pass --node NAME or --all "
+            f"this machine ({one_line(here)}) is not a node of {inventory_file}; pass --node NAME or --all "
             "(or set FLATSHARE_NODE)"
         )
     return [NodeTarget(here, inventory.nodes[here], inventory_file, inventory, local=True)]
