@@ -22,9 +22,10 @@ subprocess.run = cli_zygote.run
 
 
 def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None,
-            timeout: float = 120):
-    """Run one of the project's console scripts; returns the CompletedProcess (text). ``timeout`` in seconds
-    (a release of real engines takes minutes)."""
+            timeout: float = 300):
+    """Run one of the project's console scripts; returns the CompletedProcess (text). ``timeout`` in seconds: a
+    bound against a hang, never a speed the test asks for (a release of real engines takes minutes, and a
+    command that imports vLLM took over 120 s with the suite, two sandboxes and make check on 2 CPUs)."""
     return subprocess.run(
         [str(BIN / program), *args],
         cwd=cwd,

@@ -199,7 +199,8 @@ def test_profiles_verify_json_is_one_document_on_stdout_with_its_findings(checko
     # A threshold no vLLM bucket bound equals: a warning, in the document too.
     changed = run_cli("profiles", "set", "release.analysis.ttft_p95_max_s", "0.3", "--root", str(checkout))
     assert changed.returncode == 0, changed.stderr
-    result = run_cli("profiles", "verify", "--json", "--vllm", str(REPO / ".venv-vllm"), "--root", str(checkout))
+    result = run_cli("profiles", "verify", "--json", "--vllm", str(REPO / ".venv-vllm"), "--root", str(checkout),
+                     timeout=600)
     assert result.returncode == 0, result.stdout + result.stderr
     document = json.loads(result.stdout)  # the whole of stdout; people's lines on stderr
     rendered = render_profile(load_profile(checkout / "profiles/rtx-5060-ti-serve.toml"))

@@ -268,19 +268,21 @@ class Fleet:
 
 
 def run_at_once(commands: dict[str, tuple[list[str], dict]]) -> dict[str, subprocess.CompletedProcess]:
-    """Run several commands in parallel; name -> CompletedProcess (text)."""
-    running = {name: subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True,
-                                      env={**os.environ, **env})
-               for name, (argv, env) in commands.items()}
-    done = {}
-    for name, process in running.items():
+    """Run several commands in parallel, each bounded to 120 s (killed then, with what it said so far); name ->
+    CompletedProcess (text). Through ``subprocess.run`` in threads: the operator's commands start from the test
+    process's zygote (tests/cli_zygote.py)."""
+    from concurrent.futures import ThreadPoolExecutor
+
+    def one(argv: list[str], env: dict) -> subprocess.CompletedProcess:
         try:
-            out, err = process.communicate(timeout=120)
-        except subprocess.TimeoutExpired:
-            process.kill()
-            out, err = process.communicate()
-        done[name] = subprocess.CompletedProcess(process.args, process.returncode, out, err)
-    return done
+            return subprocess.run(argv, capture_output=True, text=True, env={**os.environ, **env}, timeout=120)
+        except subprocess.TimeoutExpired as err:
+            said = [x.decode(errors="replace") if isinstance(x, bytes) else x or "" for x in (err.stdout, err.stderr)]
+            return subprocess.CompletedProcess(argv, -signal.SIGKILL, *said)
+
+    with ThreadPoolExecutor(max_workers=max(1, len(commands))) as pool:
+        running = {name: pool.submit(one, argv, env) for name, (argv, env) in commands.items()}
+        return {name: future.result() for name, future in running.items()}
 
 
 def text_of(result: subprocess.CompletedProcess) -> str:
@@ -1554,6 +1556,9 @@ def test_a_release_whose_guard_was_read_before_another_release_of_its_node_faile
             may_switch.touch()
         out = second.communicate(timeout=300)[0]
     assert first.returncode == 9, text_of(first)  # failed, rolled back automatically
+    # Its summary row says where it went and where it came back to.
+    assert re.search(rf"^\s+cyan\s+{left} -> {failed} -> {left}\s+-\s+rolled back automatically\s",
+                     text_of(first), re.MULTILINE), text_of(first)
     assert second.returncode == 3, out
     assert f"this checkout's release for cyan ({failed}) failed there and was taken back" in out, out
     assert fleet.current() == left
@@ -1602,6 +1607,44 @@ def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with
     from flatshare_ops.common.poll import poll_until
 
     assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
+    fleet.settled()
+
+
+@ROLLBACKS
+def test_a_node_side_interrupted_before_its_switch_began_is_a_refusal_not_the_operators_own_signal(fleet, tmp_path):
+    # A breaker's case: SIGTERM to the node's switch while it waited for the go-ahead (nothing changed yet) made
+    # `flatshare release` exit 143, the code of a SIGTERM to the operator's side itself.
+    fleet.change()
+    before = (fleet.current(), len(fleet.history()))
+    until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
+    env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
+           **faults(slow_command="history", seconds=120, until=str(until))}
+    operator = subprocess.Popen([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout)], env=env,
+                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    said = []
+    try:
+        assert operator.stdout is not None
+        for line in operator.stdout:
+            said.append(line)
+            if "asking the operator's side whether to go on" in line:
+                from node_processes import switch_pids
+
+                (switch,) = switch_pids(fleet.node().state_dir)
+                os.kill(switch, signal.SIGTERM)
+                until.touch()  # the guard's verdict comes once the node's side has ended
+                break
+        said.append(operator.communicate(timeout=120)[0])
+    finally:
+        until.touch()
+        if operator.poll() is None:
+            operator.kill()
+    out = "".join(said)
+    assert operator.returncode == 3, out
+    assert "interrupted by SIGTERM before the switch began; nothing was changed" in out, out
+    last = out.rstrip().splitlines()[-1]  # the summary's line for cyan says why, as the node said it
+    assert last.startswith("cyan: refused: ") and "before the switch began; nothing was changed" in last, out
+    assert "Traceback" not in out and "None" not in out, out
     assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
     fleet.settled()
 

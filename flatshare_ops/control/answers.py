@@ -158,6 +158,15 @@ def admission_line(other: str, target: str, answer: dict) -> tuple[bool, str]:
     return True, f"{other}: takes calls, no release holds it (must stay so while {target} drains)"
 
 
+def operator_code(code: int, result: str | None) -> int:
+    """The exit code this side gives for a node command that ended with ``code`` and outcome ``result``: the
+    node's own, except for a node's side interrupted before its switch began (130 or 143, ``interrupted``:
+    nothing changed there), which is a refusal here: 130 and 143 are this side's own Ctrl-C and SIGTERM."""
+    if result == OutcomeResult.INTERRUPTED and code in (Exit.INTERRUPTED, Exit.TERMINATED):
+        return Exit.REFUSED
+    return code
+
+
 def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> tuple[int, str]:
     """(exit code, the line to print) from what a node says of one switch after a lost connection
     (``flatshare-node status --switch ID``: node/status.py ``switch_state``)."""
@@ -182,7 +191,7 @@ def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> t
         code = int_field(kept, "code")
         result, message = text_field(kept, "result"), text_field(kept, "message")
         missing = [k for k, v in (("code", code), ("result", result), ("message", message)) if v is None]
-        return (code if code is not None else Exit.UNREACHABLE,
+        return (operator_code(code, result) if code is not None else Exit.UNREACHABLE,
                 f"{name}: the node says: {result or 'ended'}: {message or 'no message kept'} (switch {switch_id})"
                 + not_recorded("its kept outcome", missing))
     journal = text_field(answer, "journal")

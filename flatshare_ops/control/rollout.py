@@ -35,7 +35,7 @@ from ..errors import Exit, FlatshareError, Refused, TransportError
 from .summary import EXIT_NAMES
 from ..node.output import ReleaseOutput
 from . import commands
-from .answers import admission_line, follow_up_report, owed_rollback_words
+from .answers import admission_line, follow_up_report, operator_code, owed_rollback_words
 from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fanout import answer_of, not_an_answer
 from .targets import NodeTarget
@@ -43,6 +43,14 @@ from ..common.text import clip
 
 #: The retry guard's mark of a node whose history it did not reach (never equal to a node's mark).
 _NOT_READ = object()
+
+
+def _tried(outcome: protocol.Outcome | None) -> str | None:
+    """The release a switch that the node rolled back by itself went to (its plan's ``to_id``), else None."""
+    if outcome is None or outcome.result != protocol.OutcomeResult.AUTO_ROLLED_BACK or not isinstance(outcome.plan, dict):
+        return None
+    tried = outcome.plan.get("to_id")
+    return tried if isinstance(tried, str) else None
 
 
 def _read(load: object) -> TypeGuard[dict]:
@@ -175,6 +183,7 @@ class Rollout:
         self.progress: dict[str, protocol.Progress] = {}  # node -> where its switch last said it stands
         self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
+        self.followed_up: dict[str, str] = {}  # node -> what it said of its switch when asked after a lost session
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
@@ -830,7 +839,8 @@ class Rollout:
             # What the node said it did: released, rolled back, repaired, rolled back automatically.
             return (outcome.result or EXIT_NAMES.get(t.result, f"exit {t.result}"),
                     (outcome.message or "the node gave no reason") if t.result == Exit.ROLLED_BACK else None)
-        return EXIT_NAMES.get(t.result, f"exit {t.result}"), outcome.message if outcome is not None else None
+        return (EXIT_NAMES.get(t.result, f"exit {t.result}"),
+                outcome.message if outcome is not None else self.followed_up.get(t.name))
 
     def _summary(self, interrupted: bool = False) -> None:
         """One line a node (``NAME: RESULT: why (analysis)``): an interrupted run's, and a dry run's."""
@@ -851,9 +861,11 @@ class Rollout:
 
         Returns:
             ``{"rollout", "mode", "dry_run", "code", "meaning", "duration_s", "nodes", "analyses"}``: ``nodes`` is
-            node -> ``{"code", "result", "message", "switch", "from", "to", "commit", "drained_s",
+            node -> ``{"code", "result", "message", "switch", "from", "to", "tried", "commit", "drained_s",
             "engine_start_s", "analysis", "duration_s"}`` (and ``"plan"``, the node's plan as data, in a dry run);
-            durations in seconds, None where not known (the node did not say, or did not get that far).
+            ``to`` is the release the node is on afterwards, ``tried`` the release a switch the node rolled back
+            by itself went to (None otherwise); durations in seconds, None where not known (the node did not say,
+            or did not get that far).
         """
         now = time.monotonic()
         nodes = {}
@@ -864,6 +876,7 @@ class Rollout:
             entry = {
                 "code": t.result, "result": result, "message": message, "switch": self.switch_ids.get(t.name),
                 "from": outcome.before if outcome else None, "to": outcome.release if outcome else None,
+                "tried": _tried(outcome),
                 "commit": outcome.commit if outcome else None,
                 "drained_s": outcome.drained_s if outcome else None,
                 "engine_start_s": outcome.engine_start_s if outcome else None,
@@ -1003,7 +1016,7 @@ class Rollout:
                  "asking the node what became of the switch")
             self.drop(target)
             return self.follow_up(target, switch_id)
-        return status
+        return operator_code(status, outcome.result)
 
     def admission(self, target: NodeTarget, node_id: str | None = None, load: dict | None = None) -> str | None:
         """May ``target`` drain now? None to admit, else why not.
@@ -1133,6 +1146,7 @@ class Rollout:
     def _report(self, target: NodeTarget, switch_id: str, answer: dict, bound: float) -> int:
         code, line = follow_up_report(target.name, switch_id, answer, bound)
         self.out.line(line)
+        self.followed_up[target.name] = line.removeprefix(f"{target.name}: ")
         return code
 
 

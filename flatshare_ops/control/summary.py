@@ -54,7 +54,7 @@ def table_lines(document: dict) -> list[str]:
 
     Args:
         document: a summary document (``rollout``, ``mode``, ``dry_run``, ``code``, ``meaning``, ``duration_s``,
-            ``nodes``: name -> entry with the columns' keys, ``from``, ``to`` and ``message``).
+            ``nodes``: name -> entry with the columns' keys, ``from``, ``to``, ``tried`` and ``message``).
     """
     nodes = document["nodes"]
     what = f"{document['mode']}{' (dry run)' if document.get('dry_run') else ''} of {', '.join(nodes)}"
@@ -66,6 +66,8 @@ def table_lines(document: dict) -> list[str]:
         for _, key in COLUMNS:
             if key == "node":
                 row.append(name)
+            elif key == "switched" and entry.get("tried"):  # rolled back by the node: where it went, and back
+                row.append(f"{entry.get('from') or '(none)'} -> {entry['tried']} -> {entry.get('to') or '-'}")
             elif key == "switched":
                 row.append(f"{entry.get('from') or '(none)'} -> {entry.get('to') or '-'}"
                            if entry.get("to") or entry.get("from") else "-")

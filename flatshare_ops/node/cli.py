@@ -258,7 +258,7 @@ def switch(args) -> int:
         out.line(f"flatshare: interrupted by {name} before the switch began; nothing was changed")
         code = Exit.TERMINATED if name == "SIGTERM" else Exit.INTERRUPTED
         outcome = protocol.Outcome(request.switch, int(code), protocol.OutcomeResult.INTERRUPTED, None,
-                                   f"interrupted by {name}")
+                                   f"interrupted by {name} before the switch began; nothing was changed")
     if not args.dry_run:
         _keep(ctx, outcome, out)
     out.close()
