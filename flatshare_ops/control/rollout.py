@@ -547,7 +547,8 @@ class Rollout:
                 f"no node was drained: " + "; ".join(f"{n}: {m}" for n, m in cannot) + others)
 
     def _failed_before(self, carries: list[NodeTarget] | tuple = (), say: Callable[[str], None] | None = None,
-                       seen: dict[str, str | None] | None = None) -> str | None:
+                       seen: dict[str, str | None] | None = None,
+                       nodes: list[NodeTarget] | None = None) -> str | None:
         """Why this checkout's release is refused, or None: on some node of the inventory, the release this
         checkout renders for it failed (rolled back automatically, or its canary analysis failed: node/history.py
         ``failed_releases``), taken back or, for a canary whose rollback is owed, not yet. Release ids are per
@@ -556,7 +557,8 @@ class Rollout:
         carries it out first). A node whose history cannot be read is said (by ``say``, a line at a time: the
         operator's output unless given), and does not refuse. ``seen``, when given, gets each node's newest
         history mark as read (node/history.py ``newest_mark``; None for a history the node could not read; no
-        entry for a node not reached)."""
+        entry for a node not reached). ``nodes``: the nodes whose histories are read (every inventory node unless
+        given)."""
         from concurrent.futures import ThreadPoolExecutor
 
         from ..common.clock import utc_stamp
@@ -597,8 +599,9 @@ class Rollout:
             found = failed_releases(records if isinstance(records, list) else []).get(release)
             return (release, found) if found else None
 
-        with ThreadPoolExecutor(max_workers=max(1, len(self.everyone))) as pool:
-            found = list(zip(self.everyone, pool.map(failed_on, self.everyone)))
+        reading = self.everyone if nodes is None else nodes
+        with ThreadPoolExecutor(max_workers=max(1, len(reading))) as pool:
+            found = list(zip(reading, pool.map(failed_on, reading)))
         for target, failure in found:
             if failure is None:
                 continue
@@ -645,15 +648,18 @@ class Rollout:
         while self._guard_notes:
             self.out.line(self._guard_notes.pop(0))
 
-    def _read_guard(self) -> str | None:
+    def _read_guard(self, only: NodeTarget | None = None) -> str | None:
         """Read the retry guard now, in this thread, and keep it (with the history marks it read) for the go-ahead
-        each switch's node asks (:meth:`guard_refusal`); its refusal or None.
+        each switch's node asks (:meth:`guard_refusal`); its refusal or None. With ``only``, that node's history
+        alone is read again, the others' marks kept from the guard's last read (which found no failure).
 
         Raises:
             FlatshareError: a chosen node's profile that does not render.
         """
         seen: dict[str, str | None] = {}
-        verdict = self._failed_before(self._guard_carries, seen=seen)
+        if only is not None and self._guard is not None and self._guard.done():
+            seen = dict(self._guard.result()[1])
+        verdict = self._failed_before(self._guard_carries, seen=seen, nodes=None if only is None else [only])
         guard: Future = Future()
         guard.set_result((verdict, seen))
         self._guard = guard
@@ -665,8 +671,8 @@ class Rollout:
         ``mark`` is the node's newest history record's mark, sent holding its release lock
         (``AdmitRequest.history``). The guard may have been read before the node took its lock, while another
         release of the node was still under way: when the mark differs from the one the guard read, the node's
-        history changed since (that release failed and was rolled back, say), and the guard is read again, now
-        that no other switch of the node can write it.
+        history changed since (that release failed and was rolled back, say), and its history is read again,
+        now that no other switch of the node can write it (the others' verdict stands: nothing failed there).
 
         Raises:
             FlatshareError: what the guard raised (a chosen node's profile that does not render).
@@ -676,7 +682,7 @@ class Rollout:
             return None
         verdict, seen = self._guard.result()
         if verdict is None and seen.get(target.name, _NOT_READ) != mark:
-            verdict = self._read_guard()
+            verdict = self._read_guard(only=target)
         if verdict is not None:
             self.refused[target.name] = verdict
         return verdict
