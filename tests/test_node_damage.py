@@ -620,6 +620,12 @@ def _module(node: Node) -> Path:
     return Path(json.loads((_active(node) / "serving.json").read_text())["module"]["path"])
 
 
+def _model_file(node: Node) -> Path:
+    """The model's config.json (the engine's ``vllm serve MODEL``, a local directory in the sandbox)."""
+    argv = json.loads((_active(node) / "serving.json").read_text())["engine"]["argv"]
+    return Path(argv[argv.index("serve") + 1]) / "config.json"
+
+
 def _switcher_file(node: Node) -> Path:
     digest = (_active(node) / "switcher").read_text().strip()
     return node.releases / ".switchers" / digest / "flatshare_ops/node/status.py"
@@ -643,6 +649,9 @@ OPENED = [
     Opened("voice.status", lambda n: n.sandbox.run_dir / "voice.status", "switch", (1,), r"voice\.status"),
     # an installed unit the release would install: install-units ends early, named (before any daemon-reload)
     Opened("installed unit", lambda n: n.sandbox.manager.unit_dir / VOICE, "switch", (1,), re.escape(VOICE)),
+    # the model's files, read by the preflight (and by vLLM's reader, which a FIFO stops: a breaker's case, with the
+    # release lock held for good): refused before any drain, named
+    Opened("model config.json", _model_file, "switch", (3,), r"config\.json"),
     # the engine venv's vLLM metadata: the release is refused (no vLLM known there)
     Opened("vLLM METADATA", _metadata, "switch", (3,), r"vLLM not installed \(.*METADATA"),
     # the active release's own files: a whole switch with a note naming it
@@ -701,6 +710,23 @@ def test_nothing_at_a_path_the_node_opens_makes_it_wait(cyan, opened, form):
         assert not still_there  # unpacked again: a regular file there once more
     if opened.name in ("voice.drain", "voice.status"):
         cyan.restart(VOICE)  # the stand-in worker may have stopped on it
+
+
+def test_a_kept_preflight_is_checked_without_opening_a_fifo_among_the_models_files(tmp_path):
+    # A breaker's case: a switch to a release whose passed preflight was kept read the model's config.json to see
+    # whether it changed, and a FIFO there held the switch (and its node's release lock) for good.
+    import subprocess
+    import sys
+
+    model = tmp_path / "model"
+    model.mkdir()
+    os.mkfifo(model / "config.json")
+    serving = {"engine": {"argv": ["vllm", "serve", str(model)], "venv": str(tmp_path / "venv")}}
+    code = ("import json, sys; from flatshare_ops.node.preflight import fingerprint; "
+            "print(fingerprint('a1b2c3d4e5f60718', json.loads(sys.argv[1])))")
+    done = subprocess.run([sys.executable, "-c", code, json.dumps(serving)], capture_output=True, text=True,
+                          timeout=120)
+    assert done.returncode == 0 and len(done.stdout.strip()) == 64, done.stdout + done.stderr
 
 
 def form_words(form: str) -> str:

@@ -241,6 +241,7 @@ def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
     model = words[0] if words else ""
     if model.startswith("/") and not Path(model).exists():
         found.append(f"the model path {model} does not exist on this node")
+    odd = odd_files(Path(model), "the model's") if model.startswith("/") else []
     if "--speculative-config" in words:
         try:
             draft = json.loads(words[words.index("--speculative-config") + 1]).get("model", "")
@@ -248,6 +249,12 @@ def run(serving: dict, progress=None, dry_run: bool = False) -> Outcome:
             draft = ""
         if isinstance(draft, str) and draft.startswith("/") and not Path(draft).exists():
             found.append(f"the speculative draft model path {draft} does not exist on this node")
+        elif isinstance(draft, str) and draft.startswith("/"):
+            odd += odd_files(Path(draft), "the speculative draft model's")
+    if odd:  # vLLM's reader would wait on a FIFO among the model's files: nothing more is asked of it
+        found += odd
+        outcome.seconds = time.monotonic() - started
+        return outcome
     build = (serving.get("module") or {}).get("build_command") or []
     if build and not (Path(build[0]).is_file() and os.access(build[0], os.X_OK)):
         found.append(f"the serve module's build command {build[0]} is missing or not executable")
@@ -314,6 +321,39 @@ KEPT_S = 3600.0
 KEPT_DIR = ".preflight"
 
 
+#: What a model's files are named (Hugging Face's layout): never a directory.
+_MODEL_FILE_SUFFIXES = (".json", ".safetensors", ".bin", ".model", ".txt", ".py", ".jinja", ".tiktoken")
+
+
+def odd_files(directory: Path, whose: str) -> list[str]:
+    """One line for each file directly in a model's ``directory`` (a symlink followed) that is neither a
+    regular file nor a directory, or a directory named as a model's files are (``config.json``,
+    ``*.safetensors``...): a FIFO there stops vLLM's reader (and this preflight's) until a writer comes, and a
+    socket or a device is no model file; a dangling link is named too. [] when the directory cannot be listed
+    (vLLM's own checks say why)."""
+    import stat
+
+    from ..common.files import what_is
+
+    found = []
+    try:
+        entries = list(os.scandir(directory))
+    except OSError:
+        return []
+    for entry in sorted(entries, key=lambda e: e.name):
+        try:
+            mode = os.stat(entry.path).st_mode
+        except FileNotFoundError:
+            found.append(f"{whose} file {entry.path} is a dangling symlink: restore the file it names, or remove it")
+            continue
+        except OSError:
+            continue  # unreadable: the engine's user's read of the model (its own check) says so
+        if not (stat.S_ISREG(mode) or (stat.S_ISDIR(mode) and not entry.name.endswith(_MODEL_FILE_SUFFIXES))):
+            found.append(f"{whose} file {entry.path} is {what_is(mode)}, not a regular file: put the model's file "
+                         "back")
+    return found
+
+
 def fingerprint(release: str, serving: dict) -> str:
     """What a preflight checked, as one digest: the release (its id covers the engine's command line,
     environment and user), the engine venv's installed distributions (their ``*.dist-info`` names: each a name
@@ -326,9 +366,12 @@ def fingerprint(release: str, serving: dict) -> str:
     dists = sorted(p.name for p in venv.glob("lib/python*/site-packages/*.dist-info"))
     argv = list(engine.get("argv", []))
     model = argv[argv.index("serve") + 1] if "serve" in argv[:3] and argv.index("serve") + 1 < len(argv) else ""
-    try:
-        config = hashlib.sha256((Path(model) / "config.json").read_bytes()).hexdigest() if model.startswith("/") else ""
-    except OSError:
+    from ..common.files import Damaged, read_bytes
+
+    try:  # a FIFO, a socket or a device there is never opened (it would wait for a writer)
+        data = read_bytes(Path(model) / "config.json", allow_symlink=True) if model.startswith("/") else b""
+        config = hashlib.sha256(data).hexdigest() if data is not None else "missing"
+    except (Damaged, OSError):
         config = "unreadable"
     document = {"release": release, "dists": dists, "config": config, "user": engine_user(serving),
                 "euid": os.geteuid()}
