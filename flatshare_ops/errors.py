@@ -70,6 +70,13 @@ class SwitchFailed(FlatshareError):
     exit_code = Exit.FAILED
 
 
+class WriteFailed(FlatshareError):
+    """A file of the checkout could not be written (a full disk, a read-only filesystem, something other than a
+    file in its place): the message names it and why; nothing was changed."""
+
+    exit_code = Exit.FAILED
+
+
 class NodeStateError(FlatshareError):
     """A file the node keeps is damaged: the message names the file, the damage and what to do."""
 

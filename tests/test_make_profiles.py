@@ -6,6 +6,8 @@ from __future__ import annotations
 import hashlib
 import json
 
+import pytest
+
 from conftest import BIN, REPO, run_cli, snapshot
 from flatshare_ops.config.profile import load_profile
 from flatshare_ops.render import render_profile
@@ -224,3 +226,86 @@ def test_a_value_with_bytes_that_are_not_utf8_inside_a_list_is_one_line_and_noth
     assert result.returncode == 2 and "Traceback" not in err, err
     assert "release.analysis.golden.prompts" in err and len(err.strip().splitlines()) == 1, err
     assert snapshot(checkout) == before
+
+
+def test_profiles_set_on_a_full_disk_changes_no_file_and_says_which_in_one_line(tmp_path):
+    # A breaker's case: on a full disk `profiles set` put the profile back but had rewritten three of the rendered
+    # files already (the checkout half one value, half the other), with OSError's traceback.
+    import os
+    import subprocess
+
+    from conftest import copy_checkout
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=4m", "tmpfs", str(disk)], check=True)
+    try:
+        checkout = copy_checkout(REPO, disk / "checkout")
+        profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+        old = load_profile(profile).profile.engine.make_room.decode_hold_tokens
+        before = snapshot(checkout)
+        # Room for the profile's new text and about two pages more: some rendered files, never all of them.
+        room = profile.stat().st_size + 8192
+        free = os.statvfs(disk).f_bavail * os.statvfs(disk).f_frsize
+        with open(disk / "filler", "wb") as f:
+            f.truncate(0)
+        subprocess.run(["fallocate", "-l", str(max(0, free - room)), str(disk / "filler")], check=True)
+        result = run_cli("profiles", "set", "engine.make_room.decode_hold_tokens", str(0 if old else 48),
+                         "--root", str(checkout))
+        after = snapshot(checkout)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert result.returncode == 1, result.stdout + result.stderr
+    assert "Traceback" not in result.stderr and len(result.stderr.strip().splitlines()) == 1, result.stderr
+    assert "No space left on device" in result.stderr, result.stderr
+    assert after == before  # every file as it was: the profile put back, no rendered file changed
+
+
+@pytest.mark.parametrize("form", ["fifo", "directory", "not-utf8"])
+def test_a_rendered_file_damaged_in_the_checkout_is_drift_never_a_wait_or_a_traceback(checkout, form):
+    # A breaker's case: a FIFO where units/flatshare-engine.service belongs made release, doctor and `profiles
+    # render` wait with no output; a directory or bytes that are not UTF-8 gave a traceback, --update too.
+    import os
+    import shutil
+
+    path = checkout / "units/flatshare-engine.service"
+    committed = path.read_bytes()
+    path.unlink()
+    if form == "fifo":
+        os.mkfifo(path)
+    elif form == "directory":
+        path.mkdir()
+    else:
+        path.write_bytes(committed + b"\xff\n")
+    shown = run_cli("profiles", "render", "--root", str(checkout), timeout=120)
+    assert shown.returncode == 1 and "units/flatshare-engine.service" in shown.stdout, shown.stdout + shown.stderr
+    assert "Traceback" not in shown.stderr, shown.stderr
+    updated = run_cli("profiles", "render", "--update", "--root", str(checkout), timeout=120)
+    assert "Traceback" not in updated.stderr, updated.stderr
+    if form == "not-utf8":  # a file with other bytes: rewritten
+        assert updated.returncode == 0 and path.read_bytes() == committed, updated.stdout + updated.stderr
+    else:  # something else in its place: named, and nothing is written
+        assert updated.returncode == 1 and len(updated.stderr.strip().splitlines()) == 1, updated.stderr
+        said = "a FIFO (named pipe)" if form == "fifo" else "a directory"
+        assert f"units/flatshare-engine.service: {said} where a rendered file belongs" in updated.stderr, updated.stderr
+        if form == "directory":
+            shutil.rmtree(path)
+        else:
+            path.unlink()
+        assert run_cli("profiles", "render", "--update", "--root", str(checkout), timeout=120).returncode == 0
+        assert path.read_bytes() == committed
+
+
+@pytest.mark.parametrize("form", ["fifo", "not-utf8"])
+def test_a_document_with_generated_blocks_damaged_is_named_in_one_line(checkout, form):
+    import os
+
+    path = checkout / "README.md"
+    if form == "fifo":
+        path.unlink()
+        os.mkfifo(path)
+    else:
+        path.write_bytes(path.read_bytes() + b"\xff\n")
+    result = run_cli("profiles", "render", "--root", str(checkout), timeout=120)
+    assert result.returncode == 2 and "Traceback" not in result.stderr, result.stdout + result.stderr
+    assert "README.md: " in result.stderr and "git checkout README.md" in result.stderr, result.stderr

@@ -18,7 +18,7 @@ from tomlkit.items import Table
 
 from ..common import durable
 from ..common.text import control_character
-from ..errors import ProfileError
+from ..errors import ProfileError, WriteFailed
 from .profile import LoadedProfile, load_document, read_toml, validate
 
 #: The UTF-8 byte order mark (U+FEFF as UTF-8): a profile that starts with one keeps it when a value is set.
@@ -138,12 +138,19 @@ def set_value(path: Path, key: str, raw_value: str, then=None, echo=None) -> tup
         encoded = new_text.encode()
     except UnicodeEncodeError:  # a lone surrogate (bytes that were not UTF-8 on the command line) inside a value
         raise ProfileError(f"{path}: {key}: the value holds text that is not UTF-8; give it as UTF-8 text") from None
-    durable.write_atomic(target, bom + encoded, **keep)
+    try:
+        durable.write_atomic(target, bom + encoded, **keep)
+    except OSError as err:  # a full disk, a read-only checkout: the old file stands
+        raise WriteFailed(f"{path}: cannot be written ({err.strerror or err}); nothing was changed") from None
     if then is not None:
         try:
             result = then()
         except BaseException:
-            durable.write_atomic(target, raw, **keep)
+            try:
+                durable.write_atomic(target, raw, **keep)
+            except OSError as err:
+                raise WriteFailed(f"{path}: the render failed and the profile could not be put back "
+                                  f"({err.strerror or err}); it holds the new value: set it back by hand") from None
             raise
         if echo is not None:
             echo(result)

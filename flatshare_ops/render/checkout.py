@@ -36,18 +36,40 @@ def variants(root: Path) -> list[Path]:
 
 
 def _read(path: Path) -> str:
+    """A rendered file's committed text ("" when there is none); what is no text of ours there (a directory, a
+    FIFO, bytes that are not UTF-8) reads as text no render gives, so that it is drift, and --update replaces it.
+    A FIFO is never opened (it would wait for a writer)."""
+    from ..common.files import Damaged, read_bytes
+
     try:
-        return path.read_text(encoding="utf-8")
-    except FileNotFoundError:
-        return ""
+        data = read_bytes(path, allow_symlink=True)
+    except (Damaged, OSError) as err:
+        return f"(not a file render would write: {getattr(err, 'form', None) or err})\n"
+    try:
+        return "" if data is None else data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        return f"(not UTF-8 text at byte {err.start})\n"
 
 
 def _document(root: Path, name: str) -> str:
-    """A document holding generated blocks; it must exist (its hand-written text is not ours to make)."""
-    path = root / name
-    if not path.is_file():
-        raise ProfileError(f"{name}: not found in {root}; restore it (git checkout {name}) before rendering")
-    return _read(path)
+    """A document holding generated blocks; it must exist (its hand-written text is not ours to make).
+
+    Raises:
+        ProfileError: it is missing, is not a regular file (never waited on), or is not UTF-8 text.
+    """
+    from ..common.files import Damaged, read_bytes
+
+    restore = f"restore it (git checkout {name}) before rendering"
+    try:
+        data = read_bytes(root / name, allow_symlink=True)
+    except (Damaged, OSError) as err:
+        raise ProfileError(f"{name}: {getattr(err, 'form', None) or err}; {restore}") from None
+    if data is None:
+        raise ProfileError(f"{name}: not found in {root}; {restore}")
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as err:
+        raise ProfileError(f"{name}: not UTF-8 text (byte {err.start}); {restore}") from None
 
 
 def expected_outputs(root: Path, profile_path: Path | None = None) -> dict[Path, str]:
@@ -209,13 +231,54 @@ def remove_stale(root: Path, outputs: dict[Path, str]) -> list[Path]:
 
 
 def write_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
-    """Write each changed output atomically; return the paths written (relative to root)."""
-    written = []
-    for path, text in outputs.items():
-        target = root / path
-        if _read(target) == text and target.exists():
-            continue
-        target.parent.mkdir(parents=True, exist_ok=True)
-        durable.write_atomic(target, text.encode())
-        written.append(path)
-    return written
+    """Write the changed outputs, all or none; return the paths written (relative to root).
+
+    Each changed file's new text is first written whole beside it (a temporary file, fsynced); only when every
+    one is written are they renamed into place, one ``rename(2)`` each, which needs no room. A full disk, a
+    directory that cannot be written, or something other than a file where an output belongs (a directory, a
+    FIFO: never opened) then changes no output.
+
+    Raises:
+        WriteFailed: an output could not be written (the file and why, in one line); no output changed.
+    """
+    import os
+    import stat
+    import tempfile
+
+    from ..common.files import what_is
+    from ..errors import WriteFailed
+
+    changed = [(path, text) for path, text in outputs.items()
+               if not ((root / path).exists() and _read(root / path) == text)]
+    staged: list[tuple[Path, str]] = []
+    try:
+        for path, text in changed:
+            target = root / path
+            try:
+                kind = os.lstat(target).st_mode
+            except FileNotFoundError:
+                kind = None
+            if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
+                raise WriteFailed(f"{path}: {what_is(kind)} where a rendered file belongs; remove it (or restore "
+                                     f"it: git checkout {path}) and render again; no rendered file was changed")
+            try:
+                target.parent.mkdir(parents=True, exist_ok=True)
+                fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
+                staged.append((Path(name), str(path)))
+                with os.fdopen(fd, "wb") as f:
+                    f.write(text.encode())
+                    f.flush()
+                    os.fsync(f.fileno())
+                os.chmod(name, 0o644)
+            except OSError as err:
+                raise WriteFailed(f"{path}: cannot be written ({err.strerror or err}); no rendered file was "
+                                     "changed") from None
+        for (temporary, _), (path, _) in zip(staged, changed):
+            os.replace(temporary, root / path)
+        for parent in {(root / path).parent for path, _ in changed}:
+            durable.fsync_dir(parent)
+    except BaseException:
+        for temporary, _ in staged:
+            temporary.unlink(missing_ok=True)
+        raise
+    return [path for path, _ in changed]
