@@ -1238,6 +1238,43 @@ def test_an_immutable_releases_directory_refuses_the_release_and_changes_nothing
     assert cyan.invocation() == engine and not cyan.calls_problems()
 
 
+def test_a_history_that_takes_no_appends_refuses_the_switch_before_any_drain(cyan):
+    # A breaker's case: an immutable history.jsonl was found at the switch's last step (record-history), after the
+    # drain, the restarts and the switch of current; every later release drained and restarted again for nothing.
+    bundle = cyan.fresh()
+    if subprocess.run(["chattr", "+i", str(cyan.history)], capture_output=True).returncode != 0:
+        pytest.skip("this filesystem has no immutable flag (chattr +i)")
+    try:
+        before, engine, current = cyan.history.read_bytes(), cyan.invocation(), cyan.current()
+        run = cyan.switch(bundle)
+        journal = cyan.journal.exists()
+    finally:
+        subprocess.run(["chattr", "-i", str(cyan.history)], check=True)
+    assert run.code == 3 and "Traceback" not in run.text, run.text
+    assert one_line_naming(run.text, r"history\.jsonl", r"EPERM.*could not be recorded, and nothing was changed"), \
+        run.text
+    assert cyan.history.read_bytes() == before and not journal and cyan.current() == current
+    assert cyan.invocation() == engine and not cyan.calls_problems()
+
+
+@pytest.mark.parametrize("form", ["directory", "fifo"])
+def test_something_other_than_a_file_where_the_historys_archive_belongs_refuses_the_switch_before_any_drain(cyan, form):
+    # A breaker's case: compaction appends the older lines to history.old.jsonl; a directory there failed the switch
+    # at record-history, drained, and the next release did it again.
+    bundle = cyan.fresh()
+    archive = cyan.history.parent / "history.old.jsonl"
+    assert not os.path.lexists(archive)
+    archive.mkdir() if form == "directory" else os.mkfifo(archive)
+    try:
+        engine, current = cyan.invocation(), cyan.current()
+        run = cyan.switch(bundle)
+    finally:
+        archive.rmdir() if form == "directory" else archive.unlink()
+    assert run.code == 5 and "Traceback" not in run.text, run.text
+    assert one_line_naming(run.text, r"history\.old\.jsonl", "directory" if form == "directory" else "FIFO"), run.text
+    assert cyan.invocation() == engine and cyan.current() == current and not cyan.calls_problems()
+
+
 def test_a_bom_at_the_top_of_known_hosts_is_named(cyan):
     path = cyan.base / "ssh/known_hosts"
     with damaged(path):

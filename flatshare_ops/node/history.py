@@ -15,6 +15,7 @@ from __future__ import annotations
 
 import json
 import os
+import stat
 from pathlib import Path
 
 from ..common import durable
@@ -235,6 +236,44 @@ def append(path: Path, record: dict, node: str, compact_first: bool = False) -> 
         raise ValueError(f"{path.name} holds {size} bytes: a record of {len(line)} more would take it past the "
                          f"{MAX_BYTES} its reader takes, so it was not written (the next switch compacts the file)")
     durable.append_line(path, line)
+
+
+def refuse_unwritable(path: Path) -> None:
+    """Refuse a switch whose history could not record it, before anything changes: a history file that takes no
+    appends (a read-only filesystem, its permissions, ``chattr +i``), or something other than a file where
+    compaction's :data:`ARCHIVE` belongs. Found only at the switch's last step, the node would be drained and
+    restarted first, and every later release the same. Opened for appending, nothing written.
+
+    Raises:
+        Refused: ``history.jsonl`` takes no writes (no damage: make it writable).
+        NodeStateError: the archive's path holds a directory, a FIFO, a socket or a device.
+    """
+    from ..common.files import NotAFile, open_regular, what_is
+    from ..errors import Refused
+    from .store import unwritable
+
+    try:
+        os.close(open_regular(path, os.O_WRONLY | os.O_APPEND))
+    except FileNotFoundError:
+        pass  # the first record makes it, in the releases directory the lock was taken in
+    except NotAFile:
+        pass  # damage its reader names (read before this)
+    except OSError as err:
+        what = unwritable(err)
+        if what is None:
+            raise NodeStateError(f"{path}: cannot be opened for appending ({err.strerror or err}); fix it, then "
+                                 "release again") from None
+        raise Refused(f"refused: {path} {what}: this switch could not be recorded, and nothing was changed; make "
+                      "it writable (chattr -i, remount read-write, or fix its permissions), then run the command "
+                      "again") from None
+    archive = path.parent / ARCHIVE
+    try:
+        mode = os.lstat(archive).st_mode
+    except FileNotFoundError:
+        return
+    if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+        raise NodeStateError(f"{archive}: is {what_is(mode)} where the history's archive belongs (compaction "
+                             f"appends to it); move it aside (mv {archive} {archive}.bad), then release again")
 
 
 def _size(path: Path) -> int:

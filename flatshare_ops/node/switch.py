@@ -427,6 +427,7 @@ def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, 
         for line in compact(work.plan):
             out.line(line)
     work.forced = refuse_node_state(ctx, work.new.serving, request.force, out, request.action) or work.forced
+    histories.refuse_unwritable(ctx.history_path)  # its last step records it: found there, the node was drained for nothing
     if StepName.RESTART_ENGINE in work.plan.steps:
         refuse_what_cannot_start(ctx, work.new, out, request.action, request.dry_run and not request.preflight_only)
     _go_on(request, confirm)
