@@ -181,3 +181,34 @@ def test_error_in_the_parent_names_the_parent_file(checkout):
     child = _child(checkout, "")
     with pytest.raises(ProfileError, match=r"rtx-5060-ti-serve\.toml:\d+: engine\.flatshare_jit\.margin_ms"):
         load_profile(child)
+
+
+def test_a_file_cut_short_is_said_to_end_early_never_to_hold_a_nul(tmp_path):
+    # A breaker's case: "malformed TOML: Unexpected character: '\x00'" for a file that holds none (tomlkit's reader
+    # sees "\0" past the end).
+    from flatshare_ops.config.profile import read_toml
+    from flatshare_ops.errors import ProfileError
+
+    path = tmp_path / "cut.toml"
+    path.write_text("schema = 1\n[nodes.cyan]\nhost = ")
+    with pytest.raises(ProfileError) as raised:
+        read_toml(path, kind="inventory")
+    assert str(raised.value) == (f"{path}:3: malformed TOML: the file ends where a value or a key was expected "
+                                 "(was it cut short?)")
+
+
+@pytest.mark.parametrize("form, said", [("fifo", "is not a regular file (a FIFO (named pipe))"),
+                                        ("directory", "is a directory, not a file")])
+def test_a_parent_profile_that_is_no_file_is_named_as_what_it_is_not_as_missing(tmp_path, form, said):
+    # A breaker's case: status and check said "extends: profile ... not found" of a FIFO or a directory.
+    import os
+
+    from flatshare_ops.errors import ProfileError
+
+    parent = tmp_path / "base.toml"
+    os.mkfifo(parent) if form == "fifo" else parent.mkdir()
+    child = tmp_path / "child.toml"
+    child.write_text('extends = "base.toml"\n')
+    with pytest.raises(ProfileError) as raised:
+        load_profile(child)
+    assert str(raised.value) == f"{parent}: {said}; give a profile file"

@@ -13,6 +13,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import os
 import re
 import tomllib
 from dataclasses import dataclass, field
@@ -609,7 +610,7 @@ def read_toml(path: Path, text: str | None = None, kind: str = "profile") -> tup
     try:
         document = tomlkit.parse(text)
     except tomlkit.exceptions.ParseError as err:
-        raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err)}") from None
+        raise ProfileError(f"{path}:{err.line}: malformed TOML: {_parse_reason(err, text)}") from None
     except tomlkit.exceptions.TOMLKitError as err:
         # Semantic errors (a key or table defined twice) carry no line: find the key's first line.
         line = _line_of_repeated_key(text, str(err))
@@ -648,9 +649,13 @@ def _line_of_repeated_key(text: str, message: str) -> int:
     return hits[1] if len(hits) > 1 else (hits[0] if hits else 0)
 
 
-def _parse_reason(err: tomlkit.exceptions.ParseError) -> str:
-    # tomlkit's message ends with " at line L col C"; the line is already in front.
-    return re.sub(r" at line \d+ col \d+$", "", str(err))
+def _parse_reason(err: tomlkit.exceptions.ParseError, text: str) -> str:
+    # tomlkit's message ends with " at line L col C"; the line is already in front. At the end of the text its
+    # reader sees "\0", which it names as if the file held one.
+    reason = re.sub(r" at line \d+ col \d+$", "", str(err))
+    if "'\\x00'" in reason and "\0" not in text:
+        return "the file ends where a value or a key was expected (was it cut short?)"
+    return reason
 
 
 def _merge(base: dict[str, Any], over: dict[str, Any]) -> dict[str, Any]:
@@ -707,12 +712,12 @@ def load_document(
             line = key_lines(text).get("extends", 0)
             raise ProfileError(f"{current}:{line}: extends: must be a file name string, got {spelled(parent)}")
         target = current.parent / parent
-        if not target.is_file():
+        if not os.path.lexists(target) or (os.path.islink(target) and not os.path.exists(target)):
             line = key_lines(text).get("extends", 0)
             raise ProfileError(
                 f"{current}:{line}: extends: profile {target} not found; fix the name or create it"
             )
-        current = target
+        current = target  # what is there, if no file, is named by its read (a FIFO is never opened)
 
     merged: dict[str, Any] = {}
     origins: dict[str, tuple[Path, int]] = {}
