@@ -184,3 +184,28 @@ def test_a_history_record_from_before_schema_2_is_named_and_skipped_and_the_othe
     assert read.skipped == [f"history.jsonl:{n}: a record of schema 1, written by a flatshare-ops before schema 2, "
                             "which this one does not read (no rollback returns to it; the file's other records are "
                             "read as ever: delete the line to end this note); skipped" for n in (1, 2)]
+
+
+def test_a_write_that_fails_on_a_full_disk_names_its_file(tmp_path):
+    # A breaker's case: a switch on a full run directory ended "drain-voice failed: ENOSPC (No space left on
+    # device)", naming no file: write(2) and fsync(2) fail with no file name in Python's OSError.
+    import errno
+    import subprocess
+
+    disk = tmp_path / "disk"
+    disk.mkdir()
+    subprocess.run(["mount", "-t", "tmpfs", "-o", "size=64k", "tmpfs", str(disk)], check=True)
+    try:
+        failures = []
+        for write in (lambda p: durable.write_atomic(p, b"x" * (256 << 10)),
+                      lambda p: durable.append_line(p, "y" * (256 << 10))):
+            path = disk / "voice.drain"
+            try:
+                write(path)
+            except OSError as err:
+                failures.append((err.errno, err.filename))
+        left = sorted(p.name for p in disk.iterdir() if p.stat().st_size)
+    finally:
+        subprocess.run(["umount", str(disk)], check=True)
+    assert failures == [(errno.ENOSPC, str(disk / "voice.drain"))] * 2, failures
+    assert left == [], left  # nothing of either stays

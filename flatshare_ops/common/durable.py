@@ -16,7 +16,9 @@ import errno
 import os
 import stat
 import tempfile
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
 
 from .files import NotAFile, open_regular, what_is
 
@@ -32,6 +34,18 @@ def fsync_dir(path: Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+@contextmanager
+def _naming(path: Path) -> Iterator[None]:
+    """An OSError that names no file (a write(2) or fsync(2) that failed: ENOSPC, EIO) names ``path``, so that
+    what a failed write says (node/runner.py ``describe_failure``) always says which file."""
+    try:
+        yield
+    except OSError as err:
+        if err.filename is None and err.errno:
+            raise OSError(err.errno, err.strerror, str(path)) from None
+        raise
 
 
 def write_atomic(path: Path, data: bytes, mode: int = 0o644, owner: tuple[int, int] | None = None) -> None:
@@ -59,20 +73,21 @@ def write_atomic(path: Path, data: bytes, mode: int = 0o644, owner: tuple[int, i
         kind = None
     if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
         raise NotAFile(path, what_is(kind))
-    fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
-    try:
-        with os.fdopen(fd, "wb") as f:
-            f.write(data)
-            f.flush()
-            os.fsync(f.fileno())
-        os.chmod(tmp, mode)
-        if owner is not None:
-            os.chown(tmp, *owner)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
-    fsync_dir(path.parent)
+    with _naming(path):
+        fd, tmp = tempfile.mkstemp(prefix=f".{path.name}.", suffix=".tmp", dir=path.parent)
+        try:
+            with os.fdopen(fd, "wb") as f:
+                f.write(data)
+                f.flush()
+                os.fsync(f.fileno())
+            os.chmod(tmp, mode)
+            if owner is not None:
+                os.chown(tmp, *owner)
+            os.replace(tmp, path)
+        except BaseException:
+            Path(tmp).unlink(missing_ok=True)
+            raise
+        fsync_dir(path.parent)
 
 
 def append_line(path: Path, line: str) -> None:
@@ -107,6 +122,11 @@ def append_block(path: Path, block: bytes) -> None:
         NotAFile: a symlink, directory, FIFO, socket or device is at ``path`` (nothing is written).
         OSError: the file cannot be opened or written (ENOSPC, EIO...); nothing of the block stays.
     """
+    with _naming(path):
+        _append(path, block)
+
+
+def _append(path: Path, block: bytes) -> None:
     fd = open_regular(path, os.O_RDWR | os.O_CREAT | os.O_APPEND, 0o644)
     try:
         size = os.fstat(fd).st_size
