@@ -1685,6 +1685,8 @@ def test_an_interrupted_automatic_rollback_never_disqualifies_the_release_it_was
         broken = fleet.fresh()
         cut = fleet.release(CYAN, env=faults(signal_in_auto_rollback_step=step, signal="SIGTERM"))
     assert cut.returncode == 1, text_of(cut)  # the rollback ended early: a failed switch, journal kept
+    # What it says the next rollback does is what it does (below); a breaker's case: it said rollback abandons it.
+    assert f"the next 'flatshare rollback' goes on to {left}" in text_of(cut), text_of(cut)
     journal = json.loads(fleet.journal().read_text())
     assert (journal["kind"], journal["to"], journal["from"]) == ("rollback", left, broken), journal
     # Each part recorded under the one switch id: the release's failure, then the rollback's own early end.

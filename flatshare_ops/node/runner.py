@@ -32,7 +32,7 @@ import time
 from pathlib import Path
 
 from ..common import systemd
-from ..common.protocol import SUCCEEDED, RefusedFor, StepName, StepState, SwitchPhase
+from ..common.protocol import SUCCEEDED, RefusedFor, StepName, StepState, SwitchKind, SwitchPhase
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
 from ..errors import FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
@@ -190,12 +190,14 @@ def _end_early(sw: Switch, step: str, reason: str, verdict: bool = False) -> Non
     early_end(sw, step, reason, verdict=verdict)
     number = p.steps.index(StepName(step)) + 1 if step in p.steps else 0
     where = f"step {number}/{len(p.steps)} {step}" if number else "writing the journal"
-    raise SwitchFailed(
-        f"{ctx.node}: {where} failed: {reason}. The journal ({ctx.journal_path}) is kept: the next "
-        f"'flatshare release' finishes the switch to {p.to_id} once the cause is fixed, restarting every "
-        "managed unit (or switches to the checkout's release if that is another); 'flatshare rollback' "
-        "abandons it instead"
-    ) from None
+    if p.kind == SwitchKind.ROLLBACK:  # a rollback cut short goes on to where it was going (node/switch.py)
+        then = (f"the next 'flatshare rollback' goes on to {p.to_id} once the cause is fixed, restarting every "
+                "managed unit; 'flatshare release' switches to the checkout's release instead")
+    else:
+        then = (f"the next 'flatshare release' finishes the switch to {p.to_id} once the cause is fixed, "
+                "restarting every managed unit (or switches to the checkout's release if that is another); "
+                "'flatshare rollback' abandons it instead")
+    raise SwitchFailed(f"{ctx.node}: {where} failed: {reason}. The journal ({ctx.journal_path}) is kept: {then}") from None
 
 
 def describe_failure(err: BaseException) -> str:
