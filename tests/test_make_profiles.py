@@ -288,6 +288,13 @@ def test_a_rendered_file_damaged_in_the_checkout_is_drift_never_a_wait_or_a_trac
         assert updated.returncode == 1 and len(updated.stderr.strip().splitlines()) == 1, updated.stderr
         said = "a FIFO (named pipe)" if form == "fifo" else "a directory"
         assert f"units/flatshare-engine.service: {said} where a rendered file belongs" in updated.stderr, updated.stderr
+        # A release from this checkout is refused for the drift, saying what is there (UPDATE=1 alone cannot fix it).
+        from flatshare_ops.control.rollout import refuse_drift
+        from flatshare_ops.errors import Refused
+
+        with pytest.raises(Refused) as refused:
+            refuse_drift(checkout)
+        assert f"units/flatshare-engine.service is {said} where a rendered file belongs" in str(refused.value)
         if form == "directory":
             shutil.rmtree(path)
         else:

@@ -21,7 +21,7 @@ def doctor(root: Path, inventory: Path, echo, items: list | None = None) -> int:
     """Run every check; returns 0 when nothing FAILs, 1 otherwise. ``items``, when given, gets each line as
     ``{"state": "ok"|"WARN"|"FAIL", "item", "detail"}`` (``--json``)."""
     from ..render import render_profile
-    from ..render.checkout import drift, expected_outputs, placeholder_pins
+    from ..render.checkout import drift, expected_outputs, misplaced, placeholder_pins
     from . import commands, known_hosts
     from .answers import probe_words
     from .fanout import answer_of, not_an_answer
@@ -44,8 +44,10 @@ def doctor(root: Path, inventory: Path, echo, items: list | None = None) -> int:
         return 1
     try:
         diffs = drift(root, expected_outputs(root))
-        line("FAIL" if diffs else "ok", "checkout", f"rendered files drifted: {', '.join(map(str, diffs))}; run "
-             "'make profiles UPDATE=1'" if diffs else "rendered files match the profiles")
+        first = "; ".join(misplaced(root, diffs))
+        line("FAIL" if diffs else "ok", "checkout", f"rendered files drifted: {', '.join(map(str, diffs))}; "
+             + (f"{first}; then " if first else "") + "run 'make profiles UPDATE=1'" if diffs
+             else "rendered files match the profiles")
         for warning in placeholder_pins(root):
             line("WARN", "module pin", warning)
     except FlatshareError as err:

@@ -1205,13 +1205,15 @@ def refuse_drift(root: Path) -> None:
     Raises:
         Refused: the rendered files differ (the message names them and says how to fix it).
     """
-    from ..render.checkout import drift, expected_outputs
+    from ..render.checkout import drift, expected_outputs, misplaced
 
     diffs = drift(root, expected_outputs(root))
     if diffs:
+        first = "; ".join(misplaced(root, diffs))
         raise Refused(
             f"release refused: the checkout's rendered files drifted from the profile ({', '.join(map(str, diffs))}); "
-            "run 'make profiles' to see the diff and 'make profiles UPDATE=1' to rewrite them, then commit"
+            + (f"{first}; then " if first else "")
+            + "run 'make profiles' to see the diff and 'make profiles UPDATE=1' to rewrite them, then commit"
         )
 
 

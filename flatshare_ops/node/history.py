@@ -263,7 +263,7 @@ def refuse_unwritable(path: Path) -> None:
         if what is None:
             raise NodeStateError(f"{path}: cannot be opened for appending ({err.strerror or err}); fix it, then "
                                  "release again") from None
-        raise Refused(f"refused: {path} {what}: this switch could not be recorded, and nothing was changed; make "
+        raise Refused(f"{path} {what}: this switch could not be recorded, and nothing was changed; make "
                       "it writable (chattr -i, remount read-write, or fix its permissions), then run the command "
                       "again") from None
     archive = path.parent / ARCHIVE

@@ -184,6 +184,26 @@ def drift(root: Path, outputs: dict[Path, str], stale: bool = True) -> dict[Path
     return diffs
 
 
+def misplaced(root: Path, paths) -> list[str]:
+    """For each of ``paths`` (relative to root) where something other than a file is (a directory, a FIFO...),
+    what is there and what to do, one phrase each: :func:`write_outputs` cannot replace it."""
+    import os
+    import stat
+
+    from ..common.files import what_is
+
+    found = []
+    for path in paths:
+        try:
+            mode = os.lstat(root / path).st_mode
+        except OSError:
+            continue
+        if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
+            found.append(f"{path} is {what_is(mode)} where a rendered file belongs: remove it (or restore it: "
+                         f"git checkout {path}) first")
+    return found
+
+
 #: Directories (relative to the checkout) that hold rendered files only, and the profiles' rendered files.
 RENDERED_TREES = (Path("units"), Path("monitoring"))
 RENDERED_GLOBS = ("profiles/*.serving.json",)
