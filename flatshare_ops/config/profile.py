@@ -364,13 +364,13 @@ class Layout(StrictModel):
     @model_validator(mode="after")
     def _state_dir_is_one_plain_path(self) -> "Layout":
         # A system-scope engine unit names the engine's home under it in StateDirectory= (render/units.py),
-        # which systemd splits at whitespace and ignores unless normalized (systemd.exec(5)); the release's
-        # files and the units' command lines name it too.
+        # which systemd splits at whitespace and ignores unless normalized (systemd.exec(5)); a user-scope node
+        # (a sandbox in a directory whose path has a space) renders none.
         parts = self.state_dir.split("/")[1:]
         if not parts or any(part in ("", ".", "..") for part in parts):
             raise ValueError(f"state_dir: {spelled(self.state_dir)} is not a normalized path (no '.', '..', '//' or "
                              "trailing '/'); write it as /var/lib/NAME")
-        if any(c.isspace() for c in self.state_dir):
+        if self.scope == "system" and any(c.isspace() for c in self.state_dir):
             raise ValueError(f"state_dir: {spelled(self.state_dir)} holds whitespace, which systemd's "
                              "StateDirectory= reads as two directories; choose a path without it")
         return self
