@@ -294,7 +294,7 @@ def test_a_rendered_file_damaged_in_the_checkout_is_drift_never_a_wait_or_a_trac
 
         with pytest.raises(Refused) as refused:
             refuse_drift(checkout)
-        assert f"units/flatshare-engine.service is {said} where a rendered file belongs" in str(refused.value)
+        assert f"units/flatshare-engine.service: {said} where a rendered file belongs" in str(refused.value)
         if form == "directory":
             shutil.rmtree(path)
         else:

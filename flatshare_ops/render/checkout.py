@@ -199,7 +199,7 @@ def misplaced(root: Path, paths) -> list[str]:
         except OSError:
             continue
         if not (stat.S_ISREG(mode) or stat.S_ISLNK(mode)):
-            found.append(f"{path} is {what_is(mode)} where a rendered file belongs: remove it (or restore it: "
+            found.append(f"{path}: {what_is(mode)} where a rendered file belongs; remove it (or restore it: "
                          f"git checkout {path}) first")
     return found
 
@@ -262,25 +262,19 @@ def write_outputs(root: Path, outputs: dict[Path, str]) -> list[Path]:
         WriteFailed: an output could not be written (the file and why, in one line); no output changed.
     """
     import os
-    import stat
     import tempfile
 
-    from ..common.files import what_is
     from ..errors import WriteFailed
 
     changed = [(path, text) for path, text in outputs.items()
                if not ((root / path).exists() and _read(root / path) == text)]
+    wrong = misplaced(root, [path for path, _ in changed])
+    if wrong:
+        raise WriteFailed(f"{'; '.join(wrong)}, and render again; no rendered file was changed")
     staged: list[tuple[Path, str]] = []
     try:
         for path, text in changed:
             target = root / path
-            try:
-                kind = os.lstat(target).st_mode
-            except FileNotFoundError:
-                kind = None
-            if kind is not None and not (stat.S_ISREG(kind) or stat.S_ISLNK(kind)):
-                raise WriteFailed(f"{path}: {what_is(kind)} where a rendered file belongs; remove it (or restore "
-                                     f"it: git checkout {path}) and render again; no rendered file was changed")
             try:
                 target.parent.mkdir(parents=True, exist_ok=True)
                 fd, name = tempfile.mkstemp(prefix=f".{target.name}.", suffix=".tmp", dir=target.parent)
