@@ -1567,14 +1567,10 @@ def test_a_release_whose_guard_was_read_before_another_release_of_its_node_faile
     fleet.settled()
 
 
-@ROLLBACKS
-@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
-def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with_its_summary(fleet, tmp_path, sig):
-    # A breaker's case: a signal while the retry guard, read beside a single node's switch, still read the nodes'
-    # histories: the summary said the node was "asking for admission to drain", and after it came a line from the
-    # guard's thread, about a history that "could not be read (exit None: no output)".
-    fleet.change()
-    before = (fleet.current(), len(fleet.history()))
+def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act) -> tuple[int, str]:
+    """A release of cyan whose node waits for its go-ahead while the retry guard's read of cyan's history is held;
+    ``act(operator, until)`` runs as the node asks (the guard answers once the file ``until`` exists, or when the
+    operator has ended). Returns (the operator's exit code, all it printed)."""
     until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
     env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
            **faults(slow_command="history", seconds=120, until=str(until))}
@@ -1586,15 +1582,26 @@ def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with
         for line in operator.stdout:
             said.append(line)
             if "asking the operator's side whether to go on" in line:
-                operator.send_signal(sig)
+                act(operator, until)
                 break
         said.append(operator.communicate(timeout=120)[0])
     finally:
         until.touch()
         if operator.poll() is None:
             operator.kill()
-    out = "".join(said)
-    assert operator.returncode == 128 + sig, out
+    return operator.returncode, "".join(said)
+
+
+@ROLLBACKS
+@pytest.mark.parametrize("sig", [signal.SIGINT, signal.SIGTERM])
+def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with_its_summary(fleet, tmp_path, sig):
+    # A breaker's case: a signal while the retry guard, read beside a single node's switch, still read the nodes'
+    # histories: the summary said the node was "asking for admission to drain", and after it came a line from the
+    # guard's thread, about a history that "could not be read (exit None: no output)".
+    fleet.change()
+    before = (fleet.current(), len(fleet.history()))
+    code, out = _release_at_its_go_ahead(fleet, tmp_path, lambda operator, _until: operator.send_signal(sig))
+    assert code == 128 + sig, out
     # The summary's line for cyan ends the output (the signal may come before or after the operator's side read
     # the go-ahead request: either way nothing changed there, and the node refuses without an answer).
     last = out.rstrip().splitlines()[-1]
@@ -1615,32 +1622,18 @@ def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with
 def test_a_node_side_interrupted_before_its_switch_began_is_a_refusal_not_the_operators_own_signal(fleet, tmp_path):
     # A breaker's case: SIGTERM to the node's switch while it waited for the go-ahead (nothing changed yet) made
     # `flatshare release` exit 143, the code of a SIGTERM to the operator's side itself.
+    from node_processes import switch_pids
+
     fleet.change()
     before = (fleet.current(), len(fleet.history()))
-    until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
-    env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
-           **faults(slow_command="history", seconds=120, until=str(until))}
-    operator = subprocess.Popen([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout)], env=env,
-                                stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
-    said = []
-    try:
-        assert operator.stdout is not None
-        for line in operator.stdout:
-            said.append(line)
-            if "asking the operator's side whether to go on" in line:
-                from node_processes import switch_pids
 
-                (switch,) = switch_pids(fleet.node().state_dir)
-                os.kill(switch, signal.SIGTERM)
-                until.touch()  # the guard's verdict comes once the node's side has ended
-                break
-        said.append(operator.communicate(timeout=120)[0])
-    finally:
-        until.touch()
-        if operator.poll() is None:
-            operator.kill()
-    out = "".join(said)
-    assert operator.returncode == 3, out
+    def terminate_the_node_side(_operator, until: Path) -> None:
+        (switch,) = switch_pids(fleet.node().state_dir)
+        os.kill(switch, signal.SIGTERM)
+        until.touch()  # the guard's verdict comes once the node's side has ended
+
+    code, out = _release_at_its_go_ahead(fleet, tmp_path, terminate_the_node_side)
+    assert code == 3, out
     assert "interrupted by SIGTERM before the switch began; nothing was changed" in out, out
     last = out.rstrip().splitlines()[-1]  # the summary's line for cyan says why, as the node said it
     assert last.startswith("cyan: refused: ") and "before the switch began; nothing was changed" in last, out
