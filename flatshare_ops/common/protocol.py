@@ -232,9 +232,10 @@ class AdmitRequest:
         drains: False when the node asks only whether to go on (the bundle's ``confirm``: asked after its
             refusals and preflight, before its admission to drain and any change); the operator's side then
             answers for its own checks (control/rollout.py, the retry guard) and counts no nodes.
-        history: the mark of the node's newest history record, read holding the lock (node/history.py
-            ``newest_mark``; None for an empty or unreadable history): the retry guard read before the lock was
-            taken is read again when its mark differs (a release that failed and was rolled back meanwhile).
+        history: the mark of the node's newest history record, read holding the lock at the switch's first ask
+            (node/history.py ``newest_mark``; None for an empty or unreadable history), the same in each later
+            ask of the switch (its own records are not news): the retry guard read before the lock was taken is
+            read again when its mark differs (a release that failed and was rolled back meanwhile).
     """
 
     node: str

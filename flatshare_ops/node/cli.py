@@ -190,6 +190,8 @@ def switch(args) -> int:
     if request.switch:  # the operator's side reads protocol lines: where the switch stands goes as Progress
         out.switch = request.switch
 
+    marked: dict[str, str | None] = {}  # the history's mark as this switch found it (AdmitRequest.history)
+
     def admit(plan, drains: bool = True) -> str | None:
         from .probe import node_identity
 
@@ -207,8 +209,10 @@ def switch(args) -> int:
                 load = {"error": str(err)}
         else:
             out.line(f"{ctx.node}: asking the operator's side whether to go on")
+        if "history" not in marked:  # read once, at the first ask: the lock is held, only this switch writes it
+            marked["history"] = _history_mark(ctx)
         _emit(protocol.AdmitRequest(ctx.node, request.switch, args.dry_run, node_identity(ctx), load, drains,
-                                    _history_mark(ctx)))
+                                    marked["history"]))
         answer = stdin.line(ADMISSION_TIMEOUT_S)
         asked = "the admission request" if drains else "the go-ahead request"
         if answer is None and stdin.closed:
