@@ -17,7 +17,7 @@ the bare script; with vLLM's real engine (``--engine vllm``: the same restarts o
 the same real engine), release total <= 1.1x the bare script plus the node's own preflight run once by hand
 (in each round, under the same monitor); both: time not taking calls <= the bare script's whole run + 0.3 s.
 Each release is of a release the node never ran, so that its switch runs its preflight. Also what shipping the
-switcher adds (building the zip, sending it, unpacking it), as a share of the release.
+switcher adds (building the zip, sending it, keeping it on the node), as a share of the release.
 
 Run: .venv/bin/python bench/release_cost.py [N] [--engine vllm|stand-in] [--all]
 (stand-in: about 10 s a round; vllm: about 90 s a round and both CPUs; one heavy job at a time).
@@ -120,7 +120,7 @@ def preflight_s(node: SandboxNode) -> float:
 
 def shipping_s(checkout: Path, inventory: Path) -> tuple[float, int]:
     """(seconds shipping adds to one release, bytes shipped): zipping the switcher in a new process,
-    sending it over SSH, unpacking it on the node."""
+    sending it over SSH, keeping it on the node (its zip that runs compiled there)."""
     code = ("import time, sys; from pathlib import Path; t = time.monotonic(); "
             "from flatshare_ops.control.bundle import source, switcher; "
             f"s = switcher(source(Path({str(checkout)!r}))); print(time.monotonic() - t, len(s['zip_b64']))")
@@ -141,13 +141,13 @@ def shipping_s(checkout: Path, inventory: Path) -> tuple[float, int]:
     finally:
         conn.close()
     from flatshare_ops.control.bundle import source, switcher
-    from flatshare_ops.node.entry import unpack
+    from flatshare_ops.node.entry import keep
 
     with tempfile.TemporaryDirectory() as scratch:
         start = time.monotonic()
-        unpack(Path(scratch), switcher(source(checkout)))
-        unpacked = time.monotonic() - start
-    return build + max(0.0, send) + unpacked, int(size)
+        keep(Path(scratch), switcher(source(checkout)))
+        kept = time.monotonic() - start
+    return build + max(0.0, send) + kept, int(size)
 
 
 #: The canary's analysis in the --all rounds: short, and lenient on a loaded machine (one passing measurement of

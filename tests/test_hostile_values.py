@@ -283,7 +283,7 @@ def test_the_entry_point_refuses_a_switcher_with_a_symlink_and_a_protocol_of_the
              str(tmp_path), "--scope", "user", "--switch-id", "s1"],
             input=json.dumps(bundle) + "\n", capture_output=True, text=True, timeout=60)
         assert result.returncode == 2 and said in result.stdout, (name, result.stdout, result.stderr)
-        assert not list((tmp_path / "releases/.switchers").glob("*/flatshare_ops")), name
+        assert not list((tmp_path / "releases/.switchers").glob("*/run.zip")), name
 
 
 def test_serving_check_shows_a_hostile_node_name_escaped_and_says_so(tmp_path):

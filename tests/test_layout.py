@@ -402,14 +402,14 @@ def test_mypy_finds_nothing_on_the_whole_tree(tmp_path):
     assert result.returncode == 0, result.stdout + result.stderr
 
 
-def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_unpacked(tmp_path):
-    # A breaker's case: a 300 KB zip holding 300 MB (a description of zeros) was unpacked onto the node and run.
+def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_kept(tmp_path):
+    # A breaker's case: a 300 KB zip holding 300 MB (a description of zeros) was unpacked onto the node and run (and would be compiled now).
     import base64
     import hashlib
     import io
     import zipfile
 
-    from flatshare_ops.node.entry import MAX_UNPACKED_BYTES, unpack
+    from flatshare_ops.node.entry import MAX_UNPACKED_BYTES, keep
 
     buffer = io.BytesIO()
     with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
@@ -418,5 +418,5 @@ def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_unpack
     data = buffer.getvalue()
     assert len(data) < 1 << 20  # small to ship, large unpacked
     with pytest.raises(ValueError, match="unpacked, more than 64 MiB"):
-        unpack(tmp_path, {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()})
+        keep(tmp_path, {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()})
     assert not (tmp_path / ".switchers").exists()

@@ -66,7 +66,9 @@ import os
 import re
 
 DEFAULT_RELEASE = "0.32.0"
-OPTIONS_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "vllm_options")
+#: The option tables, one JSON file per vLLM release, read as this package's data (a node's switcher runs from a
+#: zip: node/entry.py).
+OPTIONS = "vllm_options"
 
 __all__ = ["Reading", "same_words", "read_argv", "differences", "changes", "show", "known_releases",
            "flag_name", "DEFAULT_RELEASE"]
@@ -204,9 +206,11 @@ _TABLES: dict[str, _Table] = {}
 
 def known_releases() -> list[str]:
     """The vLLM releases with an option table beside this module, sorted."""
+    from importlib.resources import files
+
     try:
-        names = os.listdir(OPTIONS_DIR)
-    except FileNotFoundError:
+        names = [entry.name for entry in files(__package__).joinpath(OPTIONS).iterdir()]
+    except (FileNotFoundError, NotADirectoryError):
         return []
     return sorted(n[:-5] for n in names if n.endswith(".json"))
 
@@ -216,10 +220,10 @@ def _table(release: str) -> _Table:
     release = release.partition("+")[0]
     table = _TABLES.get(release)
     if table is None:
-        path = os.path.join(OPTIONS_DIR, f"{release}.json")
+        import pkgutil
+
         try:
-            with open(path, encoding="utf-8") as f:
-                data = json.load(f)
+            data = json.loads(pkgutil.get_data(__package__, f"{OPTIONS}/{release}.json") or b"null")
         except FileNotFoundError:
             raise ValueError(f"no option table for vLLM {release} "
                              f"(have: {', '.join(known_releases()) or 'none'})") from None

@@ -11,16 +11,17 @@ once by ``flatshare node bootstrap``, only:
    from); anything it cannot run is refused in one line, exit 3, and so is a
    switcher older than :data:`OLDEST_GENERATION` (common/protocol.py
    ``GENERATION``: an older one's rules are known to break a promise);
-2. unpacks the switcher into ``releases/.switchers/SHA256/`` (the zip checked
-   against its sha256 and kept there; an unpacked tree is used only when it is
-   exactly the zip, else unpacked again: :func:`_tree_matches`), and
-3. runs it with this venv's interpreter and dependencies.
+2. keeps the switcher in ``releases/.switchers/SHA256/``: the zip as shipped
+   (checked against its sha256) and the zip that runs, made from it once by
+   this node's interpreter with each module's bytecode beside its source and
+   checked against its own sha256 at every use (:func:`keep`); and
+3. runs it in its own process, with this venv's interpreter and dependencies.
 
 Commands without a bundle (status, history, probe, rollback...) run the
 switcher of the node's active release (a rollback runs the switcher of the
-release it leaves), checked against its kept zip the same way, or the installed
-code when there is none, it cannot be checked, or it is older than
-:data:`OLDEST_GENERATION` (said on stderr). Standard
+release it leaves), checked the same way and made again from its kept zip when
+damaged, or the installed code when there is none, it cannot be checked, or it
+is older than :data:`OLDEST_GENERATION` (said on stderr). Standard
 library only, and kept small: its protocol is the contract between every
 checkout and every node.
 """
@@ -28,12 +29,10 @@ checkout and every node.
 from __future__ import annotations
 
 import base64
-import errno
 import hashlib
 import io
 import json
 import os
-import shutil
 import sys
 import tempfile
 import zipfile
@@ -54,12 +53,6 @@ OLDEST_GENERATION = protocol.GENERATION
 DESCRIPTION = protocol.SWITCHER_DESCRIPTION
 MAX_DESCRIPTION_BYTES = 4096
 MAX_GENERATION = 1_000_000
-#: Runs the switcher: argv[1] is the switcher directory ("" for the installed code). A switcher runs without
-#: bytecode (none written, and a tree holding any is unpacked again: _tree_matches), so that what runs is
-#: exactly the source checked against the zip.
-BOOT = ("import sys; d = sys.argv[1]; sys.argv = ['flatshare-node'] + sys.argv[2:]; "
-        "sys.dont_write_bytecode = sys.dont_write_bytecode or bool(d); "
-        "d and sys.path.insert(0, d); from flatshare_ops.node.cli import main; main()")
 #: The most the bundle's line on stdin may hold (bytes).
 MAX_BUNDLE_BYTES = 256 << 20
 REFUSED = 3
@@ -123,22 +116,27 @@ def _refuse(message: str, code: int = REFUSED) -> NoReturn:
     sys.exit(code)
 
 
-#: The switcher's zip, kept in its directory: the truth the unpacked tree is checked against (its sha256 is
-#: the directory's name).
+#: The switcher's zip as shipped, kept in its directory (its sha256 is the directory's name): the truth the
+#: zip that runs is made from.
 KEPT_ZIP = "switcher.zip"
+#: What runs, on ``sys.path`` (Python's zipimport): the kept zip's members and, beside each module, its bytecode
+#: compiled by this node's interpreter (an unchecked hash-based pyc: the whole zip is checked instead).
+RUN_ZIP = "run.zip"
+#: ``{"sha256": of RUN_ZIP, "magic": the interpreter's bytecode magic, "generation"}``, written after RUN_ZIP.
+RUN_NOTE = "run.json"
 #: The most a shipped switcher may hold, zipped (bytes; flatshare_ops/ is well under 1 MiB).
 MAX_ZIP_BYTES = 64 << 20
 
 
-def unpack(releases: Path, switcher: dict) -> Path:
-    """Unpack a shipped switcher into ``releases/.switchers/SHA256/``; returns that directory.
+def keep(releases: Path, switcher: dict) -> Path:
+    """Keep a shipped switcher in ``releases/.switchers/SHA256/``; returns the zip that runs it (:data:`RUN_ZIP`).
 
-    A directory already there is used only when its tree is exactly the zip (:func:`_tree_matches`);
-    otherwise (truncated, edited, a file added) it is unpacked again.
+    A directory already there is used when its zips are the shipped one and one made from it by this interpreter
+    (:func:`_in_place`); what is damaged in it is made again.
 
     Raises:
         ValueError: the zip does not match its sha256, or is not a zip of ``flatshare_ops/``.
-        TooOld: the switcher is older than this entry point runs (nothing is unpacked).
+        TooOld: the switcher is older than this entry point runs (nothing is kept).
         OSError: the switcher could not be written.
     """
     data = base64.b64decode(switcher["zip_b64"], validate=True)
@@ -150,7 +148,7 @@ def unpack(releases: Path, switcher: dict) -> Path:
         generation = switcher_generation(archive)
         if generation < OLDEST_GENERATION:
             raise TooOld(generation)
-        return _put_in_place(releases / ".switchers" / digest, data, archive)
+        return _in_place(releases / ".switchers" / digest, data, archive, generation)
 
 
 class TooOld(Exception):
@@ -203,100 +201,121 @@ def _check_members(archive: zipfile.ZipFile) -> None:
             raise ValueError(f"the shipped switcher holds {name!r}, which is not a file or a directory")
 
 
-def _put_in_place(target: Path, data: bytes, archive: zipfile.ZipFile) -> Path:
-    """``target`` holding exactly ``archive`` (and its zip, :data:`KEPT_ZIP`): used as it is when it already
-    does, else unpacked afresh beside it and renamed into place (a damaged copy moved aside first)."""
-    from flatshare_ops.common.files import remove_tree
+def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
+    """``directory`` holding the shipped zip (:data:`KEPT_ZIP`, exactly ``data``) and the zip that runs it
+    (:data:`RUN_ZIP`, checked against :data:`RUN_NOTE`); each made again when it is not so, and anything but a
+    directory at ``directory`` (a link, a file) moved aside and removed first. Returns the zip that runs.
 
-    if _tree_matches(target, archive) and _kept_zip(target) == data:
-        _touch(target)
-        return target
-    target.parent.mkdir(parents=True, exist_ok=True)
-    scratch = Path(tempfile.mkdtemp(prefix=f".{target.name[:12]}.", dir=target.parent))
+    Two commands on a node may do this at once: each file is written whole beside its place and renamed into it.
+    """
+    import stat
+
     try:
-        archive.extractall(scratch)
-        (scratch / KEPT_ZIP).write_bytes(data)
-        for attempt in range(3):
-            try:
-                os.rename(scratch, target)
-                return target
-            except OSError as err:
-                if err.errno not in (errno.ENOTEMPTY, errno.EEXIST, errno.ENOTDIR, errno.EISDIR):
-                    raise
-            if _tree_matches(target, archive) and _kept_zip(target) == data:
-                return target  # another command on this node put it right meanwhile
-            aside = target.with_name(f".damaged-{target.name[:12]}-{os.getpid()}-{attempt}")
-            try:
-                os.rename(target, aside)
-            except FileNotFoundError:
+        if not stat.S_ISDIR(os.lstat(directory).st_mode):
+            aside = directory.with_name(f".damaged-{directory.name[:12]}-{os.getpid()}")
+            os.rename(directory, aside)
+            aside.unlink()
+    except FileNotFoundError:
+        pass
+    directory.mkdir(parents=True, exist_ok=True)
+    if _kept_zip(directory) != data:
+        _write(directory / KEPT_ZIP, data)
+    run = directory / RUN_ZIP
+    if _run_zip(directory) is None:
+        made = _compiled(archive, run)
+        _write(run, made)
+        note = {"sha256": hashlib.sha256(made).hexdigest(), "magic": _magic(), "generation": generation}
+        _write(directory / RUN_NOTE, json.dumps(note, sort_keys=True).encode() + b"\n")
+    _touch(directory)
+    return run
+
+
+def _magic() -> str:
+    """This interpreter's bytecode magic number, in hex (what a pyc made for it starts with)."""
+    from importlib.util import MAGIC_NUMBER
+
+    return MAGIC_NUMBER.hex()
+
+
+def _compiled(archive: zipfile.ZipFile, run: Path) -> bytes:
+    """A zip of ``archive``'s files and, beside each module ``M.py``, ``M.pyc``: its bytecode as this interpreter
+    compiles it, an unchecked hash-based pyc (PEP 552: magic, flags 0b01, the source's hash, the marshalled code),
+    named ``run/M.py`` in tracebacks. A module that does not compile gets no pyc (its import fails as it would)."""
+    import marshal
+    from importlib.util import MAGIC_NUMBER, source_hash
+
+    buffer = io.BytesIO()
+    with zipfile.ZipFile(buffer, "w", zipfile.ZIP_DEFLATED) as out:
+        for info in archive.infolist():
+            if info.is_dir():
                 continue
-            if aside.is_dir() and not aside.is_symlink():
-                remove_tree(aside)
-            else:
-                aside.unlink(missing_ok=True)
-        raise OSError(errno.EEXIST, "another process keeps replacing it", str(target))
-    finally:
-        shutil.rmtree(scratch, ignore_errors=True)
+            source = archive.read(info)
+            out.writestr(info.filename, source)
+            if info.filename.endswith(".py"):
+                try:
+                    code = compile(source, f"{run}/{info.filename}", "exec", dont_inherit=True)
+                except (SyntaxError, ValueError):
+                    continue
+                pyc = MAGIC_NUMBER + (0b01).to_bytes(4, "little") + source_hash(source) + marshal.dumps(code)
+                out.writestr(info.filename + "c", pyc)
+    return buffer.getvalue()
 
 
-def _kept_zip(target: Path) -> bytes | None:
-    """The zip kept in ``target`` when it is the one ``target`` is named after (its sha256), else None."""
+def _write(path: Path, data: bytes) -> None:
+    """``path`` replaced whole by ``data`` (written beside it, then renamed: never seen half-written); a directory
+    there is moved aside and removed first."""
+    import stat
+
+    try:
+        if stat.S_ISDIR(os.lstat(path).st_mode):
+            from flatshare_ops.common.files import remove_tree
+
+            aside = path.with_name(f".damaged-{path.name}-{os.getpid()}")
+            os.rename(path, aside)
+            remove_tree(aside)
+    except FileNotFoundError:
+        pass
+    fd, scratch = tempfile.mkstemp(prefix=f".{path.name}.", dir=path.parent)
+    try:
+        with os.fdopen(fd, "wb") as f:
+            f.write(data)
+        os.rename(scratch, path)
+    except BaseException:
+        try:
+            os.unlink(scratch)
+        except OSError:
+            pass
+        raise
+
+
+def _kept_zip(directory: Path) -> bytes | None:
+    """The zip kept in ``directory`` when it is the one ``directory`` is named after (its sha256), else None."""
     from flatshare_ops.common.files import Damaged, read_bytes
 
     try:
-        data = read_bytes(target / KEPT_ZIP, limit=MAX_ZIP_BYTES)
+        data = read_bytes(directory / KEPT_ZIP, limit=MAX_ZIP_BYTES)
     except Damaged:
         return None
-    return data if data is not None and hashlib.sha256(data).hexdigest() == target.name else None
+    return data if data is not None and hashlib.sha256(data).hexdigest() == directory.name else None
 
 
-def _tree_matches(target: Path, archive: zipfile.ZipFile) -> bool:
-    """Whether the unpacked tree at ``target`` is exactly the archive: every member a regular file of its
-    size and sha256 (the archive's member hashed here: the zip itself is checked against its digest, so a
-    file changed on purpose to keep its CRC-32 is caught too; read without blocking, links never followed),
-    and nothing else but empty directories and the kept zip (a ``__pycache__`` file counts as something
-    else: switchers run without bytecode)."""
-    import stat
+def _run_zip(directory: Path) -> Path | None:
+    """The zip that runs the switcher in ``directory`` when it is whole (its sha256 the one :data:`RUN_NOTE`
+    holds), made by this interpreter (its magic) and of a generation this entry point runs; else None.
+    Read without blocking, links never followed."""
+    from flatshare_ops.common.files import Damaged, loads, read_bytes
 
-    from flatshare_ops.common.files import open_regular
-
-    expected = {i.filename: (i.file_size, hashlib.sha256(archive.read(i)).digest())
-                for i in archive.infolist() if not i.is_dir()}
-    deepest = max((len(Path(name).parts) for name in expected), default=1)
-    found = 0
     try:
-        if not stat.S_ISDIR(os.lstat(target).st_mode):
-            return False  # a link (its tree lies elsewhere), a file, anything but the directory itself
-        for top, dirs, names in os.walk(target):
-            if len(Path(os.path.relpath(top, target)).parts) >= deepest:
-                if dirs:
-                    return False  # deeper than any member: not the zip's (and os.walk recurses: never far)
-            for name in dirs:
-                if not stat.S_ISDIR(os.lstat(os.path.join(top, name)).st_mode):
-                    return False  # a link where a directory belongs
-            for name in names:
-                path = os.path.join(top, name)
-                relative = os.path.relpath(path, target)
-                if relative == KEPT_ZIP:
-                    continue
-                if relative not in expected:
-                    return False
-                size, digest = expected[relative]
-                fd = open_regular(Path(path))
-                try:
-                    if os.fstat(fd).st_size != size:
-                        return False
-                    value = hashlib.sha256()
-                    while block := os.read(fd, 1 << 20):
-                        value.update(block)
-                finally:
-                    os.close(fd)
-                if value.digest() != digest:
-                    return False
-                found += 1
-    except OSError:
-        return False
-    return found == len(expected)
+        note = loads(read_bytes(directory / RUN_NOTE, limit=4096) or b"null")
+        data = read_bytes(directory / RUN_ZIP, limit=MAX_UNPACKED_BYTES * 2)
+    except (Damaged, ValueError):
+        return None
+    if not isinstance(note, dict) or data is None or note.get("magic") != _magic():
+        return None
+    generation = note.get("generation")
+    if not isinstance(generation, int) or isinstance(generation, bool) or generation < OLDEST_GENERATION:
+        return None
+    return directory / RUN_ZIP if hashlib.sha256(data).hexdigest() == note.get("sha256") else None
 
 
 def _touch(directory: Path) -> None:
@@ -308,9 +327,9 @@ def _touch(directory: Path) -> None:
 
 
 def active_switcher(releases: Path) -> Path | None:
-    """The switcher the active release was switched with (``releases/current/switcher``), checked against
-    its kept zip and unpacked again from it when it does not match; None (the installed code runs) when
-    there is none, or it cannot be checked (said on stderr)."""
+    """The zip that runs the switcher the active release was switched with (``releases/current/switcher``
+    names it): its :data:`RUN_ZIP` when whole, else made again from its kept zip; None (the installed code
+    runs) when there is none, or it cannot be checked (said on stderr)."""
     from flatshare_ops.common.files import Damaged, read_bytes
 
     try:
@@ -320,11 +339,14 @@ def active_switcher(releases: Path) -> Path | None:
     directory = releases / ".switchers" / digest
     if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest) or not os.path.lexists(directory):
         return None
-    data = _kept_zip(directory)
+    if os.path.isdir(directory) and not os.path.islink(directory) and (run := _run_zip(directory)) is not None:
+        _touch(directory)
+        return run
+    data = _kept_zip(directory)  # through a link too: what it holds is checked, and the link replaced
     if data is None:
         print(f"flatshare-node: note: the active release's switcher {directory} cannot be checked (its "
               f"{KEPT_ZIP} is missing or damaged): running the installed flatshare-ops instead; the next "
-              "release unpacks its switcher again", file=sys.stderr, flush=True)
+              "release keeps its switcher again", file=sys.stderr, flush=True)
         return None
     try:
         with zipfile.ZipFile(io.BytesIO(data)) as archive:
@@ -335,18 +357,37 @@ def active_switcher(releases: Path) -> Path | None:
                       f"older than this node runs ({OLDEST_GENERATION}): running the installed flatshare-ops "
                       "instead", file=sys.stderr, flush=True)
                 return None
-            return _put_in_place(directory, data, archive)
+            return _in_place(directory, data, archive, generation)
     except (ValueError, OSError, zipfile.BadZipFile) as err:
-        print(f"flatshare-node: note: the active release's switcher {directory} could not be unpacked again "
-              f"({err}): running the installed flatshare-ops instead", file=sys.stderr, flush=True)
+        print(f"flatshare-node: note: the active release's switcher {directory} could not be made ready to run "
+              f"again ({err}): running the installed flatshare-ops instead", file=sys.stderr, flush=True)
         return None
 
 
 def _run(switcher: Path | None, argv: list[str]) -> NoReturn:
-    env = dict(os.environ)
-    if switcher is not None:
-        env["FLATSHARE_SWITCHER"] = switcher.name
-    os.execve(sys.executable, [sys.executable, "-c", BOOT, str(switcher or ""), *argv], env)
+    """Run the command line ``argv`` in this process, with the switcher's zip (node/cli.py ``main``), or with the
+    installed code when ``switcher`` is None.
+
+    The zip goes first on ``sys.path`` and every ``flatshare_ops`` module this entry point imported from the
+    installed code is forgotten, so that each module the command uses comes from the zip (one interpreter: a
+    second one, exec'd, cost every node command its start and its imports again).
+    """
+    _use(switcher)
+    sys.argv = ["flatshare-node", *argv]
+    from flatshare_ops.node.cli import main as command
+
+    command()
+    sys.exit(0)
+
+
+def _use(switcher: Path | None) -> None:
+    """Make the switcher's zip the ``flatshare_ops`` this process imports from now on (nothing when None)."""
+    if switcher is None:
+        return
+    os.environ["FLATSHARE_SWITCHER"] = switcher.parent.name  # the switcher's sha256 (its directory's name)
+    for name in [m for m in sys.modules if m == "flatshare_ops" or m.startswith("flatshare_ops.")]:
+        del sys.modules[name]
+    sys.path.insert(0, str(switcher))
 
 
 def main() -> None:
@@ -387,7 +428,7 @@ def main() -> None:
                     "install them: 'flatshare node bootstrap --node NAME' from that checkout")
         try:
             releases.mkdir(parents=True, exist_ok=True)
-            switcher = unpack(releases, bundle["switcher"])
+            switcher = keep(releases, bundle["switcher"])
         except TooOld as err:
             _refuse(f"release refused: the release's switcher is generation {err.generation}, older than this node "
                     f"runs ({OLDEST_GENERATION}: an older switcher's admission to drain is known to let the last "
@@ -395,7 +436,7 @@ def main() -> None:
         except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
             _refuse(f"node switch: the shipped switcher is damaged ({err})", BAD_INPUT)
         except OSError as err:
-            _refuse(f"release refused: cannot unpack the switcher into {releases} ({err.strerror or err})")
+            _refuse(f"release refused: cannot keep the switcher in {releases} ({err.strerror or err})")
         bundle = {k: v for k, v in bundle.items() if k != "switcher"}
     try:
         handed = _hand_over(releases, json.dumps(bundle).encode())
@@ -411,7 +452,6 @@ def _hand_over(releases: Path, data: bytes) -> list[str]:
         read_fd, write_fd = os.pipe()
         os.write(write_fd, data)
         os.close(write_fd)
-        os.set_inheritable(read_fd, True)
         return ["--bundle-file", f"/dev/fd/{read_fd}"]
     incoming = releases / ".incoming"
     incoming.mkdir(parents=True, exist_ok=True)

@@ -58,8 +58,9 @@ STAGES = {"parser": "vLLM's parser", "cache": "vLLM's cache directory", "parse":
           "tokenizer": "the tokenizer", "scheduler": "the scheduler class"}
 #: Tells the parse script not to check vLLM's cache directory (a dry run whose engine home is made at start).
 SKIP_CACHE_VARIABLE = "FLATSHARE_PREFLIGHT_SKIP_CACHE"
-#: The parse script, run by the engine venv's interpreter.
-PARSE_SCRIPT = Path(__file__).resolve().parent.parent / "common" / "vllm_serve_parse.py"
+#: The parse script (a module of the switcher, which runs from a zip: node/entry.py), run by the engine venv's
+#: interpreter from a copy in a scratch directory of its own.
+PARSE_SCRIPT = ("flatshare_ops.common", "vllm_serve_parse.py")
 
 
 def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEOUT_S, progress=None,
@@ -102,12 +103,11 @@ def parse_with_venv(venv: Path, words: list[str], timeout_s: float = PARSE_TIMEO
         credentials = {"user": entry.pw_uid, "group": entry.pw_gid, "extra_groups": [], "cwd": "/"}
     with tempfile.TemporaryFile("w+") as stdout, tempfile.TemporaryFile("w+") as stderr, \
             tempfile.TemporaryDirectory(prefix="flatshare-preflight-") as scratch:
-        script = PARSE_SCRIPT
-        if credentials:  # the shipped switcher's directory is root's alone (0700): the user gets a copy of its own
-            import shutil
+        import pkgutil
 
-            script = Path(scratch) / PARSE_SCRIPT.name
-            shutil.copyfile(PARSE_SCRIPT, script)
+        script = Path(scratch) / PARSE_SCRIPT[1]
+        script.write_bytes(pkgutil.get_data(*PARSE_SCRIPT) or b"")
+        if credentials:  # the scratch directory is root's alone (0700): the engine's user gets it
             os.chown(scratch, credentials["user"], credentials["group"])
         try:
             process = subprocess.Popen([str(python), str(script), mode], stdin=subprocess.PIPE,

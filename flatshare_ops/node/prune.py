@@ -1,4 +1,4 @@
-"""Pruning a node's release store: remove what no rollback can need, and unpacked switchers no release names.
+"""Pruning a node's release store: remove what no rollback can need, and kept switchers no release names.
 
 Kept (node/history.py's rollback rule decides what a rollback can need): the
 active release, its rollback target, the newest :data:`KEEP_RELEASES`
@@ -45,7 +45,7 @@ def prune(ctx: NodeContext, hist: histories.History, keep: int = KEEP_RELEASES) 
 
 
 def _prune_switchers(ctx: NodeContext) -> None:
-    """Remove unpacked switchers no stored release names and unused for an hour (and bundles an
+    """Remove kept switchers no stored release names and unused for an hour (and bundles an
     interrupted entry left behind)."""
     from ..common.files import remove_tree
 

@@ -3,7 +3,8 @@
 The package carries no test seams: a test starts a release with
 ``PYTHONPATH=tests/faults`` and ``FLATSHARE_TEST_FAULTS`` set to JSON, and
 this file wraps the package's functions in the node-side process only
-(``python -m flatshare_ops.node`` or ``flatshare-node``):
+(``python -m flatshare_ops.node`` or ``flatshare-node``; in the modules of the switcher the entry point
+runs too):
 
 - ``{"kill_after_step": STEP}``: SIGKILL the switch right after STEP is journaled done
   (``record-history``: the history record is written, the journal not yet removed);
@@ -173,3 +174,14 @@ if _SPEC and ("flatshare_ops.node" in _ARGV or "flatshare-node" in _ARGV):
 
         atexit.register(_announce)
     _install(_spec)
+    if "flatshare-node" in _ARGV:
+        # The entry point runs a shipped switcher in this process, every flatshare_ops module imported again from
+        # its zip (node/entry.py _use): the faults are put into those modules too.
+        from flatshare_ops.node import entry as _entry
+
+        def _use_with_faults(switcher, use=_entry._use):
+            use(switcher)
+            if switcher is not None:
+                _install(_spec)
+
+        _entry._use = _use_with_faults
