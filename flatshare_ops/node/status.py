@@ -14,7 +14,7 @@ from ..common.files import Damaged
 from ..common.protocol import SwitchState
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
-from . import history as histories, journal as journals
+from . import history as histories
 from .store import is_stored
 from .context import NodeContext
 from ..common.locks import LockTableError
@@ -44,6 +44,24 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     return answer
 
 
+def _read_journal(ctx: NodeContext):
+    """The journal of an unfinished switch (node/journal.py ``read_journal``: raises its JournalError), or None.
+
+    Where there is no journal, as on a node no switch is running on, node/journal.py and pydantic (its schema),
+    most of what status would import, are not imported."""
+    if not os.path.lexists(ctx.journal_path):
+        return None
+    from .journal import read_journal
+
+    return read_journal(ctx.state_dir, ctx.node)
+
+
+def _summary(pending) -> str:
+    from .journal import journal_summary
+
+    return journal_summary(pending)
+
+
 def _switch_state(ctx: NodeContext, switch_id: str) -> dict:
     """One reading of :func:`switch_state`: the history, then the journal, then the lock."""
     from .outcomes import find
@@ -54,7 +72,7 @@ def _switch_state(ctx: NodeContext, switch_id: str) -> dict:
     except NodeStateError as err:
         return {"state": SwitchState.UNKNOWN, "damaged": [str(err)]}
     try:
-        pending = journals.read_journal(ctx.state_dir, ctx.node)
+        pending = _read_journal(ctx)
     except NodeStateError as err:
         pending, damaged = None, [str(err)]
     else:
@@ -65,11 +83,11 @@ def _switch_state(ctx: NodeContext, switch_id: str) -> dict:
         damaged.append(str(err))
         holder = 0
     if pending is not None and pending.switch == switch_id and holder is not None:
-        return {"state": SwitchState.SWITCHING, "journal": journals.journal_summary(pending), "pid": holder}
+        return {"state": SwitchState.SWITCHING, "journal": _summary(pending), "pid": holder}
     if pending is not None and pending.switch == switch_id and not any(r.get("kind") == pending.kind for r in records):
         # Its journal is a part not recorded yet: an automatic rollback interrupted after the failure it follows
         # was recorded (one switch id, two parts) is that rollback, never only the failure before it.
-        return {"state": SwitchState.INTERRUPTED, "journal": journals.journal_summary(pending)}
+        return {"state": SwitchState.INTERRUPTED, "journal": _summary(pending)}
     if records:
         return {"state": SwitchState.RECORDED, "record": records[-1]}
     if holder is not None:
@@ -139,8 +157,8 @@ def node_status(ctx: NodeContext) -> dict:
     except NodeStateError as err:
         status["damaged"].append(str(err))
     try:
-        pending = journals.read_journal(ctx.state_dir, ctx.node)
-        status["switching"] = journals.journal_summary(pending) if pending else None
+        pending = _read_journal(ctx)
+        status["switching"] = _summary(pending) if pending else None
         status["switching_rollout"] = pending.rollout if pending else None
         status["switching_pid"] = pending.pid if pending else None
     except NodeStateError as err:
