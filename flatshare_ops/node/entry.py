@@ -370,7 +370,7 @@ def _run(switcher: Path | None, argv: list[str]) -> NoReturn:
 
     The zip goes first on ``sys.path`` and every ``flatshare_ops`` module this entry point imported from the
     installed code is forgotten, so that each module the command uses comes from the zip (one interpreter: a
-    second one, exec'd, cost every node command its start and its imports again).
+    command pays for one start, and the standard library's modules are imported once).
     """
     _use(switcher)
     sys.argv = ["flatshare-node", *argv]
