@@ -50,10 +50,13 @@ fi
 # --compile-bytecode, as pip does by default: where PYTHONDONTWRITEBYTECODE is set (this machine kind sets
 # it), a module without a .pyc is compiled again by every process that imports it (0.3 s for each of the
 # several Python processes a release starts, measured with cProfile).
+# The project in setuptools' compat editable mode: a .pth file naming the checkout, which Python reads at no cost,
+# where the default mode imports an import hook into every Python process at its start (11 ms of CPU each here,
+# and the tests and a release start thousands: bench/node_command_cost.py's baseline shows it).
 install_venv() {
   .venv/bin/pip install -q --require-hashes -r requirements-setup.lock 2> >(grep -v 'Location .* is ignored' >&2)
   .venv/bin/uv pip install -q --compile-bytecode --python .venv/bin/python --require-hashes -r requirements-dev.lock
-  .venv/bin/uv pip install -q --python .venv/bin/python --no-deps -e .
+  .venv/bin/uv pip install -q --python .venv/bin/python --no-deps --config-settings editable_mode=compat -e .
 }
 stamp=.venv/.flatshare-installed
 want=$( { declare -f install_venv; cat pyproject.toml requirements-setup.lock requirements.lock requirements-dev.lock; } \
