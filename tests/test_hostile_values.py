@@ -266,12 +266,17 @@ def _zip(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()}
 
 
-def test_the_entry_point_refuses_a_switcher_with_a_symlink_and_a_protocol_of_the_wrong_type(tmp_path):
+def test_the_entry_point_refuses_a_switcher_with_a_symlink_or_bytecode_and_a_protocol_of_the_wrong_type(tmp_path):
     link = zipfile.ZipInfo("flatshare_ops/node/cli.py")
     link.external_attr = 0o120777 << 16  # a symlink entry
+    # Bytecode shipped beside the source: Python's zipimport would run it before the source it was not made from.
+    pyc = zipfile.ZipInfo("flatshare_ops/node/cli.pyc")
+    source = zipfile.ZipInfo("flatshare_ops/node/cli.py")
     cases = {
         "symlink": ({"id": "x", "files": {}, "protocol": 1, "switcher": _zip([(link, b"/etc/passwd")])},
                     "which is not a file or a directory"),
+        "bytecode": ({"id": "x", "files": {}, "protocol": 1,
+                      "switcher": _zip([(source, b"print(1)\n"), (pyc, b"\x00" * 16)])}, "bytecode"),
         "protocol": ({"id": "x", "files": {}, "protocol": "2"}, "the bundle's protocol must be an integer"),
     }
     for name, (bundle, said) in cases.items():

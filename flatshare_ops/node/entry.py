@@ -199,6 +199,9 @@ def _check_members(archive: zipfile.ZipFile) -> None:
             raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
         if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000, 0o040000):
             raise ValueError(f"the shipped switcher holds {name!r}, which is not a file or a directory")
+        if name.endswith((".pyc", ".pyo")):
+            raise ValueError(f"the shipped switcher holds {name!r}, bytecode (a switcher ships its source; the node "
+                             "compiles it)")
 
 
 def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
@@ -222,6 +225,7 @@ def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation
         _write(directory / KEPT_ZIP, data)
     run = directory / RUN_ZIP
     if _run_zip(directory) is None:
+        _remove_leftovers(directory)
         made = _compiled(archive, run)
         _write(run, made)
         note = {"sha256": hashlib.sha256(made).hexdigest(), "magic": _magic(), "generation": generation}
@@ -259,6 +263,25 @@ def _compiled(archive: zipfile.ZipFile, run: Path) -> bytes:
                 pyc = MAGIC_NUMBER + (0b01).to_bytes(4, "little") + source_hash(source) + marshal.dumps(code)
                 out.writestr(info.filename + "c", pyc)
     return buffer.getvalue()
+
+
+#: How old a file being written beside its place (:func:`_write`) must be to be a leftover of a process that died
+#: while writing it (seconds; a switcher's zips are written in well under one).
+LEFTOVER_S = 600
+
+
+def _remove_leftovers(directory: Path) -> None:
+    """Remove the files a killed process left half-written in ``directory`` (:func:`_write`'s, past
+    :data:`LEFTOVER_S`); never one being written now."""
+    import time
+
+    for name in (KEPT_ZIP, RUN_ZIP, RUN_NOTE):
+        for leftover in directory.glob(f".{name}.*"):
+            try:
+                if time.time() - leftover.lstat().st_mtime > LEFTOVER_S:
+                    leftover.unlink()
+            except OSError:
+                continue
 
 
 def _write(path: Path, data: bytes) -> None:
