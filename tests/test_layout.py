@@ -416,7 +416,7 @@ def test_a_kept_switchers_files_a_killed_write_left_are_removed_when_it_is_made_
     shipped = switcher(PACKAGE)
     run = keep(tmp_path, shipped)
     directory = run.parent
-    old, new = directory / ".run.zip.killed", directory / ".run.zip.writing"
+    old, new = directory / f".{run.name}.killed", directory / f".{run.name}.writing"
     for path in (old, new):
         path.write_bytes(b"half")
     os.utime(old, (time.time() - LEFTOVER_S - 60,) * 2)
@@ -425,6 +425,44 @@ def test_a_kept_switchers_files_a_killed_write_left_are_removed_when_it_is_made_
     assert not old.exists() and new.exists()
     note = json.loads((directory / "run.json").read_text())
     assert note["sha256"] == hashlib.sha256(run.read_bytes()).hexdigest()
+
+
+def test_a_command_running_from_a_kept_switcher_goes_on_while_another_makes_its_zip_again(tmp_path):
+    # Python's zipimport reads each module at the offsets it read from the zip at the first import: the zip a
+    # command runs from must hold the same bytes until it ends, whatever another command makes meanwhile (a zip
+    # made again by another interpreter, after an upgrade, differs). Each zip that runs is named by its sha256
+    # (run-SHA256.zip) and, once whole, never written again.
+    import hashlib
+    import json
+    import os
+    import subprocess
+    import sys
+
+    from flatshare_ops.control.bundle import PACKAGE, switcher
+    from flatshare_ops.node.entry import keep
+
+    run = keep(tmp_path, switcher(PACKAGE))
+    before, inode = run.read_bytes(), run.stat().st_ino
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); import flatshare_ops.node.cli; sys.stdin.readline(); "
+            "import flatshare_ops.node.switch, flatshare_ops.node.preflight; "
+            "print(flatshare_ops.node.switch.__file__)")
+    command = subprocess.Popen([sys.executable, "-c", code, str(run)], stdin=subprocess.PIPE,
+                               stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        (run.parent / "run.json").write_text("{")  # damaged: the next command makes the zip that runs again
+        again = ("import sys; from pathlib import Path; from flatshare_ops.control.bundle import PACKAGE, switcher; "
+                 "from flatshare_ops.node.entry import keep; print(keep(Path(sys.argv[1]), switcher(PACKAGE)))")
+        made = subprocess.run([sys.executable, "-c", again, str(tmp_path)], capture_output=True, text=True,
+                              env=dict(os.environ), timeout=120)
+        assert made.returncode == 0, made.stderr
+    finally:
+        out, err = command.communicate("go\n", timeout=120)
+    assert command.returncode == 0, err
+    assert out.strip().startswith(str(run)), out
+    # The zip it ran from was never written again (the same file, the same bytes), and run.json names a whole one.
+    assert (run.stat().st_ino, run.read_bytes()) == (inode, before)
+    named = json.loads((run.parent / "run.json").read_text())["sha256"]
+    assert hashlib.sha256((run.parent / f"run-{named}.zip").read_bytes()).hexdigest() == named
 
 
 def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_kept(tmp_path):

@@ -627,8 +627,7 @@ def _model_file(node: Node) -> Path:
 
 
 def _switcher_file(node: Node) -> Path:
-    digest = (_active(node) / "switcher").read_text().strip()
-    return node.releases / ".switchers" / digest / "run.zip"
+    return run_zip(switcher_dir(node))
 
 
 OPENED = [
@@ -990,6 +989,11 @@ def switcher_dir(node: Node) -> Path:
     return node.releases / ".switchers" / digest
 
 
+def run_zip(directory: Path) -> Path:
+    """The zip that runs, as the kept switcher's run.json names it (run-SHA256.zip)."""
+    return directory / f"run-{json.loads((directory / 'run.json').read_text())['sha256']}.zip"
+
+
 def run_zip_problems(directory: Path, data: bytes) -> list[str]:
     """How the zip that runs (node/entry.py ``RUN_ZIP``) differs from one made from the shipped zip ``data`` by
     this interpreter (empty: it is that zip), read here independently: every file of the shipped zip in it, byte
@@ -1002,10 +1006,10 @@ def run_zip_problems(directory: Path, data: bytes) -> list[str]:
 
     wrong = []
     try:
-        run = (directory / "run.zip").read_bytes()
         note = json.loads((directory / "run.json").read_text())
-    except (OSError, ValueError) as err:
-        return [f"cannot read run.zip or run.json: {err}"]
+        run = (directory / f"run-{note['sha256']}.zip").read_bytes()
+    except (OSError, ValueError, KeyError, TypeError) as err:
+        return [f"cannot read run.json or the zip it names: {err}"]
     if note.get("sha256") != hashlib.sha256(run).hexdigest() or note.get("magic") != MAGIC_NUMBER.hex():
         wrong.append(f"run.json {note} does not describe run.zip")
     with zipfile.ZipFile(io.BytesIO(data)) as shipped, zipfile.ZipFile(io.BytesIO(run)) as made:
@@ -1047,8 +1051,8 @@ def _replaced(zip_path: Path, name: str, data: bytes) -> None:
     zip_path.write_bytes(buffer.getvalue())
 
 
-@pytest.mark.parametrize("damage", ["run.zip truncated", "a module's bytecode edited", "run.json not JSON",
-                                    "run.json of another interpreter", "run.zip gone",
+@pytest.mark.parametrize("damage", ["the zip that runs truncated", "a module's bytecode edited", "run.json not JSON",
+                                    "run.json of another interpreter", "the zip that runs gone",
                                     "truncated, its shipped zip too", "its directory a link to a copy elsewhere"])
 @pytest.mark.parametrize("by", ["status", "switch"])
 def test_a_kept_switcher_is_checked_against_its_digests_and_made_again(cyan, damage, by):
@@ -1060,8 +1064,8 @@ def test_a_kept_switcher_is_checked_against_its_digests_and_made_again(cyan, dam
         assert cyan.switch(cyan.fresh()).code == 0  # the active release runs this checkout's switcher
     directory = switcher_dir(cyan)
     assert not run_zip_problems(directory, data)
-    run, note = directory / "run.zip", directory / "run.json"
-    if damage.startswith("run.zip truncated") or damage.startswith("truncated"):
+    run, note = run_zip(directory), directory / "run.json"
+    if damage.startswith("the zip that runs truncated") or damage.startswith("truncated"):
         run.write_bytes(run.read_bytes()[:4000])
     if damage == "a module's bytecode edited":
         # status.py's pyc replaced by code that exits 99, its header right for the source beside it
@@ -1074,7 +1078,7 @@ def test_a_kept_switcher_is_checked_against_its_digests_and_made_again(cyan, dam
     if damage == "run.json of another interpreter":
         document = json.loads(note.read_text())
         note.write_text(json.dumps({**document, "magic": "00000000"}))
-    if damage == "run.zip gone":
+    if damage == "the zip that runs gone":
         run.unlink()
     if damage.endswith("its shipped zip too"):
         (directory / "switcher.zip").write_bytes(b"not the zip")

@@ -102,7 +102,8 @@ def test_the_release_carries_the_checkouts_own_switcher(fleet):
         assert re.search(r"^\[cyan [0-9:]+\] MARKER: this checkout's switcher", result.stdout, re.MULTILINE), result.stdout
         releases = fleet.node("cyan").state_dir / "releases"
         shipped = (releases / "current/switcher").read_text().strip()
-        kept = zipfile.ZipFile(releases / ".switchers" / shipped / "run.zip")  # what runs on the node
+        note = json.loads((releases / ".switchers" / shipped / "run.json").read_text())
+        kept = zipfile.ZipFile(releases / ".switchers" / shipped / f"run-{note['sha256']}.zip")  # what runs there
         assert kept.read("flatshare_ops/node/cli.py").decode().count("MARKER") == 1
     finally:
         shutil.rmtree(code)

@@ -120,10 +120,15 @@ def _refuse(message: str, code: int = REFUSED) -> NoReturn:
 #: zip that runs is made from.
 KEPT_ZIP = "switcher.zip"
 #: What runs, on ``sys.path`` (Python's zipimport): the kept zip's members and, beside each module, its bytecode
-#: compiled by this node's interpreter (an unchecked hash-based pyc: the whole zip is checked instead).
-RUN_ZIP = "run.zip"
-#: ``{"sha256": of RUN_ZIP, "magic": the interpreter's bytecode magic, "generation"}``, written after RUN_ZIP.
+#: compiled by this node's interpreter (an unchecked hash-based pyc: the whole zip is checked instead). Named by its
+#: own sha256 (``run-SHA256.zip``) and never replaced: zipimport reads a module from the offsets it read at the
+#: first import, so a process running from a zip must find that zip unchanged until it ends.
+RUN_ZIP = "run-{sha256}.zip"
+#: ``{"sha256": of the zip that runs, "magic": the interpreter's bytecode magic, "generation"}``, written after it.
 RUN_NOTE = "run.json"
+#: How long a zip that runs, no longer the one :data:`RUN_NOTE` names, is kept for a process that may still run
+#: from it (seconds: a day, as long as a release may wait).
+RUN_ZIP_KEPT_S = 86400
 #: The most a shipped switcher may hold, zipped (bytes; flatshare_ops/ is well under 1 MiB).
 MAX_ZIP_BYTES = 64 << 20
 
@@ -223,12 +228,15 @@ def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation
     directory.mkdir(parents=True, exist_ok=True)
     if _kept_zip(directory) != data:
         _write(directory / KEPT_ZIP, data)
-    run = directory / RUN_ZIP
-    if _run_zip(directory) is None:
+    run = _run_zip(directory)
+    if run is None:
         _remove_leftovers(directory)
-        made = _compiled(archive, run)
-        _write(run, made)
-        note = {"sha256": hashlib.sha256(made).hexdigest(), "magic": _magic(), "generation": generation}
+        made = _compiled(archive, directory)
+        digest = hashlib.sha256(made).hexdigest()
+        run = directory / RUN_ZIP.format(sha256=digest)
+        if not _whole(run, digest):  # one whole already is never written again: a command may run from it
+            _write(run, made)
+        note = {"sha256": digest, "magic": _magic(), "generation": generation}
         _write(directory / RUN_NOTE, json.dumps(note, sort_keys=True).encode() + b"\n")
     _touch(directory)
     return run
@@ -241,10 +249,11 @@ def _magic() -> str:
     return MAGIC_NUMBER.hex()
 
 
-def _compiled(archive: zipfile.ZipFile, run: Path) -> bytes:
+def _compiled(archive: zipfile.ZipFile, directory: Path) -> bytes:
     """A zip of ``archive``'s files and, beside each module ``M.py``, ``M.pyc``: its bytecode as this interpreter
     compiles it, an unchecked hash-based pyc (PEP 552: magic, flags 0b01, the source's hash, the marshalled code),
-    named ``run/M.py`` in tracebacks. A module that does not compile gets no pyc (its import fails as it would)."""
+    named ``DIRECTORY/M.py`` in tracebacks. A module that does not compile gets no pyc (its import fails as it
+    would)."""
     import marshal
     from importlib.util import MAGIC_NUMBER, source_hash
 
@@ -254,14 +263,14 @@ def _compiled(archive: zipfile.ZipFile, run: Path) -> bytes:
             if info.is_dir():
                 continue
             source = archive.read(info)
-            out.writestr(info.filename, source)
+            out.writestr(_member(info.filename), source)
             if info.filename.endswith(".py"):
                 try:
-                    code = compile(source, f"{run}/{info.filename}", "exec", dont_inherit=True)
+                    code = compile(source, f"{directory}/{info.filename}", "exec", dont_inherit=True)
                 except (SyntaxError, ValueError):
                     continue
                 pyc = MAGIC_NUMBER + (0b01).to_bytes(4, "little") + source_hash(source) + marshal.dumps(code)
-                out.writestr(info.filename + "c", pyc)
+                out.writestr(_member(info.filename + "c"), pyc)
     return buffer.getvalue()
 
 
@@ -272,16 +281,26 @@ LEFTOVER_S = 600
 
 def _remove_leftovers(directory: Path) -> None:
     """Remove the files a killed process left half-written in ``directory`` (:func:`_write`'s, past
-    :data:`LEFTOVER_S`); never one being written now."""
+    :data:`LEFTOVER_S`; never one being written now), and zips that ran, past :data:`RUN_ZIP_KEPT_S`."""
     import time
 
-    for name in (KEPT_ZIP, RUN_ZIP, RUN_NOTE):
-        for leftover in directory.glob(f".{name}.*"):
+    for pattern, age in ((f".{KEPT_ZIP}.*", LEFTOVER_S), (".run-*.zip.*", LEFTOVER_S), (f".{RUN_NOTE}.*", LEFTOVER_S),
+                         ("run-*.zip", RUN_ZIP_KEPT_S)):
+        for leftover in directory.glob(pattern):
             try:
-                if time.time() - leftover.lstat().st_mtime > LEFTOVER_S:
+                if time.time() - leftover.lstat().st_mtime > age:
                     leftover.unlink()
             except OSError:
                 continue
+
+
+def _member(name: str) -> zipfile.ZipInfo:
+    """A member of the zip that runs, with a fixed time: the same switcher, compiled by the same interpreter in the
+    same directory, makes the same zip (so the same name, :data:`RUN_ZIP`), whenever it is made."""
+    info = zipfile.ZipInfo(name, (2026, 1, 1, 0, 0, 0))
+    info.external_attr = 0o644 << 16
+    info.compress_type = zipfile.ZIP_DEFLATED
+    return info
 
 
 def _write(path: Path, data: bytes) -> None:
@@ -330,15 +349,28 @@ def _run_zip(directory: Path) -> Path | None:
 
     try:
         note = loads(read_bytes(directory / RUN_NOTE, limit=4096) or b"null")
-        data = read_bytes(directory / RUN_ZIP, limit=MAX_UNPACKED_BYTES * 2)
     except (Damaged, ValueError):
         return None
-    if not isinstance(note, dict) or data is None or note.get("magic") != _magic():
+    if not isinstance(note, dict) or note.get("magic") != _magic():
         return None
-    generation = note.get("generation")
+    digest, generation = note.get("sha256"), note.get("generation")
     if not isinstance(generation, int) or isinstance(generation, bool) or generation < OLDEST_GENERATION:
         return None
-    return directory / RUN_ZIP if hashlib.sha256(data).hexdigest() == note.get("sha256") else None
+    if not isinstance(digest, str) or len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        return None
+    run = directory / RUN_ZIP.format(sha256=digest)
+    return run if _whole(run, digest) else None
+
+
+def _whole(run: Path, digest: str) -> bool:
+    """Whether the file ``run`` holds bytes whose sha256 is ``digest`` (read bounded, without blocking)."""
+    from flatshare_ops.common.files import Damaged, read_bytes
+
+    try:
+        data = read_bytes(run, limit=MAX_UNPACKED_BYTES * 2)
+    except Damaged:
+        return False
+    return data is not None and hashlib.sha256(data).hexdigest() == digest
 
 
 def _touch(directory: Path) -> None:
