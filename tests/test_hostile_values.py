@@ -266,6 +266,29 @@ def _zip(entries: list[tuple[zipfile.ZipInfo, bytes]]) -> dict:
     return {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()}
 
 
+def _package() -> list[tuple[zipfile.ZipInfo, bytes]]:
+    """The least a switcher holds (node/entry.py REQUIRED_MEMBERS), and its description (this generation)."""
+    from flatshare_ops.common.protocol import GENERATION, SWITCHER_DESCRIPTION
+
+    return [(zipfile.ZipInfo(name), b"") for name in
+            ("flatshare_ops/__init__.py", "flatshare_ops/node/__init__.py", "flatshare_ops/node/cli.py")] + [
+        (zipfile.ZipInfo(SWITCHER_DESCRIPTION), json.dumps({"generation": GENERATION}).encode())]
+
+
+def _unknown_compression() -> dict:
+    """A switcher whose cli.py is stored with compression method 99 (zipfile cannot read it)."""
+    shipped = _zip(_package())
+    data = bytearray(base64.b64decode(shipped["zip_b64"]))
+    name = b"flatshare_ops/node/cli.py"
+    for signature, offset in ((b"PK\x03\x04", 8), (b"PK\x01\x02", 10)):
+        at = data.rfind(signature, 0, data.find(name, data.find(signature)) + 1)
+        while data[at + (30 if signature == b"PK\x03\x04" else 46):][:len(name)] != name:
+            at = data.find(signature, at + 4)
+        data[at + offset:at + offset + 2] = (99).to_bytes(2, "little")
+    damaged = bytes(data)
+    return {"sha256": hashlib.sha256(damaged).hexdigest(), "zip_b64": base64.b64encode(damaged).decode()}
+
+
 def test_the_entry_point_refuses_a_switcher_with_a_symlink_or_bytecode_and_a_protocol_of_the_wrong_type(tmp_path):
     link = zipfile.ZipInfo("flatshare_ops/node/cli.py")
     link.external_attr = 0o120777 << 16  # a symlink entry
@@ -277,6 +300,18 @@ def test_the_entry_point_refuses_a_switcher_with_a_symlink_or_bytecode_and_a_pro
                     "which is not a file or a directory"),
         "bytecode": ({"id": "x", "files": {}, "protocol": 1,
                       "switcher": _zip([(source, b"print(1)\n"), (pyc, b"\x00" * 16)])}, "bytecode"),
+        # A breaker's cases: each ended in a traceback, on the node or when the switcher ran.
+        "twice": ({"id": "x", "files": {}, "protocol": 1, "switcher": _zip(
+            [*_package(), (zipfile.ZipInfo("flatshare_ops/node/cli.py"), b"x = 1\n")])}, "twice"),
+        "no cli.py": ({"id": "x", "files": {}, "protocol": 1,
+                       "switcher": _zip(_package()[:2] + _package()[3:])}, "holds no 'flatshare_ops/node/cli.py'"),
+        "does not compile": ({"id": "x", "files": {}, "protocol": 1, "switcher": _zip(
+            [*_package(), (zipfile.ZipInfo("flatshare_ops/node/broken.py"), b"def (:\n")])}, "does not compile"),
+        "nested past the compiler": ({"id": "x", "files": {}, "protocol": 1, "switcher": _zip(
+            [*_package(), (zipfile.ZipInfo("flatshare_ops/node/deep.py"), b"x = " + b"-" * 200_000 + b"1\n")])},
+            "does not compile"),
+        "unknown compression": ({"id": "x", "files": {}, "protocol": 1,
+                                 "switcher": _unknown_compression()}, "cannot be read"),
         "protocol": ({"id": "x", "files": {}, "protocol": "2"}, "the bundle's protocol must be an integer"),
     }
     for name, (bundle, said) in cases.items():

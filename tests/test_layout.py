@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import ast
+import json
 import re
 import subprocess
 import sys
@@ -483,3 +484,95 @@ def test_a_switcher_that_unpacks_past_its_bound_is_refused_and_nothing_is_kept(t
     with pytest.raises(ValueError, match="unpacked, more than 64 MiB"):
         keep(tmp_path, {"sha256": hashlib.sha256(data).hexdigest(), "zip_b64": base64.b64encode(data).decode()})
     assert not (tmp_path / ".switchers").exists()
+
+
+def _kept_active(tmp_path):
+    """A releases directory whose active release names this checkout's switcher, kept: (releases, its directory)."""
+    import os
+
+    from flatshare_ops.control.bundle import PACKAGE, switcher
+    from flatshare_ops.node.entry import keep
+
+    releases = tmp_path / "releases"
+    shipped = switcher(PACKAGE)
+    run = keep(releases, shipped)
+    stored = releases / "0000000000000001"
+    stored.mkdir()
+    (stored / "switcher").write_text(shipped["sha256"] + "\n")
+    os.symlink(stored.name, releases / "current")
+    return releases, run.parent
+
+
+def test_vllms_option_tables_are_read_from_the_zip_a_switcher_runs_from(tmp_path):
+    # A breaker's case: from a zip, a missing table is an OSError of no errno (not FileNotFoundError), and a
+    # release naming a vLLM without a table ended in "unexpected OSError" on the node instead of its preflight.
+    import subprocess
+    import sys
+
+    from flatshare_ops.control.bundle import PACKAGE, switcher
+    from flatshare_ops.node.entry import keep
+
+    run = keep(tmp_path, switcher(PACKAGE))
+    code = ("import sys, json; sys.path.insert(0, sys.argv[1]); from flatshare_ops.common import vllm_argv; "
+            "assert vllm_argv.__file__.startswith(sys.argv[1]); said = []\n"
+            "try:\n    vllm_argv.flag_name('max_num_seqs', '0.34.0')\nexcept ValueError as err:\n    said.append(str(err))\n"
+            "print(json.dumps([vllm_argv.known_releases(), vllm_argv.flag_name('max_num_seqs'), said]))")
+    done = subprocess.run([sys.executable, "-c", code, str(run)], capture_output=True, text=True, timeout=60)
+    assert done.returncode == 0, done.stderr
+    releases, flag, said = json.loads(done.stdout)
+    assert releases == sorted(p.stem for p in (PACKAGE / "common/vllm_options").glob("*.json"))
+    assert flag == "--max-num-seqs"
+    assert len(said) == 1 and said[0].startswith("no option table for vLLM 0.34.0"), said
+
+
+def test_commands_at_once_on_a_kept_switcher_whose_directory_is_a_link_all_run_it(tmp_path):
+    # A breaker's case: 16 commands at once, each moving "the damaged directory" aside, moved each other's fresh
+    # directory aside: some ran the installed code (a note on stderr), one with no note, and a partial directory
+    # was left behind. One command at a time makes a switcher's files (.switchers/.making).
+    import shutil
+    import subprocess
+    import sys
+
+    releases, directory = _kept_active(tmp_path)
+    code = ("import sys; from pathlib import Path; from flatshare_ops.node.entry import active_switcher; "
+            "sys.stdin.readline(); print(active_switcher(Path(sys.argv[1])))")
+    for round_ in range(4):  # the race needs commands that meet: several rounds, each started at one go
+        elsewhere = tmp_path / f"copy-{round_}"
+        shutil.copytree(directory, elsewhere)
+        shutil.rmtree(directory)
+        directory.symlink_to(elsewhere)
+        commands = [subprocess.Popen([sys.executable, "-c", code, str(releases)], stdin=subprocess.PIPE,
+                                     stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True) for _ in range(12)]
+        for command in commands:  # all started and waiting: told to go at once
+            assert command.stdin is not None
+            command.stdin.write("go\n")
+            command.stdin.flush()
+        said = [c.communicate(timeout=120) for c in commands]
+        assert all(c.returncode == 0 for c in commands), said
+        assert all(out.strip().startswith(str(directory / "run-")) and not err for out, err in said), [
+            s for s in said if not s[0].strip().startswith(str(directory / "run-")) or s[1]]
+        assert directory.is_dir() and not directory.is_symlink()
+        assert not list(releases.glob(".switchers/.damaged-*"))
+
+
+@pytest.mark.parametrize("damage", ["fifo", "not a sha256", "a directory"])
+def test_an_active_release_whose_switcher_note_is_damaged_runs_the_installed_code_and_says_so(tmp_path, capsys,
+                                                                                                  damage):
+    import os
+    import shutil
+
+    from flatshare_ops.node.entry import active_switcher
+
+    releases, _ = _kept_active(tmp_path)
+    note = releases / "current" / "switcher"
+    note.unlink()
+    if damage == "fifo":
+        os.mkfifo(note)
+    elif damage == "a directory":
+        note.mkdir()
+    else:
+        note.write_text("0" * 63 + "\n")
+    assert active_switcher(releases) is None
+    err = capsys.readouterr().err
+    assert str(note) in err and "running the installed flatshare-ops instead" in err, err
+    shutil.rmtree(releases, ignore_errors=True)

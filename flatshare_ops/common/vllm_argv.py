@@ -210,7 +210,7 @@ def known_releases() -> list[str]:
 
     try:
         names = [entry.name for entry in files(__package__).joinpath(OPTIONS).iterdir()]
-    except (FileNotFoundError, NotADirectoryError):
+    except (OSError, KeyError):  # none there (read from a zip, a missing member is an OSError of no errno)
         return []
     return sorted(n[:-5] for n in names if n.endswith(".json"))
 
@@ -224,7 +224,7 @@ def _table(release: str) -> _Table:
 
         try:
             data = json.loads(pkgutil.get_data(__package__, f"{OPTIONS}/{release}.json") or b"null")
-        except FileNotFoundError:
+        except OSError:  # none for that release (from a zip, pkgutil's OSError has no errno: not FileNotFoundError)
             raise ValueError(f"no option table for vLLM {release} "
                              f"(have: {', '.join(known_releases()) or 'none'})") from None
         table = _TABLES[release] = _Table(data)

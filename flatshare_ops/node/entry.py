@@ -194,6 +194,10 @@ def switcher_generation(archive: zipfile.ZipFile) -> int:
 MAX_UNPACKED_BYTES = 64 << 20
 
 
+#: What a switcher must hold to run at all: its package and the node's command line.
+REQUIRED_MEMBERS = ("flatshare_ops/__init__.py", "flatshare_ops/node/__init__.py", "flatshare_ops/node/cli.py")
+
+
 def _check_members(archive: zipfile.ZipFile) -> None:
     unpacked = sum(info.file_size for info in archive.infolist())
     if unpacked > MAX_UNPACKED_BYTES:
@@ -207,6 +211,13 @@ def _check_members(archive: zipfile.ZipFile) -> None:
         if name.endswith((".pyc", ".pyo")):
             raise ValueError(f"the shipped switcher holds {name!r}, bytecode (a switcher ships its source; the node "
                              "compiles it)")
+    names = [info.filename for info in archive.infolist()]
+    twice = sorted({name for name in names if names.count(name) > 1})
+    if twice:
+        raise ValueError(f"the shipped switcher holds {twice[0]!r} twice")
+    missing = [name for name in REQUIRED_MEMBERS if name not in names]
+    if missing:
+        raise ValueError(f"the shipped switcher holds no {missing[0]!r}")
 
 
 def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
@@ -216,6 +227,47 @@ def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation
 
     Two commands on a node may do this at once: each file is written whole beside its place and renamed into it.
     """
+    with _making(directory.parent):
+        return _in_place_locked(directory, data, archive, generation)
+
+
+#: How long a command waits for another one making a kept switcher's files (seconds); past it, it makes them too.
+MAKING_WAIT_S = 60.0
+
+
+class _making:
+    """Holds ``.switchers/.making`` (an flock) while one command makes a kept switcher's files: two at once
+    moved each other's fresh directory aside. Bounded: past :data:`MAKING_WAIT_S` it goes on without it."""
+
+    def __init__(self, switchers: Path) -> None:
+        self.switchers, self.fd = switchers, -1
+
+    def __enter__(self) -> None:
+        import fcntl
+        import time
+
+        self.switchers.mkdir(parents=True, exist_ok=True)
+        try:
+            self.fd = os.open(self.switchers / ".making", os.O_RDWR | os.O_CREAT | os.O_NOFOLLOW | os.O_NONBLOCK
+                              | os.O_CLOEXEC, 0o600)
+        except OSError:
+            return  # something else in its place: made without it, as before there was one
+        deadline = time.monotonic() + MAKING_WAIT_S
+        while True:
+            try:
+                fcntl.flock(self.fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+                return
+            except BlockingIOError:
+                if time.monotonic() > deadline:
+                    return
+                time.sleep(0.02)
+
+    def __exit__(self, *_exc) -> None:
+        if self.fd >= 0:
+            os.close(self.fd)  # the lock goes with it
+
+
+def _in_place_locked(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
     import stat
 
     try:
@@ -252,9 +304,13 @@ def _magic() -> str:
 def _compiled(archive: zipfile.ZipFile, directory: Path) -> bytes:
     """A zip of ``archive``'s files and, beside each module ``M.py``, ``M.pyc``: its bytecode as this interpreter
     compiles it, an unchecked hash-based pyc (PEP 552: magic, flags 0b01, the source's hash, the marshalled code),
-    named ``DIRECTORY/M.py`` in tracebacks. A module that does not compile gets no pyc (its import fails as it
-    would)."""
+    named ``DIRECTORY/M.py`` in tracebacks.
+
+    Raises:
+        ValueError: a member cannot be read (an unknown compression, corrupt data), or a module does not compile.
+    """
     import marshal
+    import zlib
     from importlib.util import MAGIC_NUMBER, source_hash
 
     buffer = io.BytesIO()
@@ -262,13 +318,17 @@ def _compiled(archive: zipfile.ZipFile, directory: Path) -> bytes:
         for info in archive.infolist():
             if info.is_dir():
                 continue
-            source = archive.read(info)
+            try:
+                source = archive.read(info)
+            except (zipfile.BadZipFile, NotImplementedError, RuntimeError, EOFError, zlib.error) as err:
+                raise ValueError(f"its {info.filename} cannot be read ({err})") from None
             out.writestr(_member(info.filename), source)
             if info.filename.endswith(".py"):
                 try:
                     code = compile(source, f"{directory}/{info.filename}", "exec", dont_inherit=True)
-                except (SyntaxError, ValueError):
-                    continue
+                except (SyntaxError, ValueError, MemoryError, RecursionError) as err:
+                    raise ValueError(f"its {info.filename} does not compile ({type(err).__name__}: "
+                                     f"{str(err)[:200]})") from None
                 pyc = MAGIC_NUMBER + (0b01).to_bytes(4, "little") + source_hash(source) + marshal.dumps(code)
                 out.writestr(_member(info.filename + "c"), pyc)
     return buffer.getvalue()
@@ -381,42 +441,55 @@ def _touch(directory: Path) -> None:
         pass
 
 
+def _installed(why: str) -> Path | None:
+    """None (the installed code runs), said on stderr with ``why``."""
+    print(f"flatshare-node: note: the active release's {why}: running the installed flatshare-ops instead; the "
+          "next release keeps its switcher again", file=sys.stderr, flush=True)
+    return None
+
+
 def active_switcher(releases: Path) -> Path | None:
     """The zip that runs the switcher the active release was switched with (``releases/current/switcher``
     names it): its :data:`RUN_ZIP` when whole, else made again from its kept zip; None (the installed code
     runs) when there is none, or it cannot be checked (said on stderr)."""
     from flatshare_ops.common.files import Damaged, read_bytes
 
+    note = releases / "current" / "switcher"
     try:
-        digest = (read_bytes(releases / "current" / "switcher", limit=4096) or b"").decode("ascii").strip()
-    except (Damaged, UnicodeDecodeError):
+        text = read_bytes(note, limit=4096)
+    except Damaged as err:
+        return _installed(f"{note} cannot be read ({err.form})")
+    if text is None:  # a release switched by the installed code (a local switch) names no switcher
         return None
+    try:
+        digest = text.decode("ascii").strip()
+    except UnicodeDecodeError:
+        digest = ""
     directory = releases / ".switchers" / digest
-    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest) or not os.path.lexists(directory):
-        return None
+    if len(digest) != 64 or not all(c in "0123456789abcdef" for c in digest):
+        return _installed(f"{note} does not hold a switcher's sha256")
     if os.path.isdir(directory) and not os.path.islink(directory) and (run := _run_zip(directory)) is not None:
         _touch(directory)
         return run
-    data = _kept_zip(directory)  # through a link too: what it holds is checked, and the link replaced
-    if data is None:
-        print(f"flatshare-node: note: the active release's switcher {directory} cannot be checked (its "
-              f"{KEPT_ZIP} is missing or damaged): running the installed flatshare-ops instead; the next "
-              "release keeps its switcher again", file=sys.stderr, flush=True)
-        return None
     try:
-        with zipfile.ZipFile(io.BytesIO(data)) as archive:
-            _check_members(archive)
-            generation = switcher_generation(archive)
-            if generation < OLDEST_GENERATION:
-                print(f"flatshare-node: note: the active release's switcher {directory} is generation {generation}, "
-                      f"older than this node runs ({OLDEST_GENERATION}): running the installed flatshare-ops "
-                      "instead", file=sys.stderr, flush=True)
-                return None
-            return _in_place(directory, data, archive, generation)
+        with _making(directory.parent):  # another command may be making it right now: after it, or alone
+            if os.path.isdir(directory) and not os.path.islink(directory) and (run := _run_zip(directory)):
+                _touch(directory)
+                return run
+            if not os.path.lexists(directory):
+                return _installed(f"switcher {directory} is not kept on this node")
+            data = _kept_zip(directory)  # through a link too: what it holds is checked, and the link replaced
+            if data is None:
+                return _installed(f"switcher {directory} cannot be checked (its {KEPT_ZIP} is missing or damaged)")
+            with zipfile.ZipFile(io.BytesIO(data)) as archive:
+                _check_members(archive)
+                generation = switcher_generation(archive)
+                if generation < OLDEST_GENERATION:
+                    return _installed(f"switcher {directory} is generation {generation}, older than this node runs "
+                                      f"({OLDEST_GENERATION})")
+                return _in_place_locked(directory, data, archive, generation)
     except (ValueError, OSError, zipfile.BadZipFile) as err:
-        print(f"flatshare-node: note: the active release's switcher {directory} could not be made ready to run "
-              f"again ({err}): running the installed flatshare-ops instead", file=sys.stderr, flush=True)
-        return None
+        return _installed(f"switcher {directory} could not be made ready to run again ({err})")
 
 
 def _run(switcher: Path | None, argv: list[str]) -> NoReturn:
@@ -491,7 +564,9 @@ def main() -> None:
         except (ValueError, KeyError, TypeError, zipfile.BadZipFile) as err:
             _refuse(f"node switch: the shipped switcher is damaged ({err})", BAD_INPUT)
         except OSError as err:
-            _refuse(f"release refused: cannot keep the switcher in {releases} ({err.strerror or err})")
+            where = f"{err.filename}: " if err.filename else ""
+            _refuse(f"release refused: cannot keep the switcher in {releases} ({where}{err.strerror or err}); "
+                    "free the space or move what is in the way aside, then release again")
         bundle = {k: v for k, v in bundle.items() if k != "switcher"}
     try:
         handed = _hand_over(releases, json.dumps(bundle).encode())
