@@ -289,6 +289,7 @@ def _unknown_compression() -> dict:
     return {"sha256": hashlib.sha256(damaged).hexdigest(), "zip_b64": base64.b64encode(damaged).decode()}
 
 
+@pytest.mark.filterwarnings("ignore:Duplicate name")  # the zip holding a member twice is made here
 def test_the_entry_point_refuses_a_switcher_with_a_symlink_or_bytecode_and_a_protocol_of_the_wrong_type(tmp_path):
     link = zipfile.ZipInfo("flatshare_ops/node/cli.py")
     link.external_attr = 0o120777 << 16  # a symlink entry
