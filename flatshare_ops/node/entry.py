@@ -202,8 +202,12 @@ def _check_members(archive: zipfile.ZipFile) -> None:
     unpacked = sum(info.file_size for info in archive.infolist())
     if unpacked > MAX_UNPACKED_BYTES:
         raise ValueError(f"the shipped switcher holds {unpacked} bytes unpacked, more than {MAX_UNPACKED_BYTES >> 20} MiB")
+    names: set[str] = set()
     for info in archive.infolist():
         name = info.filename
+        if name in names:
+            raise ValueError(f"the shipped switcher holds {name!r} twice")
+        names.add(name)
         if not name.startswith("flatshare_ops/") or ".." in Path(name).parts or name.startswith("/"):
             raise ValueError(f"the shipped switcher holds {name!r}, outside flatshare_ops/")
         if (info.external_attr >> 16) & 0o170000 not in (0, 0o100000, 0o040000):
@@ -211,22 +215,13 @@ def _check_members(archive: zipfile.ZipFile) -> None:
         if name.endswith((".pyc", ".pyo")):
             raise ValueError(f"the shipped switcher holds {name!r}, bytecode (a switcher ships its source; the node "
                              "compiles it)")
-    names = [info.filename for info in archive.infolist()]
-    twice = sorted({name for name in names if names.count(name) > 1})
-    if twice:
-        raise ValueError(f"the shipped switcher holds {twice[0]!r} twice")
     missing = [name for name in REQUIRED_MEMBERS if name not in names]
     if missing:
         raise ValueError(f"the shipped switcher holds no {missing[0]!r}")
 
 
 def _in_place(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
-    """``directory`` holding the shipped zip (:data:`KEPT_ZIP`, exactly ``data``) and the zip that runs it
-    (:data:`RUN_ZIP`, checked against :data:`RUN_NOTE`); each made again when it is not so, and anything but a
-    directory at ``directory`` (a link, a file) moved aside and removed first. Returns the zip that runs.
-
-    Two commands on a node may do this at once: each file is written whole beside its place and renamed into it.
-    """
+    """:func:`_in_place_locked`, one command at a time (:class:`_making`)."""
     with _making(directory.parent):
         return _in_place_locked(directory, data, archive, generation)
 
@@ -268,6 +263,10 @@ class _making:
 
 
 def _in_place_locked(directory: Path, data: bytes, archive: zipfile.ZipFile, generation: int) -> Path:
+    """``directory`` holding the shipped zip (:data:`KEPT_ZIP`, exactly ``data``) and the zip that runs it
+    (:data:`RUN_ZIP`, as :data:`RUN_NOTE` names it); each made again when it is not so, and anything but a
+    directory at ``directory`` (a link, a file) moved aside and removed first. Returns the zip that runs. Each file
+    is written whole beside its place and renamed into it."""
     import stat
 
     try:
@@ -390,15 +389,21 @@ def _write(path: Path, data: bytes) -> None:
         raise
 
 
-def _kept_zip(directory: Path) -> bytes | None:
-    """The zip kept in ``directory`` when it is the one ``directory`` is named after (its sha256), else None."""
+def _matching(path: Path, digest: str, limit: int) -> bytes | None:
+    """The bytes of the file ``path`` when their sha256 is ``digest``, else None (read bounded, without blocking,
+    a link never followed)."""
     from flatshare_ops.common.files import Damaged, read_bytes
 
     try:
-        data = read_bytes(directory / KEPT_ZIP, limit=MAX_ZIP_BYTES)
+        data = read_bytes(path, limit=limit)
     except Damaged:
         return None
-    return data if data is not None and hashlib.sha256(data).hexdigest() == directory.name else None
+    return data if data is not None and hashlib.sha256(data).hexdigest() == digest else None
+
+
+def _kept_zip(directory: Path) -> bytes | None:
+    """The zip kept in ``directory`` when it is the one ``directory`` is named after (its sha256), else None."""
+    return _matching(directory / KEPT_ZIP, directory.name, MAX_ZIP_BYTES)
 
 
 def _run_zip(directory: Path) -> Path | None:
@@ -423,14 +428,8 @@ def _run_zip(directory: Path) -> Path | None:
 
 
 def _whole(run: Path, digest: str) -> bool:
-    """Whether the file ``run`` holds bytes whose sha256 is ``digest`` (read bounded, without blocking)."""
-    from flatshare_ops.common.files import Damaged, read_bytes
-
-    try:
-        data = read_bytes(run, limit=MAX_UNPACKED_BYTES * 2)
-    except Damaged:
-        return False
-    return data is not None and hashlib.sha256(data).hexdigest() == digest
+    """Whether the zip that runs at ``run`` holds bytes whose sha256 is ``digest``."""
+    return _matching(run, digest, MAX_UNPACKED_BYTES * 2) is not None
 
 
 def _touch(directory: Path) -> None:
