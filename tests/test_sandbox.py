@@ -313,6 +313,31 @@ def test_sandbox_up_again_changes_nothing(sandbox):
         assert unit_property(bus, "flatshare-engine.service", "Unit", "InvocationID") == invocation
 
 
+def test_sandbox_up_after_a_nodes_manager_died_returns_once_its_release_serves_again(sandbox):
+    """A node whose manager and everything it ran died (the machine lost power) but whose release is kept:
+    ``up`` starts the manager, which starts the release's units by itself, and returns only when it has no
+    start job left, so that a release run right after finds the node taking calls (``make demo`` after a
+    reboot of this machine: both nodes were still starting, and the release was refused for want of a node
+    taking calls)."""
+    import json as json_
+
+    record = json_.loads((sandbox / "state.json").read_text())["nodes"]["cyan"]
+    stop_manager(SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).manager.name, record["manager_pid"])
+    address = TEST_ADDRESSES["cyan"]
+    assert _get(f"http://{address}:8080/health")[0] == 0  # nothing serves
+    said: list[str] = []
+    up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
+    # at once, no wait: systemd has nothing left to start, the engine and the gateway answer
+    with connect(_address(sandbox, "cyan")) as bus:
+        assert {unit: unit_property(bus, unit, "Unit", "ActiveState")
+                for unit in ("flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")} \
+            == dict.fromkeys(("flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"),
+                             b"active")
+    assert _get(f"http://{address}:8000/health")[0] == 200 and _get(f"http://{address}:8080/health")[0] == 200
+    assert "cyan: its release's units started" in said, said
+    assert not any(line.startswith("peacock: its release") for line in said), said  # peacock's manager ran on
+
+
 def test_sandbox_up_keeps_a_node_profile_changed_by_hand_and_says_so(sandbox):
     # A breaker's case: an operator's edit of a node's profile was overwritten by the next `up` without a word.
     profile = sandbox / "cyan/profile.toml"

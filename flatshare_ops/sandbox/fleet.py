@@ -683,7 +683,8 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         chosen = nodes(base, addresses, system_scope, bare, cast(Literal["vllm", "stand-in"], engine))  # one of ENGINES
         _refuse_other_addresses(base, chosen)
         _refuse_a_damaged_inventory(base)
-        inventory = _up(base, production, chosen, vllm_release, echo)
+        inventory, started = _up(base, production, chosen, vllm_release, echo)
+    _wait_for_start([n for n in chosen if n.name in started and current_release(n.state_dir) is not None], echo)
     waiting = [n for n in chosen if not n.bare and current_release(n.state_dir) is None]
     if release and waiting:
         first_release(inventory, production.resolve().parent.parent, [n.name for n in waiting], echo)
@@ -792,7 +793,51 @@ def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> Non
                 f"start afresh: 'flatshare sandbox down --dir {base}', then remove {base}", exit_code=2)
 
 
-def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str, echo) -> Path:
+#: How long ``up`` waits for a node's manager to finish starting its release's units (seconds): the gateway waits
+#: for the engine, and a real engine's start takes 20-50 s here (its own bound, engine.start_timeout_s, is 120 s).
+START_WAIT_S = 240.0
+
+
+def _wait_for_start(started: list[SandboxNode], echo) -> None:
+    """Wait until each of ``started`` (nodes with a release whose manager ``up`` just started, as a machine
+    boots) has no start job left, and say where each stands.
+
+    A node's manager starts its release's units (flatshare.target) by itself; until those jobs end the node
+    takes no calls, and a release run meanwhile finds no node to keep serving while another drains. The
+    manager's ``SystemState`` (org.freedesktop.systemd1(5), ``systemctl is-system-running``) leaves
+    ``starting`` when its start-up transaction has no job left: ``running``, or ``degraded`` when a unit failed.
+    Bounded by :data:`START_WAIT_S`; a node still starting then is said to be, and ``up`` goes on.
+    """
+    def state(node: SandboxNode) -> str:
+        try:
+            found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir), [("", "Manager", "SystemState")])
+        except systemd.SystemdError as err:
+            return f"unknown ({err})"
+        return str(found["/SystemState"])
+
+    if not started:
+        return
+    echo(f"{', '.join(n.name for n in started)}: each manager starts its release's units (up to {START_WAIT_S:g} s)")
+    states = {n.name: "starting" for n in started}
+
+    def settled() -> bool:
+        for node in started:
+            if states[node.name] in ("starting", "initializing"):
+                states[node.name] = state(node)
+        return not any(s in ("starting", "initializing") for s in states.values())
+
+    poll_until(settled, START_WAIT_S, 0.5)
+    for node in started:
+        said = {"running": "its release's units started",
+                "degraded": "a unit of its release failed to start ('flatshare status' names it; a release repairs it)",
+                "starting": f"still starting after {START_WAIT_S:g} s ('flatshare status' shows it)",
+                "initializing": f"still starting after {START_WAIT_S:g} s ('flatshare status' shows it)"}
+        echo(f"{node.name}: {said.get(states[node.name], 'manager state ' + states[node.name])}")
+
+
+def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str,
+        echo) -> tuple[Path, list[str]]:
+    """Make each node's layout, start what is not running; (the inventory, the nodes whose manager was started)."""
     models = _models(base, sandbox_nodes, echo)
     for node in sandbox_nodes:
         for directory in (node.state_dir, node.run_dir, node.ssh_dir, node.output_dir):
@@ -821,6 +866,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
     inventory = write_inventory(base, sandbox_nodes)
 
     state = _read_state(base)
+    started: list[str] = []
     for node in sandbox_nodes:
         record = state.nodes.setdefault(node.name, NodeRecord())
         record.scope, record.bare, record.engine = node.scope, node.bare, node.engine
@@ -840,6 +886,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
             if node.scope == "system":
                 _wait_for_system_bus(node)
             echo(f"{node.name}: systemd user manager started (pid {record.manager_pid})")
+            started.append(node.name)
         if not sshd_ok:
             if _listening(node.address, SSH_PORT):
                 raise SandboxError(f"{node.name}: {node.address}:{SSH_PORT} is already in use by another process")
@@ -860,7 +907,7 @@ def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release:
                 echo(f"  {override.key} = {json.dumps(override.value)}: {override.reason}")
         else:
             echo(f"{node.name}: the stand-in engine")
-    return inventory
+    return inventory, started
 
 
 def _models(base: Path, sandbox_nodes: list[SandboxNode], echo) -> Path | None:
