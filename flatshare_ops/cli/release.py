@@ -196,8 +196,9 @@ def rollback(
 
 def _last_rollout(chosen, out):
     """(the fleet's last rollout, the nodes in the order to undo it: failed or interrupted first)."""
-    from ..common.protocol import UNFINISHED
+    from ..common.protocol import UNFINISHED, JournalState
     from ..control import commands
+    from ..control.answers import journal_state
     from ..control.fanout import ask
     from ..control.rollout import last_rollout
 
@@ -212,6 +213,6 @@ def _last_rollout(chosen, out):
 
     def troubled(target) -> bool:
         last = (records.get(target.name) or [{}])[-1]
-        return bool(statuses.get(target.name, {}).get("switching")) or last.get("result") in UNFINISHED
+        return journal_state(statuses.get(target.name, {})) is not JournalState.NONE or last.get("result") in UNFINISHED
 
     return undo, sorted(chosen, key=lambda t: not troubled(t))

@@ -78,11 +78,13 @@ def status(
     active, or a voice drain file left with no release running."""
     import json as _json
 
+    from ..common.protocol import JournalState
     from ..control import commands
-    from ..control.answers import status_lines
+    from ..control.answers import journal_state, status_lines
 
     reports = fleet_answers(node, inventory, lambda t: commands.status(t.spec))
-    healthy = all("error" not in r and not r.get("switching") and not r.get("damaged") and not r.get("drain_left")
+    healthy = all("error" not in r and journal_state(r) is JournalState.NONE and not r.get("damaged")
+                  and not r.get("drain_left")
                   and r.get("units") and set(r["units"].values()) == {"active"} for r in reports.values())
     damaged = any("error" not in r and r.get("damaged") for r in reports.values())
     codes = [answer_code(r) for r in reports.values()]

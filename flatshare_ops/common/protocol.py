@@ -174,6 +174,18 @@ class SwitchState(StrEnum):
     UNKNOWN = "unknown"
 
 
+class JournalState(StrEnum):
+    """Whether a node has a switch in its journal (``releases/switching.json``), as its ``status`` answer says
+    (``journal_state``): none, one there (in progress, or interrupted and not yet finished), or a journal that
+    cannot be read (the answer's ``damaged`` names it). The node answers it (node/status.py ``node_status``); the
+    operator's side decides from it (control/answers.py ``journal_state``), never from the journal's summary,
+    which is for people."""
+
+    NONE = "none"
+    PRESENT = "present"
+    UNREADABLE = "unreadable"
+
+
 class AnalysisPhase(StrEnum):
     """Where a canary analysis is (Argo Rollouts' phases): measuring, or its outcome. The operator's side decides
     it (control/analysis.py) and records it in the node's history (``analysis.phase`` of an ``analysed`` record,

@@ -11,7 +11,7 @@ from __future__ import annotations
 
 from ..common.clock import is_duration
 
-from ..common.protocol import SUCCESS, OutcomeResult, RecordResult, SwitchKind, SwitchState
+from ..common.protocol import SUCCESS, JournalState, OutcomeResult, RecordResult, SwitchKind, SwitchState
 from ..common.text import one_line
 from ..common.wording import hold_phrase, int_field, not_recorded, text_field, time_field, who_phrase
 from ..errors import Exit
@@ -21,6 +21,15 @@ def owed_rollback_words(name: str) -> str:
     """What to do about a canary that still runs the release its failed analysis decided to roll back."""
     return (f"its rollback is owed ('flatshare rollback --node {name}', or the next 'flatshare release --all' with "
             "canaries, which carries it out first)")
+
+
+def journal_state(report: dict) -> JournalState:
+    """Whether a node's ``status`` answer says a switch is in its journal (its ``journal_state``). An answer
+    without that field (a node older than it) is read by its ``switching`` summary: present when there is one."""
+    said = report.get("journal_state")
+    if isinstance(said, str) and said in set(JournalState):
+        return JournalState(said)
+    return JournalState.PRESENT if text_field(report, "switching") else JournalState.NONE
 
 
 def status_lines(name: str, report: dict) -> list[str]:
@@ -63,7 +72,11 @@ def status_lines(name: str, report: dict) -> list[str]:
 
 
 def _switch_words(report: dict) -> str | None:
-    switching, holder = text_field(report, "switching"), text_field(report, "in_progress")
+    holder = text_field(report, "in_progress")
+    state = journal_state(report)
+    switching = None if state is JournalState.NONE else text_field(report, "switching") or (
+        "switch of unknown releases (its journal cannot be read: see 'damaged')" if state is JournalState.UNREADABLE
+        else "switch (the answer does not summarise its journal)")
     if switching and holder:
         same = int_field(report, "in_progress_pid") is not None and \
             int_field(report, "in_progress_pid") == int_field(report, "switching_pid")

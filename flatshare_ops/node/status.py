@@ -11,7 +11,7 @@ import os
 
 from ..common import systemd
 from ..common.files import Damaged
-from ..common.protocol import SwitchState
+from ..common.protocol import JournalState, SwitchState
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
 from ..errors import FlatshareError, NodeStateError, SystemdError
 from . import history as histories
@@ -106,15 +106,18 @@ def node_status(ctx: NodeContext) -> dict:
 
     Returns:
         A JSON-ready dict: ``node``, ``release``, ``in_progress`` (who holds the lock, from the
-        kernel's lock table, in words) and ``in_progress_pid`` (its pid), ``switching`` (the journal's
-        summary) and ``switching_pid`` (the pid the journal names), ``units`` (unit -> ActiveState),
+        kernel's lock table, in words) and ``in_progress_pid`` (its pid), ``journal_state`` (a
+        :class:`~common.protocol.JournalState`: whether a switch is in the journal), ``switching`` (the journal's
+        summary, for people; None when there is none or it cannot be read) and ``switching_pid`` (the pid the
+        journal names), ``units`` (unit -> ActiveState),
         ``last`` (the newest history record), ``hold`` (the operator's hold in words: who, since when, why;
         None when there is none), ``damaged`` (one line per damaged file).
     """
     from .records import read_history
     from .store import current_release
 
-    status: dict = {"node": ctx.node, "release": None, "switching": None, "switching_rollout": None,
+    status: dict = {"node": ctx.node, "release": None, "journal_state": JournalState.NONE, "switching": None,
+                    "switching_rollout": None,
                     "switching_pid": None, "in_progress": None, "in_progress_pid": None, "units": {}, "last": None,
                     "hold": None, "damaged": []}
     try:
@@ -158,12 +161,13 @@ def node_status(ctx: NodeContext) -> dict:
         status["damaged"].append(str(err))
     try:
         pending = _read_journal(ctx)
+        status["journal_state"] = JournalState.PRESENT if pending else JournalState.NONE
         status["switching"] = _summary(pending) if pending else None
         status["switching_rollout"] = pending.rollout if pending else None
         status["switching_pid"] = pending.pid if pending else None
     except NodeStateError as err:
         status["damaged"].append(str(err))
-        status["switching"] = "unreadable journal"
+        status["journal_state"] = JournalState.UNREADABLE
     try:
         states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in (TARGET_UNIT, *SERVICE_UNITS)])
         status["units"] = {u: states[f"{u}/ActiveState"] for u in (TARGET_UNIT, *SERVICE_UNITS)}
