@@ -129,7 +129,15 @@ def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, ti
     # A socket left by an earlier manager would look like this one being ready.
     dirs.private_socket.unlink(missing_ok=True)
     Path("/run/systemd").mkdir(exist_ok=True)
+    # No generator runs: this machine's user generators (gpg-agent's environment, XDG autostart) make nothing a
+    # node's units use, and the manager runs them at its start and at every daemon-reload, which a switch does:
+    # two thirds of a manager's CPU over a start and ten reloads (bench/manager_reload_cost.py). systemd reads
+    # these two variables in place of its generator directories (docs/reference/systemd.md, "Generators").
+    nothing = dirs.config_dir / "no-generators"
+    nothing.mkdir(parents=True, exist_ok=True)
     env = {
+        "SYSTEMD_GENERATOR_PATH": str(nothing),
+        "SYSTEMD_ENVIRONMENT_GENERATOR_PATH": str(nothing),
         "PATH": "/usr/local/sbin:/usr/local/bin:/usr/sbin:/usr/bin:/sbin:/bin",
         "HOME": os.environ.get("HOME", "/root"),
         "LANG": "C.UTF-8",
