@@ -21,6 +21,14 @@ import cli_zygote  # noqa: E402
 subprocess.run = cli_zygote.run
 
 
+def pytest_configure(config):
+    # FLATSHARE_TEST_CPU=FILE: each test's CPU, its processes' included, one JSON line each (tests/cpu_log.py)
+    if os.environ.get("FLATSHARE_TEST_CPU"):
+        import cpu_log
+
+        config.pluginmanager.register(cpu_log.Recorder(os.environ["FLATSHARE_TEST_CPU"]), "flatshare-test-cpu")
+
+
 def run_cli(*args: str, cwd: Path | None = None, program: str = "flatshare", env: dict | None = None,
             timeout: float = 300):
     """Run one of the project's console scripts; returns the CompletedProcess (text). ``timeout`` in seconds: a
