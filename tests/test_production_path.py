@@ -4,6 +4,7 @@ switcher, the system-scope path runs through its own bus, and the first-node run
 from __future__ import annotations
 
 import json
+import urllib.request
 import re
 import shutil
 import zipfile
@@ -275,6 +276,18 @@ def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
         assert checked.returncode == 0, checked.stdout
         argv = json.loads((node.state_dir / "releases/current/serving.json").read_text())["engine"]["argv"]
         assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == hold
+        # Its boot: the manager and everything it ran killed (a power loss), then 'up' again. A system-scope
+        # release's flatshare.target is WantedBy=multi-user.target, which the node's boot pulls in, as a system
+        # manager's does; 'up' returns once the node serves.
+        from flatshare_ops.sandbox.manager import stop_manager
+
+        stop_manager(node.manager.name, json.loads((base / "state.json").read_text())["nodes"]["peacock"]["manager_pid"])
+        said: list[str] = []
+        up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=said.append)
+        assert "peacock: its release serves (its units active, the engine and the gateway answer /health)" in said, said
+        for port in (8000, 8080):
+            with urllib.request.urlopen(f"http://{addresses['peacock']}:{port}/health", timeout=5) as answer:
+                assert answer.status == 200
     finally:
         down(base, echo=lambda _l: None)
 

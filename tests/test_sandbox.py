@@ -313,29 +313,92 @@ def test_sandbox_up_again_changes_nothing(sandbox):
         assert unit_property(bus, "flatshare-engine.service", "Unit", "InvocationID") == invocation
 
 
-def test_sandbox_up_after_a_nodes_manager_died_returns_once_its_release_serves_again(sandbox):
-    """A node whose manager and everything it ran died (the machine lost power) but whose release is kept:
-    ``up`` starts the manager, which starts the release's units by itself, and returns only when it has no
-    start job left, so that a release run right after finds the node taking calls (``make demo`` after a
-    reboot of this machine: both nodes were still starting, and the release was refused for want of a node
-    taking calls)."""
+def _crash(base: Path, name: str) -> None:
+    """Kill a node's manager and everything it runs (as a power loss does); its release stays on disk."""
     import json as json_
 
-    record = json_.loads((sandbox / "state.json").read_text())["nodes"]["cyan"]
-    stop_manager(SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).manager.name, record["manager_pid"])
-    address = TEST_ADDRESSES["cyan"]
-    assert _get(f"http://{address}:8080/health")[0] == 0  # nothing serves
+    record = json_.loads((base / "state.json").read_text())["nodes"][name]
+    stop_manager(SandboxNode(name, TEST_ADDRESSES[name], base).manager.name, record["manager_pid"])
+
+
+def _serves(base: Path, name: str) -> dict:
+    """What callers of a node meet, at once (no wait): its services' ActiveState and both /health answers."""
+    units = ("flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")
+    with connect(_address(base, name)) as bus:
+        found = {unit: unit_property(bus, unit, "Unit", "ActiveState") for unit in units}
+    address = TEST_ADDRESSES[name]
+    found.update(engine=_get(f"http://{address}:8000/health")[0], gateway=_get(f"http://{address}:8080/health")[0])
+    return found
+
+
+SERVING = {"flatshare-engine.service": b"active", "flatshare-gateway.service": b"active",
+           "flatshare-voice.service": b"active", "engine": 200, "gateway": 200}
+
+
+def test_sandbox_up_after_a_nodes_manager_died_returns_once_its_release_serves_again(sandbox):
+    """A node whose manager and everything it ran died (the machine lost power) but whose release is kept:
+    ``up`` starts the manager, which starts the release's units by itself, and returns only when the node serves,
+    so that a release run right after finds it taking calls (``make demo`` after a reboot of this machine: both
+    nodes were still starting, and the release was refused for want of a node taking calls)."""
+    _crash(sandbox, "cyan")
+    assert _get(f"http://{TEST_ADDRESSES['cyan']}:8080/health")[0] == 0  # nothing serves
     said: list[str] = []
     up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
-    # at once, no wait: systemd has nothing left to start, the engine and the gateway answer
-    with connect(_address(sandbox, "cyan")) as bus:
-        assert {unit: unit_property(bus, unit, "Unit", "ActiveState")
-                for unit in ("flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service")} \
-            == dict.fromkeys(("flatshare-engine.service", "flatshare-gateway.service", "flatshare-voice.service"),
-                             b"active")
-    assert _get(f"http://{address}:8000/health")[0] == 200 and _get(f"http://{address}:8080/health")[0] == 200
-    assert "cyan: its release's units started" in said, said
+    assert _serves(sandbox, "cyan") == SERVING  # at once, no wait
+    assert any(line.startswith("cyan: its release serves") for line in said), said
     assert not any(line.startswith("peacock: its release") for line in said), said  # peacock's manager ran on
+
+
+def test_sandbox_up_waits_for_a_manager_still_starting_its_release_that_another_command_started(sandbox):
+    """A manager started by another command (``sandbox reboot``, or an ``up`` interrupted during its wait) that is
+    still starting its release's units is waited for too. A drop-in makes the stand-in engine load for 4 s."""
+    from flatshare_ops.sandbox.fleet import reboot
+
+    drop_in = SandboxNode("cyan", TEST_ADDRESSES["cyan"], sandbox).manager.unit_dir / \
+        "flatshare-engine.service.d/zz-slow-load.conf"
+    drop_in.parent.mkdir(exist_ok=True)
+    drop_in.write_text("[Service]\nEnvironment=FLATSHARE_STANDIN_LOAD_S=4\n")
+    try:
+        reboot(sandbox, "cyan", echo=lambda _l: None)
+        said: list[str] = []
+        up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
+        assert _serves(sandbox, "cyan") == SERVING, said
+        assert any(line.startswith("cyan: its release serves") for line in said), said
+    finally:
+        drop_in.unlink()
+        with connect(_address(sandbox, "cyan")) as bus:
+            daemon_reload(bus)
+            run_job(bus, "restart", "flatshare-engine.service", 60)
+        _wait_for(lambda: _serves(sandbox, "cyan") == SERVING, 60)
+
+
+def test_sandbox_up_fails_naming_a_service_that_restarts_for_ever_after_a_crash(sandbox, monkeypatch):
+    """A service that exits at its start (its port taken by another process) is restarted by systemd for ever,
+    never "failed", and its manager has no job left: ``up`` says the release does not serve, naming the unit,
+    and fails, never that it started."""
+    import socket
+
+    from flatshare_ops.sandbox import fleet
+    from flatshare_ops.sandbox.manager import SandboxError
+
+    monkeypatch.setattr(fleet, "START_WAIT_S", 12.0)
+    _crash(sandbox, "cyan")
+    squatter = socket.socket()
+    squatter.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    squatter.bind((TEST_ADDRESSES["cyan"], 8090))  # the voice worker's port
+    squatter.listen()
+    said: list[str] = []
+    try:
+        with pytest.raises(SandboxError) as failed:
+            up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=said.append)
+        assert failed.value.exit_code == 1 and "cyan" in str(failed.value), failed.value
+        (line,) = [x for x in said if x.startswith("cyan: its release")]
+        assert "does not serve" in line and "flatshare-voice.service" in line, said
+        with connect(_address(sandbox, "cyan")) as bus:
+            assert unit_property(bus, "flatshare-voice.service", "Unit", "ActiveState") != b"active"
+    finally:
+        squatter.close()
+    _wait_for(lambda: _serves(sandbox, "cyan") == SERVING, 60)  # systemd starts it again by itself
 
 
 def test_sandbox_up_keeps_a_node_profile_changed_by_hand_and_says_so(sandbox):
@@ -620,3 +683,14 @@ def test_a_manager_whose_private_socket_path_is_107_bytes_answers_systemctl(tmp_
         assert shown.returncode == 0 and shown.stdout.startswith("Version="), shown.stderr
     finally:
         stop_manager(dirs.name, pid)
+
+
+def test_a_manager_whose_directories_cannot_be_made_is_refused_in_one_line(tmp_path):
+    """A breaker's case: a runtime directory that cannot be written (a read-only mount there) gave a traceback."""
+    from flatshare_ops.sandbox.manager import ManagerDirs, SandboxError
+
+    (tmp_path / "run").write_text("a file where the runtime directory belongs\n")
+    dirs = ManagerDirs("blocked", tmp_path / "run" / "user", tmp_path / "config", tmp_path / "log")
+    with pytest.raises(SandboxError) as refused:
+        start_manager(dirs)
+    assert str(tmp_path / "run") in str(refused.value) and "\n" not in str(refused.value), refused.value

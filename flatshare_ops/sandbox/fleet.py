@@ -35,6 +35,7 @@ import re
 import signal
 import subprocess
 import sys
+import time
 import venv
 from dataclasses import dataclass
 from pathlib import Path
@@ -52,6 +53,7 @@ from ..common.units import ENGINE_UNIT, SERVICE_UNITS, TARGET_UNIT
 from ..config.profile import load_profile
 from ..node.store import current_release
 from ..render.units import engine_url
+from ..errors import FlatshareError
 from ..schema_errors import one_line
 from ..common.systemd import ManagerAddress
 from .manager import ManagerDirs, SandboxError, refuse_long_socket_paths, start_manager, stop_manager
@@ -588,6 +590,14 @@ def write_system_bus(node: SandboxNode) -> None:
     wants.parent.mkdir(parents=True, exist_ok=True)
     if not wants.is_symlink():
         wants.symlink_to(unit_dir / "dbus.socket")
+    # A system-scope release's flatshare.target is WantedBy=multi-user.target, which a user manager has not: the
+    # node's boot (its manager's start, default.target) pulls one in here, as a system manager's boot does.
+    _write_if_changed(unit_dir / "multi-user.target", b"[Unit]\nDescription=The sandbox node's multi-user "
+                      b"system (what a system-scope release is wanted by)\n")
+    boot = unit_dir / "default.target.wants/multi-user.target"
+    boot.parent.mkdir(parents=True, exist_ok=True)
+    if not boot.is_symlink():
+        boot.symlink_to(unit_dir / "multi-user.target")
 
 
 def _wait_for_system_bus(node: SandboxNode, timeout_s: float = 30.0) -> None:
@@ -684,13 +694,19 @@ def up(base: Path, production: Path, addresses: dict[str, str] | None = None, ec
         _refuse_other_addresses(base, chosen)
         _refuse_a_damaged_inventory(base)
         inventory, started = _up(base, production, chosen, vllm_release, echo)
-    _wait_for_start([n for n in chosen if n.name in started and current_release(n.state_dir) is not None], echo)
+        booting = [n for n in chosen if not n.bare and current_release(n.state_dir) is not None
+                   and (n.name in started or _manager_state(n) in STARTING)]
+        not_serving = _wait_for_start(booting, echo)
     waiting = [n for n in chosen if not n.bare and current_release(n.state_dir) is None]
     if release and waiting:
         first_release(inventory, production.resolve().parent.parent, [n.name for n in waiting], echo)
     elif waiting:
         echo(f"no release on {', '.join(n.name for n in waiting)} yet: its first is the real one "
              f"('flatshare release --all --inventory {inventory}')")
+    if not_serving:
+        raise SandboxError(f"{', '.join(not_serving)}: up, but its release does not serve (said above); "
+                           f"'flatshare sandbox status --dir {base}' shows its units, {base}/NODE/var/log/flatshare/ "
+                           "their output, and 'flatshare release' repairs a node that does not serve")
     return inventory
 
 
@@ -793,46 +809,95 @@ def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> Non
                 f"start afresh: 'flatshare sandbox down --dir {base}', then remove {base}", exit_code=2)
 
 
-#: How long ``up`` waits for a node's manager to finish starting its release's units (seconds): the gateway waits
-#: for the engine, and a real engine's start takes 20-50 s here (its own bound, engine.start_timeout_s, is 120 s).
+#: How long ``up`` waits for a booting node's release to serve (seconds): the gateway waits for the engine, and
+#: a real engine's start takes 20-50 s here (its own bound, engine.start_timeout_s, is 120 s).
 START_WAIT_S = 240.0
+#: A manager's ``SystemState`` while its start-up transaction still has jobs (org.freedesktop.systemd1(5)).
+STARTING = ("initializing", "starting")
 
 
-def _wait_for_start(started: list[SandboxNode], echo) -> None:
-    """Wait until each of ``started`` (nodes with a release whose manager ``up`` just started, as a machine
-    boots) has no start job left, and say where each stands.
+def _manager_state(node: SandboxNode) -> str | None:
+    """The node's manager's ``SystemState`` (``systemctl is-system-running``), or None when it does not answer."""
+    try:
+        found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir), [("", "Manager", "SystemState")])
+    except systemd.SystemdError:
+        return None
+    return str(found["/SystemState"])
 
-    A node's manager starts its release's units (flatshare.target) by itself; until those jobs end the node
-    takes no calls, and a release run meanwhile finds no node to keep serving while another drains. The
-    manager's ``SystemState`` (org.freedesktop.systemd1(5), ``systemctl is-system-running``) leaves
-    ``starting`` when its start-up transaction has no job left: ``running``, or ``degraded`` when a unit failed.
-    Bounded by :data:`START_WAIT_S`; a node still starting then is said to be, and ``up`` goes on.
+
+def _serving_problems(node: SandboxNode) -> tuple[list[str], tuple, float]:
+    """Why a node's release does not serve, as its callers would meet it (empty: it serves): each service unit
+    active (systemd's ``ActiveState``), and the engine's and the gateway's ``/health`` answering 200. With the
+    units' ``InvocationID`` (a new one for each start) and how long after its exit systemd starts a unit again
+    (the longest ``RestartUSec``, seconds): a unit that exits at its start is ``active`` for a moment in each of
+    its restarts, so a node serves only when its units kept their invocations that long."""
+    queries = [(u, i, p) for u in SERVICE_UNITS
+               for i, p in (("Unit", "ActiveState"), ("Unit", "InvocationID"), ("Service", "RestartUSec"))]
+    try:
+        found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir), queries)
+    except systemd.SystemdError as err:
+        return [f"its manager does not answer ({err})"], (), 0.0
+    problems = [f"{u} {found[f'{u}/ActiveState']}" for u in SERVICE_UNITS if found[f"{u}/ActiveState"] != "active"]
+    invocations = tuple(str(found[f"{u}/InvocationID"]) for u in SERVICE_UNITS)
+    restart_s = max(int(found[f"{u}/RestartUSec"]) for u in SERVICE_UNITS) / 1e6
+    try:
+        profile = load_profile(node.profile).profile
+    except FlatshareError as err:
+        return [*problems, f"its profile cannot be read ({err})"], invocations, restart_s
+    for what, url in (("the engine", engine_url(profile)), ("the gateway", str(profile.gateway.url).rstrip("/"))):
+        answered = http_get(url + "/health")[0]
+        if answered != 200:
+            problems.append(f"{what}'s {url}/health answered {answered or 'nothing'}")
+    return problems, invocations, restart_s
+
+
+def _wait_for_start(booting: list[SandboxNode], echo) -> list[str]:
+    """Wait until each of ``booting`` (nodes with a release whose manager ``up`` started, as a machine boots, or
+    whose manager is still starting its units) serves, and say where each stands; returns the names of those that
+    do not serve by :data:`START_WAIT_S`.
+
+    A node's manager starts its release's units by itself; until they serve, a release run meanwhile finds no
+    node to keep serving while another drains. Serving is what callers meet, held past the units' restart delay
+    (:func:`_serving_problems`), not that the manager has no job left: a service that exits at its start is
+    started again by systemd for ever, never "failed". A manager that does not answer is asked again until the
+    bound. Says, every ``progress_every()`` seconds (at least 15), what each node still waits for.
     """
-    def state(node: SandboxNode) -> str:
-        try:
-            found = systemd.properties(ManagerAddress("user", node.manager.runtime_dir), [("", "Manager", "SystemState")])
-        except systemd.SystemdError as err:
-            return f"unknown ({err})"
-        return str(found["/SystemState"])
+    from ..common.poll import progress_every
 
-    if not started:
-        return
-    echo(f"{', '.join(n.name for n in started)}: each manager starts its release's units (up to {START_WAIT_S:g} s)")
-    states = {n.name: "starting" for n in started}
+    if not booting:
+        return []
+    echo(f"{', '.join(n.name for n in booting)}: each manager starts its release's units; waiting for them to serve "
+         f"(up to {START_WAIT_S:g} s)")
+    problems: dict[str, list[str]] = {n.name: ["not asked yet"] for n in booting}
+    steady: dict[str, tuple[float, tuple]] = {}  # node -> (since when it served, with these invocations)
 
-    def settled() -> bool:
-        for node in started:
-            if states[node.name] in ("starting", "initializing"):
-                states[node.name] = state(node)
-        return not any(s in ("starting", "initializing") for s in states.values())
+    def served() -> bool:
+        for node in booting:
+            if not problems[node.name]:
+                continue
+            why, invocations, restart_s = _serving_problems(node)
+            now = time.monotonic()
+            if why:
+                steady.pop(node.name, None)
+                problems[node.name] = why
+            elif steady.get(node.name, (0.0, None))[1] != invocations:
+                steady[node.name] = (now, invocations)
+                problems[node.name] = ["serving, for less than its units' restart delay so far"]
+            elif now - steady[node.name][0] > min(restart_s, 30.0) + 1.0:
+                problems[node.name] = []
+        return not any(problems.values())
 
-    poll_until(settled, START_WAIT_S, 0.5)
-    for node in started:
-        said = {"running": "its release's units started",
-                "degraded": "a unit of its release failed to start ('flatshare status' names it; a release repairs it)",
-                "starting": f"still starting after {START_WAIT_S:g} s ('flatshare status' shows it)",
-                "initializing": f"still starting after {START_WAIT_S:g} s ('flatshare status' shows it)"}
-        echo(f"{node.name}: {said.get(states[node.name], 'manager state ' + states[node.name])}")
+    def progress(waited: float) -> None:
+        for name, why in problems.items():
+            if why:
+                echo(f"{name}: not serving yet after {waited:.0f} s: {'; '.join(why)}")
+
+    poll_until(served, START_WAIT_S, 0.5, progress, max(progress_every(), 15.0))
+    for node in booting:
+        echo(f"{node.name}: its release serves (its units active, the engine and the gateway answer /health)"
+             if not problems[node.name] else
+             f"{node.name}: its release does not serve after {START_WAIT_S:g} s: {'; '.join(problems[node.name])}")
+    return [name for name, why in problems.items() if why]
 
 
 def _up(base: Path, production: Path, sandbox_nodes: list[SandboxNode], release: str,

@@ -123,18 +123,25 @@ def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, ti
             its socket did not appear in time.
     """
     refuse_long_socket_paths(dirs)
-    for directory in (dirs.runtime_dir, dirs.unit_dir):
-        directory.mkdir(parents=True, exist_ok=True)
-    os.chmod(dirs.runtime_dir, 0o700)
-    # A socket left by an earlier manager would look like this one being ready.
-    dirs.private_socket.unlink(missing_ok=True)
-    Path("/run/systemd").mkdir(exist_ok=True)
+    try:
+        for directory in (dirs.runtime_dir, dirs.unit_dir):
+            directory.mkdir(parents=True, exist_ok=True)
+        os.chmod(dirs.runtime_dir, 0o700)
+        # A socket left by an earlier manager would look like this one being ready.
+        dirs.private_socket.unlink(missing_ok=True)
+        Path("/run/systemd").mkdir(exist_ok=True)
+    except OSError as err:
+        raise SandboxError(f"{dirs.name}: cannot prepare its manager's directories: {err.filename or dirs.runtime_dir}: "
+                           f"{err.strerror or err}; make it writable (or bring the sandbox down and up again)") from None
     # No generator runs: this machine's user generators (gpg-agent's environment, XDG autostart) make nothing a
     # node's units use, and the manager runs them at its start and at every daemon-reload, which a switch does:
     # two thirds of a manager's CPU over a start and ten reloads (bench/manager_reload_cost.py). systemd reads
     # these two variables in place of its generator directories (docs/reference/systemd.md, "Generators").
     nothing = dirs.config_dir / "no-generators"
-    nothing.mkdir(parents=True, exist_ok=True)
+    try:
+        nothing.mkdir(parents=True, exist_ok=True)
+    except OSError as err:
+        raise SandboxError(f"{dirs.name}: cannot make {nothing}: {err.strerror or err}") from None
     env = {
         "SYSTEMD_GENERATOR_PATH": str(nothing),
         "SYSTEMD_ENVIRONMENT_GENERATOR_PATH": str(nothing),
