@@ -333,17 +333,17 @@ def test_the_operator_decides_from_the_status_answers_journal_state_never_from_i
     from flatshare_ops.control.answers import journal_state
 
     base = {"node": "cyan", "release": "a" * 16, "units": {"flatshare-engine.service": "active"}, "in_progress": None}
-    cases = [({"journal_state": "none", "switching": "text for people"}, JournalState.NONE),
-             ({"journal_state": "unreadable", "switching": None}, JournalState.UNREADABLE),
-             ({"journal_state": "present", "switching": "release a -> b"}, JournalState.PRESENT),
+    cases = [({"journal_state": "no-journal", "switching": "text for people"}, JournalState.NONE),
+             ({"journal_state": "journal-unreadable", "switching": None}, JournalState.UNREADABLE),
+             ({"journal_state": "journal-present", "switching": "release a -> b"}, JournalState.PRESENT),
              ({"switching": "unreadable journal"}, JournalState.PRESENT),  # an older node: its summary is all it says
              ({"switching": None}, JournalState.NONE),
              ({"journal_state": "sideways", "switching": None}, JournalState.NONE)]
     for fields, expected in cases:
         assert journal_state({**base, **fields}) is expected, fields
-    line = " / ".join(status_lines("cyan", {**base, "journal_state": "unreadable", "switching": None}))
+    line = " / ".join(status_lines("cyan", {**base, "journal_state": "journal-unreadable", "switching": None}))
     assert "UNFINISHED" in line and "journal cannot be read" in line and "None" not in line, line
-    assert "UNFINISHED" not in " / ".join(status_lines("cyan", {**base, "journal_state": "none", "switching": "x"}))
+    assert "UNFINISHED" not in " / ".join(status_lines("cyan", {**base, "journal_state": "no-journal", "switching": "x"}))
 
 
 def test_fleet_answers_without_their_fields_say_so():

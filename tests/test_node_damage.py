@@ -890,7 +890,7 @@ def test_a_journal_with_a_number_that_is_no_number_is_refused_and_nothing_is_wri
             assert run.code == 5 and "Traceback" not in run.text, run.text
             assert one_line_naming(run.text, r"switching\.json", rf"{re.escape(literal)}|not a JSON number|too large"), \
                 run.text
-        assert (status["journal_state"], status["switching"]) == ("unreadable", None), status
+        assert (status["journal_state"], status["switching"]) == ("journal-unreadable", None), status
         assert any("switching.json" in d for d in status["damaged"]), status
         # The case: the rollback wrote NaN into history, whose reader then skipped the record.
         assert cyan.history.read_bytes() == history and cyan.invocation() == engine

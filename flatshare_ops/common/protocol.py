@@ -181,9 +181,9 @@ class JournalState(StrEnum):
     operator's side decides from it (control/answers.py ``journal_state``), never from the journal's summary,
     which is for people."""
 
-    NONE = "none"
-    PRESENT = "present"
-    UNREADABLE = "unreadable"
+    NONE = "no-journal"
+    PRESENT = "journal-present"
+    UNREADABLE = "journal-unreadable"
 
 
 class AnalysisPhase(StrEnum):
