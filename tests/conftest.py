@@ -274,15 +274,15 @@ def without_canaries(base: Path) -> None:
 
 
 @contextmanager
-def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int]], tokens: int, timeout_s: float,
+def calls_to(addresses: dict[str, str], callers: list[tuple], tokens: int, timeout_s: float,
              join_s: float, pause_s: float = 0.0):
     """Calls streaming through the nodes' gateways while the block runs; yields the list the callers' reports
     (``sandbox/caller.py``) are added to.
 
     Args:
         addresses: node name -> loopback address (the gateways listen on port 8080).
-        callers: each caller's gateways in the order it dials them (node names), and how many calls it keeps
-            going at once.
+        callers: each caller's gateways in the order it dials them (node names), how many calls it keeps going at
+            once and, optionally third, its seats' own pause between calls (seconds; else ``pause_s``).
         tokens: tokens each call asks for.
         timeout_s: a call's own bound, in seconds.
         join_s: how long, in seconds, each caller may take to stop after the block.
@@ -293,10 +293,11 @@ def calls_to(addresses: dict[str, str], callers: list[tuple[tuple[str, ...], int
     from flatshare_ops.sandbox.caller import Gateway, run_calls
 
     stop, reports = threading.Event(), []
-    threads = [threading.Thread(target=lambda order=order, concurrency=concurrency: reports.extend(run_calls(
-        [Gateway(n, f"http://{addresses[n]}:8080") for n in order], concurrency=concurrency, duration_s=900,
-        tokens=tokens, timeout_s=timeout_s, stop=stop, pause_s=pause_s)), daemon=True)
-        for order, concurrency in callers]
+    threads = [threading.Thread(target=lambda order=caller[0], concurrency=caller[1], pause=(
+        caller[2] if len(caller) > 2 else pause_s): reports.extend(run_calls(
+            [Gateway(n, f"http://{addresses[n]}:8080") for n in order], concurrency=concurrency, duration_s=900,
+            tokens=tokens, timeout_s=timeout_s, stop=stop, pause_s=pause)), daemon=True)
+        for caller in callers]
     for thread in threads:
         thread.start()
     try:

@@ -20,7 +20,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import BIN, calls_through_both, calls_to, loopback_pair, scratch_sandbox
+from conftest import BIN, calls_to, loopback_pair, scratch_sandbox
 from flatshare_ops.check.run import run_checks
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.config.profile import load_profile
@@ -39,14 +39,6 @@ FAST_ANALYSIS = {"release.analysis.interval_s": 6, "release.analysis.count": 2, 
 #: take seconds there, on both nodes alike; what fails is a canary far worse than its baseline.
 LENIENT = {"release.analysis.ttft_p95_max_s": 10, "release.analysis.baseline_factor": 4,
            "release.analysis.baseline_margin_s": 2.5}
-
-
-def _calls(concurrency: int = 2, tokens: int = 16):
-    """Calls through both gateways while the block runs (conftest.calls_through_both), with a real engine's
-    bounds: a call may take two minutes while an engine starts beside it. Each seat pauses 0.5 s between its
-    calls: back to back, the calls alone take both CPUs (the engines' start and the analysis then wait for
-    them); paced, they are still several a second on each node, more than a window's min_requests."""
-    return calls_through_both(ADDRESSES, concurrency, tokens, timeout_s=120, join_s=180, pause_s=0.5)
 
 
 def _results(fleet: Fleet, name: str, since: int) -> list[str]:
@@ -130,7 +122,11 @@ def test_release_all_of_a_make_room_change_reaches_each_real_engine_and_rollback
     try:
         # Three measurements, one of them allowed to be quiet: a window of 6 s on a loaded machine may see one call.
         tolerant = {"release.analysis.count": 3, "release.analysis.inconclusive_limit": 1}
-        with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT, **tolerant}), _calls(3, 8) as calls:
+        # The canary's calls as before (three seats dialling cyan first); the baseline's two seats dialling peacock
+        # first pause 1 s: it needs a few calls a window, and a call to move to cyan while it drains.
+        with fleet.node_profile("cyan", {**FAST_ANALYSIS, **LENIENT, **tolerant}), \
+                calls_to(ADDRESSES, [(("cyan", "peacock"), 3), (("peacock", "cyan"), 2, 1.0)], tokens=8,
+                         timeout_s=120, join_s=180, pause_s=0.5) as calls:
             result = fleet.release("--all", "--json")
         assert result.returncode == 0, result.stdout + result.stderr
         (analysis,) = json.loads(result.stdout)["analyses"]
@@ -265,7 +261,9 @@ def test_without_automatic_rollback_a_fixed_release_replaces_the_failed_switch_a
 def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_back_alone(fleet):
     # max_num_seqs 1 on cyan's new release while three calls at once dial cyan alone: each first token waits for
     # one or two whole answers ahead of it, over the profile's threshold and over peacock's (the baseline: two
-    # calls at once of its own, on 4 seats, a prefill's wait), buckets apart whatever the machine's load.
+    # seats of its own, on 4 seats, a prefill's wait), buckets apart whatever the machine's load. Peacock's seats
+    # pause 1 s between calls: a window of 10 s still holds several first tokens there (one is the minimum), and
+    # its calls back to back only kept a CPU busy for the whole release (two engine starts beside them).
     # Each caller dials one node only, so that the baseline never takes (and queues) the calls of the drained
     # canary: with callers dialling both, a loaded CI run saw peacock's first tokens after cyan's restart as
     # slow as the canary's. Windows of 10 s hold a few first tokens on each node even on a loaded machine.
@@ -279,7 +277,7 @@ def test_a_canary_whose_calls_wait_for_one_seat_fails_its_analysis_and_rolls_bac
                                      "release.analysis.interval_s": 10,
                                      "release.analysis.baseline_factor": 1, "release.analysis.baseline_margin_s": 0,
                                      "engine.max_num_seqs": 1}), \
-            calls_to(ADDRESSES, [(("cyan",), 3), (("peacock",), 2)], tokens=16, timeout_s=120, join_s=180):
+            calls_to(ADDRESSES, [(("cyan",), 3), (("peacock",), 2, 1.0)], tokens=16, timeout_s=120, join_s=180):
         result = fleet.release("--all", "--json")
     assert result.returncode == 10, result.stdout + result.stderr  # the canary analysis failed
     (analysis,) = json.loads(result.stdout)["analyses"]
