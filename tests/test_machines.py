@@ -205,7 +205,9 @@ def test_a_reboot_of_cyan_during_calls_is_a_real_one_and_it_serves_again_by_itse
     pid1 = machines.init_pid(keeper)  # the machine's PID 1, as this machine numbers it: a new one after a reboot
     invocation = fleet.show("cyan", ENGINE, "InvocationID")["InvocationID"]
     served = _served("cyan")
-    with calls_to(ADDRESSES, [(("cyan", "peacock"), 2)], tokens=16, timeout_s=120, join_s=180, pause_s=0.3) as reports:
+    # Two seats, each pausing 1 s: calls dial cyan all through its reboot (a minute or more), and peacock, which
+    # answers them meanwhile, is not kept busy for nothing.
+    with calls_to(ADDRESSES, [(("cyan", "peacock"), 2)], tokens=8, timeout_s=120, join_s=180, pause_s=1.0) as reports:
         assert poll_until(lambda: _served("cyan") > served, 60, 0.2)  # the calls reach cyan's engine
         machines.reboot(fleet.base, "cyan", echo=lambda _l: None)
         assert poll_until(lambda: fleet.health("cyan") == 200 and fleet.health("cyan", 8080) == 200, 300, 1.0)
