@@ -282,7 +282,8 @@ def calls_to(addresses: dict[str, str], callers: list[tuple], tokens: int, timeo
     Args:
         addresses: node name -> loopback address (the gateways listen on port 8080).
         callers: each caller's gateways in the order it dials them (node names), how many calls it keeps going at
-            once and, optionally third, its seats' own pause between calls (seconds; else ``pause_s``).
+            once and, optionally, its seats' own pause between calls (seconds; else ``pause_s``) and the tokens its
+            calls ask for (else ``tokens``).
         tokens: tokens each call asks for.
         timeout_s: a call's own bound, in seconds.
         join_s: how long, in seconds, each caller may take to stop after the block.
@@ -293,10 +294,13 @@ def calls_to(addresses: dict[str, str], callers: list[tuple], tokens: int, timeo
     from flatshare_ops.sandbox.caller import Gateway, run_calls
 
     stop, reports = threading.Event(), []
-    threads = [threading.Thread(target=lambda order=caller[0], concurrency=caller[1], pause=(
-        caller[2] if len(caller) > 2 else pause_s): reports.extend(run_calls(
+    def own(caller: tuple, index: int, default):
+        return caller[index] if len(caller) > index and caller[index] is not None else default
+
+    threads = [threading.Thread(target=lambda order=caller[0], concurrency=caller[1], pause=own(caller, 2, pause_s),
+                                asked=own(caller, 3, tokens): reports.extend(run_calls(
             [Gateway(n, f"http://{addresses[n]}:8080") for n in order], concurrency=concurrency, duration_s=900,
-            tokens=tokens, timeout_s=timeout_s, stop=stop, pause_s=pause)), daemon=True)
+            tokens=asked, timeout_s=timeout_s, stop=stop, pause_s=pause)), daemon=True)
         for caller in callers]
     for thread in threads:
         thread.start()

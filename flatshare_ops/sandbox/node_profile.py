@@ -59,6 +59,9 @@ VLLM_OVERRIDES = (
              "GiB of KV cache for vLLM's CPU backend (its default takes a share of the machine's memory)"),
     Override("engine.environment.VLLM_CPU_OMP_THREADS_BIND", "nobind",
              "vLLM binds its OpenMP threads to cores by default; two engines share 2 CPUs with other work"),
+    Override("engine.environment.OMP_WAIT_POLICY", "PASSIVE",
+             "OpenMP's threads spin between torch's parallel regions by default; on 2 CPUs shared with another "
+             "engine and other work they spin for a thread that is not running: a call cost 5-10x the CPU"),
     Override("engine.environment.HF_HUB_OFFLINE", "1", "the model is made at 'sandbox up': nothing is downloaded"),
     Override("engine.environment.VLLM_ENABLE_V1_MULTIPROCESSING", "0",
              "production's one-GPU engine runs its worker inside EngineCore (vLLM's 'uni' executor); vLLM's CPU "
