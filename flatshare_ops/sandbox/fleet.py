@@ -882,7 +882,8 @@ def _wait_for_start(booting: list[SandboxNode], echo) -> list[str]:
                 problems[node.name] = why
             elif steady.get(node.name, (0.0, None))[1] != invocations:
                 steady[node.name] = (now, invocations)
-                problems[node.name] = ["serving, for less than its units' restart delay so far"]
+                problems[node.name] = [f"its units are up and answer; watching {min(restart_s, 30.0) + 1.0:g} s (their "
+                                       "restart delay) that none is started again"]
             elif now - steady[node.name][0] > min(restart_s, 30.0) + 1.0:
                 problems[node.name] = []
         return not any(problems.values())
