@@ -196,6 +196,42 @@ def test_doctor_says_a_serving_check_under_way_is_running_not_that_it_never_ran(
     assert check_runs_line("cyan", never)[2] == "serving-check.timer active; serving-check has not run from it yet"
 
 
+def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_recorded_not_ended(tmp_path,
+                                                                                                 monkeypatch):
+    # A suite run's case (under load): a follow-up's status read the history of a switch at its last step (no
+    # record yet), the switch then recorded itself, removed its journal, kept its command's outcome and let its
+    # lock go; the journal and the lock read after that found only the outcome kept: "released: no message kept,
+    # though its kept outcome has no message", as of a command that ran no switch, where the record says which
+    # release. The switch's own writers end it here, between the two reads.
+    import time
+
+    from flatshare_ops.common.protocol import Outcome, OutcomeResult, RecordResult, SwitchKind, SwitchState
+    from flatshare_ops.node import journal as journals, outcomes, records, status
+
+    ctx = _context(tmp_path)
+    ctx.releases.mkdir(parents=True)
+    journal = journals.Journal(from_="a" * 16, to="b" * 16, node="cyan", host="h", pid=os.getpid(), user="u",
+                               started_at=time.time(), kind=SwitchKind.RELEASE, switch="s1",
+                               steps=[journals.StepRecord(name="record-history")])
+    journals.write_journal(ctx.state_dir, journal)
+    reading = status._read_journal
+    ended: list[bool] = []
+
+    def journal_read_after_the_switch_ended(context):
+        if not ended:
+            records.append_success(ctx, journal, journal.to)
+            journals.remove_journal(ctx.state_dir)
+            outcomes.append(ctx, Outcome(switch="s1", code=0, result=OutcomeResult.RELEASED, release="b" * 16))
+            ended.append(True)
+        return reading(context)
+
+    monkeypatch.setattr(status, "_read_journal", journal_read_after_the_switch_ended)
+    monkeypatch.setattr(status, "holder_pid", lambda _ctx: None)  # its lock let go
+    answer = status.switch_state(ctx, "s1")
+    assert answer["state"] == SwitchState.RECORDED, answer
+    assert answer["record"]["result"] == RecordResult.RELEASED and answer["record"]["target"] == "b" * 16
+
+
 def test_a_switch_that_ends_between_the_journal_read_and_the_lock_read_is_recorded_not_interrupted(tmp_path,
                                                                                                       monkeypatch):
     # A suite run's case (under load): a follow-up's status read the journal of a switch at its last step, the

@@ -26,8 +26,10 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
 
     Its history, journal and lock are read one after the other, and a switch may end (or begin) between the
     reads: its journal read while it ran, its lock read free after it ended, says "interrupted" of a switch that
-    was recorded. So "interrupted" is said only when a second reading says it too (a switch that ended between
-    them is recorded by then; one that began holds its lock).
+    was recorded; its history read while it ran, its journal and lock after it ended, finds only the outcome its
+    command kept, and says "ended" (as of a command that ran no switch) of a switch that was recorded. So
+    "interrupted" and "ended" are said only when a second reading says it too (a switch that ended between them
+    is recorded by then; one that began holds its lock).
 
     Returns:
         ``{"state": ...}``, a :class:`common.protocol.SwitchState`: ``recorded`` with the history ``record`` (released,
@@ -39,7 +41,7 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         ``unknown`` (none of these: the command never began on the node).
     """
     answer = _switch_state(ctx, switch_id)
-    if answer["state"] == SwitchState.INTERRUPTED:
+    if answer["state"] in (SwitchState.INTERRUPTED, SwitchState.ENDED):
         answer = _switch_state(ctx, switch_id)
     return answer
 
