@@ -398,7 +398,7 @@ def test_sandbox_up_fails_naming_a_service_that_restarts_for_ever_after_a_crash(
             assert unit_property(bus, "flatshare-voice.service", "Service", "NRestarts") >= 2
     finally:
         squatter.close()
-    _wait_for(lambda: _serves(sandbox, "cyan") == SERVING, 60)  # systemd starts it again by itself
+        _wait_for(lambda: _serves(sandbox, "cyan") == SERVING, 60)  # systemd starts it again by itself
 
 
 def test_sandbox_up_keeps_a_node_profile_changed_by_hand_and_says_so(sandbox):

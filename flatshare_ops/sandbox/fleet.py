@@ -812,6 +812,8 @@ def _refuse_other_addresses(base: Path, sandbox_nodes: list[SandboxNode]) -> Non
 #: How long ``up`` waits for a booting node's release to serve (seconds): the gateway waits for the engine, and
 #: a real engine's start takes 20-50 s here (its own bound, engine.start_timeout_s, is 120 s).
 START_WAIT_S = 240.0
+#: How a booting node's wait names its units seen stopping or starting again once they had served.
+AGAIN = "stopped or started again while the others served: "
 #: A manager's ``SystemState`` while its start-up transaction still has jobs (org.freedesktop.systemd1(5)).
 STARTING = ("initializing", "starting")
 
@@ -870,6 +872,7 @@ def _wait_for_start(booting: list[SandboxNode], echo) -> list[str]:
          f"(up to {START_WAIT_S:g} s)")
     problems: dict[str, list[str]] = {n.name: ["not asked yet"] for n in booting}
     steady: dict[str, tuple[float, tuple]] = {}  # node -> (since when it served, with these invocations)
+    again: dict[str, set[str]] = {n.name: set() for n in booting}  # node -> its units seen started again
 
     def served() -> bool:
         for node in booting:
@@ -878,14 +881,21 @@ def _wait_for_start(booting: list[SandboxNode], echo) -> list[str]:
             why, invocations, restart_s = _serving_problems(node)
             now = time.monotonic()
             if why:
+                if node.name in steady:  # it served a moment ago: which units stopped serving since
+                    again[node.name] |= {u for u in SERVICE_UNITS if any(w.startswith(f"{u} ") for w in why)}
                 steady.pop(node.name, None)
                 problems[node.name] = why
             elif steady.get(node.name, (0.0, None))[1] != invocations:
+                before = steady.get(node.name, (0.0, ()))[1] or ()
+                again[node.name] |= {u for u, was, now_ in zip(SERVICE_UNITS, before, invocations) if was != now_}
                 steady[node.name] = (now, invocations)
                 problems[node.name] = [f"its units are up and answer; watching {min(restart_s, 30.0) + 1.0:g} s (their "
                                        "restart delay) that none is started again"]
             elif now - steady[node.name][0] > min(restart_s, 30.0) + 1.0:
                 problems[node.name] = []
+            if problems[node.name] and again[node.name]:
+                said = [w for w in problems[node.name] if not w.startswith(AGAIN)]
+                problems[node.name] = [*said, AGAIN + ", ".join(sorted(again[node.name]))]
         return not any(problems.values())
 
     def progress(waited: float) -> None:
