@@ -196,17 +196,12 @@ def test_doctor_says_a_serving_check_under_way_is_running_not_that_it_never_ran(
     assert check_runs_line("cyan", never)[2] == "serving-check.timer active; serving-check has not run from it yet"
 
 
-def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_recorded_not_ended(tmp_path,
-                                                                                                 monkeypatch):
-    # A suite run's case (under load): a follow-up's status read the history of a switch at its last step (no
-    # record yet), the switch then recorded itself, removed its journal, kept its command's outcome and let its
-    # lock go; the journal and the lock read after that found only the outcome kept: "released: no message kept,
-    # though its kept outcome has no message", as of a command that ran no switch, where the record says which
-    # release. The switch's own writers end it here, between the two reads.
+def _switch_at_its_last_step(tmp_path):
+    """(a node context, the journal of its release s1 a -> b at its record-history step, written)."""
     import time
 
-    from flatshare_ops.common.protocol import Outcome, OutcomeResult, RecordResult, SwitchKind, SwitchState
-    from flatshare_ops.node import journal as journals, outcomes, records, status
+    from flatshare_ops.common.protocol import SwitchKind
+    from flatshare_ops.node import journal as journals
 
     ctx = _context(tmp_path)
     ctx.releases.mkdir(parents=True)
@@ -214,6 +209,21 @@ def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_rec
                                started_at=time.time(), kind=SwitchKind.RELEASE, switch="s1",
                                steps=[journals.StepRecord(name="record-history")])
     journals.write_journal(ctx.state_dir, journal)
+    return ctx, journal
+
+
+def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_recorded_not_ended(tmp_path,
+                                                                                                 monkeypatch):
+    # A suite run's case (under load): a follow-up's status read the history of a switch at its last step (no
+    # record yet), the switch then recorded itself, removed its journal, kept its command's outcome and let its
+    # lock go; the journal and the lock read after that found only the outcome kept: "released: no message kept,
+    # though its kept outcome has no message", as of a command that ran no switch, where the record says which
+    # release. The switch's own writers end it here, between the two reads.
+
+    from flatshare_ops.common.protocol import Outcome, OutcomeResult, RecordResult, SwitchState
+    from flatshare_ops.node import journal as journals, outcomes, records, status
+
+    ctx, journal = _switch_at_its_last_step(tmp_path)
     reading = status._read_journal
     ended: list[bool] = []
 
@@ -237,17 +247,11 @@ def test_a_switch_that_ends_between_the_journal_read_and_the_lock_read_is_record
     # A suite run's case (under load): a follow-up's status read the journal of a switch at its last step, the
     # switch then recorded itself, removed its journal and let its lock go, and the lock read free: "interrupted"
     # of a release that was recorded. The switch's own writers end it here, between the two reads.
-    import time
 
-    from flatshare_ops.common.protocol import RecordResult, SwitchKind, SwitchState
+    from flatshare_ops.common.protocol import RecordResult, SwitchState
     from flatshare_ops.node import journal as journals, records, status
 
-    ctx = _context(tmp_path)
-    ctx.releases.mkdir(parents=True)
-    journal = journals.Journal(from_="a" * 16, to="b" * 16, node="cyan", host="h", pid=os.getpid(), user="u",
-                               started_at=time.time(), kind=SwitchKind.RELEASE, switch="s1",
-                               steps=[journals.StepRecord(name="record-history")])
-    journals.write_journal(ctx.state_dir, journal)
+    ctx, journal = _switch_at_its_last_step(tmp_path)
     ended: list[bool] = []
 
     def lock_read_after_the_switch_ended(_ctx):
