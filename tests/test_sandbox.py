@@ -604,6 +604,12 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
             assert not (state / "releases/current").exists() and not (state / "releases/history.jsonl").exists()
             assert (state / "module/flatshare_make_room_serve.py").is_file()  # built once, as bootstrap builds it
             assert not list((base / name / "etc/systemd/user").glob("flatshare*"))
+        # No engine yet: status says so in words (exit 1: not serving), never Python's None.
+        status = run_cli("sandbox", "status", "--dir", str(base))
+        assert status.returncode == 1, status.stdout + status.stderr
+        for name in ("cyan", "peacock"):
+            (line,) = [line for line in status.stdout.splitlines() if line.startswith(f"{name}: ")]
+            assert line.endswith("no engine process, /health answered nothing") and "None" not in line, line
         released = run_cli("release", "--all", "--inventory", str(base / "fleet.toml"), "--root", str(REPO))
         assert released.returncode == 0, released.stdout + released.stderr
         for name in ("cyan", "peacock"):

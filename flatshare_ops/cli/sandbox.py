@@ -100,7 +100,7 @@ def sandbox_status(
             units = ", ".join(f"{name} {state}" for name, state in entry["units"].items()) or "no units"
             typer.echo(
                 f"{node}: manager {'up' if entry['manager'] else 'DOWN'}, sshd {'up' if entry['sshd'] else 'DOWN'}; "
-                f"{units}; engine pid {entry['engine_pid']}, /health {entry['engine_health']}"
+                f"{units}; {_engine_words(entry)}"
             )
     healthy = bool(report) and all(
         e["manager"] and e["sshd"] and e["engine_health"] == 200 and set(e["units"].values()) == {"active"}
@@ -140,3 +140,10 @@ def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
 
     down(directory, echo=typer.echo)
     typer.echo("sandbox down")
+
+
+def _engine_words(entry: dict) -> str:
+    """``sandbox status``'s words for a node's engine: its main pid and what its ``/health`` answered."""
+    pid = f"engine pid {entry['engine_pid']}" if entry["engine_pid"] else "no engine process"
+    health = entry["engine_health"]
+    return f"{pid}, /health {health}" if health else f"{pid}, /health answered nothing"
