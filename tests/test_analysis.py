@@ -709,6 +709,29 @@ def test_a_scrape_from_a_real_prometheus_client_registry_reads_the_same(tmp_path
     assert quantile(0.95, scrape.ttft).interpolated_s == pytest.approx(0.45)
 
 
+def test_reading_samples_first_leaves_prometheus_client_whole_for_a_later_import():
+    # read_samples imports the parser alone (not the package's __init__); a process that then imports the client
+    # itself must get all of it, and its parser as its own attribute, as if read_samples had never run.
+    import sys
+
+    code = (
+        "import sys\n"
+        "from flatshare_ops.common.vllm_metrics import read_samples\n"
+        "assert read_samples('a_total 1\\n') == [('a_total', {}, 1.0)]\n"
+        "import prometheus_client.parser\n"
+        "from prometheus_client import CollectorRegistry, Counter\n"
+        "from prometheus_client.exposition import generate_latest\n"
+        "registry = CollectorRegistry()\n"
+        "Counter('b', 'help', registry=registry).inc()\n"
+        "text = generate_latest(registry).decode()\n"
+        "families = list(prometheus_client.parser.text_string_to_metric_families(text))\n"
+        "assert [s.name for f in families for s in f.samples][:1] == ['b_total'], families\n"
+        "assert [s[0] for s in read_samples(text)][:1] == ['b_total']\n"
+    )
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert done.returncode == 0, done.stderr
+
+
 def test_missing_windows_carry_the_node_and_times():
     m = made(Verdict.ERROR)
     assert isinstance(m.canary, MissingWindow)

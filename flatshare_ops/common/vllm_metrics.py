@@ -48,7 +48,41 @@ def read_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     Raises:
         ValueError: the text is not Prometheus' text format (the parser's own words).
     """
-    from prometheus_client.parser import text_string_to_metric_families
+    return [(s.name, dict(s.labels), float(s.value)) for family in _parser()(text) for s in family.samples]
 
-    return [(s.name, dict(s.labels), float(s.value)) for family in text_string_to_metric_families(text)
-            for s in family.samples]
+
+_PARSER: list = []  # the parser function, once imported
+
+
+def _parser():
+    """prometheus_client's ``parser.text_string_to_metric_families``, imported without running the package's
+    ``__init__``.
+
+    That ``__init__`` imports the whole client (its registry, metric classes and every exposition: HTTP server,
+    WSGI, ASGI, push gateway): about 70 ms of CPU, where the parser and what it imports (metrics_core, samples,
+    validation) take 20. The node's probe and every switch's admission read one metrics page in a process of
+    their own, so that is most of what reading it costs them. The package object is made from its spec but not
+    run; once the parser is imported, it and the submodules it brought are taken out of ``sys.modules`` again
+    (this function keeps its own copy), so that a later ``import prometheus_client`` in the same process imports
+    the package whole, as if this had never run.
+    """
+    import sys
+
+    if _PARSER:
+        return _PARSER[0]
+    if "prometheus_client" in sys.modules:
+        from prometheus_client.parser import text_string_to_metric_families
+
+        return text_string_to_metric_families
+    import importlib.util
+
+    spec = importlib.util.find_spec("prometheus_client")
+    if spec is not None:
+        sys.modules["prometheus_client"] = importlib.util.module_from_spec(spec)
+    try:  # (no spec: the import below raises ModuleNotFoundError, as an import would)
+        from prometheus_client.parser import text_string_to_metric_families
+    finally:
+        for name in [name for name in sys.modules if name.partition(".")[0] == "prometheus_client"]:
+            del sys.modules[name]
+    _PARSER.append(text_string_to_metric_families)
+    return text_string_to_metric_families
