@@ -6,6 +6,7 @@ Every value from the profile passes through :mod:`.systemd_escape` filters
 
 from __future__ import annotations
 
+import functools
 from pathlib import PurePosixPath
 
 import jinja2
@@ -22,7 +23,11 @@ from .engine import engine_argv
 GATEWAY_STOP_MARGIN_S = 10.0
 
 
+@functools.cache
 def _environment() -> jinja2.Environment:
+    """The units' Jinja2 environment, made once per process: it keeps each template compiled (Jinja2's own
+    cache, checked against the template file's mtime), so a release that renders several profiles (the
+    checkout's outputs, each node's) compiles each template once; compiling is most of what rendering costs."""
     env = jinja2.Environment(
         loader=jinja2.PackageLoader("flatshare_ops.render", "templates"),
         autoescape=False,
