@@ -715,9 +715,12 @@ def test_reading_samples_first_leaves_prometheus_client_whole_for_a_later_import
     import sys
 
     code = (
-        "import sys\n"
+        "import sys, threading\n"
         "from flatshare_ops.common.vllm_metrics import read_samples\n"
-        "assert read_samples('a_total 1\\n') == [('a_total', {}, 1.0)]\n"
+        "read = []\n"  # the first reads from several threads at once, as a rollout's
+        "threads = [threading.Thread(target=lambda: read.append(read_samples('a_total 1\\n'))) for _ in range(8)]\n"
+        "[t.start() for t in threads]; [t.join() for t in threads]\n"
+        "assert read == [[('a_total', {}, 1.0)]] * 8, read\n"
         "import prometheus_client.parser\n"
         "from prometheus_client import CollectorRegistry, Counter\n"
         "from prometheus_client.exposition import generate_latest\n"

@@ -6,6 +6,8 @@ Every fact below is vLLM 0.32.0's ``vllm/v1/metrics/loggers.py`` and ``vllm/v1/m
 (docs/reference/vllm.md#metrics).
 """
 
+import threading
+
 #: Every series carries these labels: the served model name and the engine index (one per data-parallel engine).
 LABELS = ("model_name", "engine")
 
@@ -52,6 +54,7 @@ def read_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
 
 
 _PARSER: list = []  # the parser function, once imported
+_IMPORTING = threading.Lock()
 
 
 def _parser():
@@ -66,10 +69,16 @@ def _parser():
     (this function keeps its own copy), so that a later ``import prometheus_client`` in the same process imports
     the package whole, as if this had never run.
     """
+    if not _PARSER:
+        with _IMPORTING:  # the rollout reads its nodes' pages from several threads
+            if not _PARSER:
+                _PARSER.append(_import_parser())
+    return _PARSER[0]
+
+
+def _import_parser():
     import sys
 
-    if _PARSER:
-        return _PARSER[0]
     if "prometheus_client" in sys.modules:
         from prometheus_client.parser import text_string_to_metric_families
 
@@ -84,5 +93,4 @@ def _parser():
     finally:
         for name in [name for name in sys.modules if name.partition(".")[0] == "prometheus_client"]:
             del sys.modules[name]
-    _PARSER.append(text_string_to_metric_families)
     return text_string_to_metric_families
