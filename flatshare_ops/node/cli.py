@@ -192,7 +192,7 @@ def switch(args) -> int:
 
     marked: dict[str, str | None] = {}  # the history's mark as this switch found it (AdmitRequest.history)
 
-    def admit(plan, drains: bool = True) -> str | None:
+    def admit(plan, drains: bool = True, say: bool = True) -> str | None:
         from .probe import node_identity
 
         load = None
@@ -207,7 +207,7 @@ def switch(args) -> int:
                 load = engine_load(active_serving(ctx, current_release(ctx.state_dir)))
             except NodeStateError as err:
                 load = {"error": str(err)}
-        else:
+        elif say:
             out.line(f"{ctx.node}: asking the operator's side whether to go on")
         if "history" not in marked:  # read once, at the first ask: the lock is held, only this switch writes it
             marked["history"] = _history_mark(ctx)
@@ -228,9 +228,10 @@ def switch(args) -> int:
             return None
         return document.reason or "refused by the operator's side"
 
-    def confirm() -> str | None:
-        """The operator's side's go-ahead before this switch's first change and before its admission to drain."""
-        return admit(None, drains=False)
+    def confirm(say: bool = True) -> str | None:
+        """The operator's side's go-ahead before this switch's first change and before its admission to drain
+        (``say``: with a line saying it asks)."""
+        return admit(None, drains=False, say=say)
 
     try:
         done = switch_node(ctx, request, out, admit,

@@ -55,6 +55,10 @@ from .runner import RollbackNeeded, describe_failure, new_journal, run
 from .store import current_release, ensure_releases_dir, is_stored, store_release
 from . import history as histories
 
+#: The operator's side's go-ahead (node/cli.py ``confirm``): called with whether to say that it asks; None to go
+#: on, else why not.
+GoAhead = Callable[[bool], str | None]
+
 
 @dataclass
 class Request:
@@ -138,7 +142,7 @@ class Work:
 
 
 def switch_node(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission,
-                confirm: Callable[[], str | None] | None = None) -> Done:
+                confirm: GoAhead | None = None) -> Done:
     """Carry out one request on this node: at most one switch.
 
     Args:
@@ -203,19 +207,21 @@ def failed_analysis(hist, switch: str | None) -> str | None:
     return failed[-1].get("rollout") if isinstance(failed[-1].get("rollout"), str) else "an earlier rollout"
 
 
-def _go_on(request: Request, confirm: Callable[[], str | None] | None) -> None:
-    """Ask the operator's side whether to go on (``confirm``), when it asked to be asked.
+def _go_on(request: Request, confirm: GoAhead | None, say: bool = True) -> None:
+    """Ask the operator's side whether to go on (``confirm``), when it asked to be asked; ``say``: with a line
+    saying so (none where the node has just said it has nothing to do: the ask is then only for the operator's
+    retry guard, and a refusal says itself).
 
     Raises:
         Refused: it said not to (its reason).
     """
-    reason = confirm() if confirm is not None else None
+    reason = confirm(say) if confirm is not None else None
     if reason is not None:
         raise Refused(f"{request.action} refused: {reason}")
 
 
 def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admission, began: float,
-         holder=lambda _target: None, confirm: Callable[[], str | None] | None = None) -> Done:
+         holder=lambda _target: None, confirm: GoAhead | None = None) -> Done:
     state = None
     with _calls_given_back_on_refusal(ctx, request, out, lambda: state):
         hold.refuse_if_held(ctx, request.action)
@@ -224,7 +230,7 @@ def _run(ctx: NodeContext, request: Request, out: ReleaseOutput, admit: Admissio
             out.line(f"note: {ctx.history_path.parent / note}")
         work = decide(ctx, request, out, state)
         if work is None:
-            _go_on(request, confirm)
+            _go_on(request, confirm, say=False)
             if request.mode == Mode.RELEASE:  # nothing to switch, but what the release enables stays enabled
                 from .steps import keep_enabled
 
@@ -412,7 +418,7 @@ def _flag_changes(old: ReleaseView | None, new: ReleaseView) -> list[str]:
 
 
 def _refuse(ctx: NodeContext, request: Request, out: ReleaseOutput, work: Work, admit: Admission,
-            confirm: Callable[[], str | None] | None = None) -> None:
+            confirm: GoAhead | None = None) -> None:
     """Every refusal, decided before any change: foreign drop-ins, the engine venv, the preflight, the operator's
     go-ahead when it asked to be asked (``confirm``), the admission (a preflight-only run: no plan printed, no
     admission)."""
