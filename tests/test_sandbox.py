@@ -621,6 +621,11 @@ def test_sandbox_up_leaves_each_nodes_first_release_to_the_real_release(tmp_path
         records = [json.loads(line) for line in
                    (base / "cyan/var/lib/flatshare/releases/history.jsonl").read_text().splitlines()]
         assert [r.get("analysis", {}).get("skipped") for r in records if r.get("result") == "analysed"] == [True]
+        # Asked for the analyses' measurements where none were taken, the history listing says so for each node.
+        listing = run_cli("releases", "--measurements", "--inventory", str(base / "fleet.toml"))
+        assert listing.returncode == 0, listing.stdout + listing.stderr
+        for name in ("cyan", "peacock"):
+            assert f"  no canary analysis of {name} has measurements in its history" in listing.stdout.splitlines()
     finally:
         assert run_cli("sandbox", "down", "--dir", str(base)).returncode == 0
 

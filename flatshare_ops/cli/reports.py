@@ -135,11 +135,15 @@ def releases(node: NodesOption = None, inventory: InventoryOption = None,
             typer.echo(f"  damaged: {one_line(str(answer['disorder']))}: a rollback of {name} is refused until the "
                        "lines are in order (or the file is moved aside)")
         records = [r if isinstance(r, dict) else {} for r in answer.get("records", [])]
+        measured = False
         for record in records:
             typer.echo(f"  {history_line(record)}")
             if measurements:
                 for line in _measurement_lines(record):
                     typer.echo(f"    {line}")
+                    measured = True
+        if measurements and not measured:
+            typer.echo(f"  no canary analysis of {name} has measurements in its history")
         for release, how in failed_releases(records).items():
             owed = f"; {name} still runs it: {owed_rollback_words(name)}" if how.get("owed") else ""
             typer.echo(f"  FAILED {release}: {how['how']} ({one_line(str(how['why']))}){owed}; 'flatshare release' "
