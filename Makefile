@@ -24,7 +24,7 @@ demo: setup
 TEST_PROCESSES ?= 4
 test: setup
 	@./scripts/vllm-venvs.sh
-	$(BIN)/python -m pytest -q -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=25
+	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=25
 
 # The inner loop (about 25 s on 2 CPUs, once vLLM's venvs are built): ruff on the whole tree, mypy on the files pyproject.toml's
 # [tool.mypy] names (about 10 s), then the tests that need no sandbox, no engine and no machine (pure cores, fake connections,
@@ -37,7 +37,7 @@ check: setup
 	@./scripts/vllm-venvs.sh
 	$(BIN)/ruff check .
 	$(BIN)/mypy
-	$(BIN)/python -m pytest -q -n 2 $(CHECK_TESTS)
+	$(BIN)/python -m pytest -n 2 $(CHECK_TESTS)
 
 sandbox-down: setup
 	$(BIN)/flatshare sandbox down
