@@ -32,34 +32,14 @@ from statistics import median
 
 REPO = Path(__file__).resolve().parent.parent
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
 
+from cpu_log import tree_cpu_s  # noqa: E402  (a process and its descendants, from proc(5))
 from flatshare_ops.common.systemd import ManagerAddress, connect, daemon_reload, run_job, unit_property  # noqa: E402
 from flatshare_ops.sandbox.fleet import SandboxNode, down, parse_addresses, up  # noqa: E402
 
 ENGINE = "flatshare-engine.service"
 CALLS, THREADS, TOKENS = 30, 3, 16
-
-
-def _tree_cpu_s(pid: int) -> float:
-    """User + system time of ``pid`` and every live descendant, with their reaped children's (seconds)."""
-    children: dict[int, list[int]] = {}
-    for entry in Path("/proc").iterdir():
-        if entry.name.isdigit():
-            try:
-                parent = int((entry / "stat").read_text().rsplit(")", 1)[1].split()[1])
-            except (OSError, IndexError, ValueError):
-                continue
-            children.setdefault(parent, []).append(int(entry.name))
-    total, todo = 0.0, [pid]
-    while todo:
-        current = todo.pop()
-        try:
-            fields = Path(f"/proc/{current}/stat").read_text().rsplit(")", 1)[1].split()
-        except OSError:
-            continue
-        total += sum(int(x) for x in fields[11:15]) / os.sysconf("SC_CLK_TCK")
-        todo += children.get(current, [])
-    return total
 
 
 def _health(url: str) -> int:
@@ -84,7 +64,7 @@ def _round(node: SandboxNode, drop_in: Path, setting: str | None) -> tuple[float
         if time.monotonic() > deadline:
             raise SystemExit(f"{ENGINE} did not answer /health within 300 s ({setting or 'baseline'})")
         time.sleep(0.2)
-    started = _tree_cpu_s(pid)
+    started = tree_cpu_s(pid)
     model = json.load(urllib.request.urlopen(url + "/v1/models", timeout=10))["data"][0]["id"]
     body = json.dumps({"model": model, "prompt": "The flat is", "max_tokens": TOKENS, "ignore_eos": True}).encode()
     errors: list[str] = []
@@ -104,7 +84,7 @@ def _round(node: SandboxNode, drop_in: Path, setting: str | None) -> tuple[float
         thread.join()
     if errors:
         raise SystemExit(f"calls failed ({setting or 'baseline'}): {errors[:3]}")
-    return started, _tree_cpu_s(pid) - started
+    return started, tree_cpu_s(pid) - started
 
 
 def main() -> None:
