@@ -710,17 +710,22 @@ def test_a_scrape_from_a_real_prometheus_client_registry_reads_the_same(tmp_path
 
 
 def test_reading_samples_first_leaves_prometheus_client_whole_for_a_later_import():
-    # read_samples imports the parser alone (not the package's __init__); a process that then imports the client
-    # itself must get all of it, and its parser as its own attribute, as if read_samples had never run.
+    # read_samples imports the parser alone (not the package's __init__); a thread that imports the client while the
+    # first reads run (a breaker's case: it got an empty package), and the process after them, get all of it, and
+    # its parser as its own attribute, as if read_samples had never run.
     import sys
 
     code = (
         "import sys, threading\n"
         "from flatshare_ops.common.vllm_metrics import read_samples\n"
-        "read = []\n"  # the first reads from several threads at once, as a rollout's
+        "read, imported = [], []\n"  # the first reads from several threads at once, as a rollout's
+        "def client():\n"
+        "    import prometheus_client\n"
+        "    imported.append(prometheus_client.Counter)\n"
         "threads = [threading.Thread(target=lambda: read.append(read_samples('a_total 1\\n'))) for _ in range(8)]\n"
+        "threads.insert(4, threading.Thread(target=client))\n"
         "[t.start() for t in threads]; [t.join() for t in threads]\n"
-        "assert read == [[('a_total', {}, 1.0)]] * 8, read\n"
+        "assert read == [[('a_total', {}, 1.0)]] * 8 and len(imported) == 1, (read, imported)\n"
         "import prometheus_client.parser\n"
         "from prometheus_client import CollectorRegistry, Counter\n"
         "from prometheus_client.exposition import generate_latest\n"
@@ -733,6 +738,17 @@ def test_reading_samples_first_leaves_prometheus_client_whole_for_a_later_import
     )
     done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert done.returncode == 0, done.stderr
+
+
+def test_a_label_set_the_parser_stumbles_on_is_a_failed_scrape_not_an_exception():
+    # A breaker's case: prometheus_client's parser raises IndexError (not ValueError) for an empty label name after
+    # a comma and a space; the analysis, which reads ValueError as a page that is not Prometheus' format, crashed.
+    from flatshare_ops.common.vllm_metrics import read_samples
+
+    text = 'vllm:num_requests_running{b="c", ="x"} 2\n'
+    with pytest.raises(ValueError, match="not Prometheus' text format"):
+        read_samples(text)
+    assert isinstance(read_scrape("cyan", T0, text), FailedScrape)
 
 
 def test_missing_windows_carry_the_node_and_times():

@@ -48,13 +48,19 @@ def read_samples(text: str) -> list[tuple[str, dict[str, str], float]]:
     node's admission load (node/probe.py ``engine_load``).
 
     Raises:
-        ValueError: the text is not Prometheus' text format (the parser's own words).
+        ValueError: the text is not Prometheus' text format (the parser's own words; the parser raises
+            IndexError for some malformed label sets, e.g. ``a{b="c", ="x"} 2``, and that says it too).
     """
-    return [(s.name, dict(s.labels), float(s.value)) for family in _parser()(text) for s in family.samples]
+    try:
+        return [(s.name, dict(s.labels), float(s.value)) for family in _parser()(text) for s in family.samples]
+    except LookupError as err:
+        raise ValueError(f"not Prometheus' text format ({type(err).__name__}: {err})") from None
 
 
 _PARSER: list = []  # the parser function, once imported
 _IMPORTING = threading.Lock()
+#: The name prometheus_client's parser modules are imported under when the client itself is not imported.
+_PRIVATE = "flatshare_ops._prometheus_client"
 
 
 def _parser():
@@ -63,11 +69,11 @@ def _parser():
 
     That ``__init__`` imports the whole client (its registry, metric classes and every exposition: HTTP server,
     WSGI, ASGI, push gateway): about 70 ms of CPU, where the parser and what it imports (metrics_core, samples,
-    validation) take 20. The node's probe and every switch's admission read one metrics page in a process of
-    their own, so that is most of what reading it costs them. The package object is made from its spec but not
-    run; once the parser is imported, it and the submodules it brought are taken out of ``sys.modules`` again
-    (this function keeps its own copy), so that a later ``import prometheus_client`` in the same process imports
-    the package whole, as if this had never run.
+    validation, all by relative imports) take 20. The node's probe and every switch's admission read one metrics
+    page in a process of their own, so that is most of what reading it costs them. The client's directory is
+    imported as a package of another name (:data:`_PRIVATE`), made from its spec but not run, and the parser as
+    its submodule: ``prometheus_client`` in ``sys.modules`` is never touched, so another thread's or a later
+    ``import prometheus_client`` gets the whole client. A process that has imported the client uses its parser.
     """
     if not _PARSER:
         with _IMPORTING:  # the rollout reads its nodes' pages from several threads
@@ -77,20 +83,17 @@ def _parser():
 
 
 def _import_parser():
+    import importlib
+    import importlib.util
     import sys
 
-    if "prometheus_client" in sys.modules:
-        from prometheus_client.parser import text_string_to_metric_families
+    spec = importlib.util.find_spec("prometheus_client")  # finds the package; runs nothing of it
+    if "prometheus_client" in sys.modules or spec is None or spec.origin is None:
+        from prometheus_client.parser import text_string_to_metric_families  # (no spec: ModuleNotFoundError)
 
         return text_string_to_metric_families
-    import importlib.util
-
-    spec = importlib.util.find_spec("prometheus_client")
-    if spec is not None:
-        sys.modules["prometheus_client"] = importlib.util.module_from_spec(spec)
-    try:  # (no spec: the import below raises ModuleNotFoundError, as an import would)
-        from prometheus_client.parser import text_string_to_metric_families
-    finally:
-        for name in [name for name in sys.modules if name.partition(".")[0] == "prometheus_client"]:
-            del sys.modules[name]
-    return text_string_to_metric_families
+    private = importlib.util.spec_from_file_location(_PRIVATE, spec.origin,
+                                                     submodule_search_locations=spec.submodule_search_locations)
+    assert private is not None  # a file location and its search locations always give a spec
+    sys.modules[_PRIVATE] = importlib.util.module_from_spec(private)
+    return importlib.import_module(f"{_PRIVATE}.parser").text_string_to_metric_families
