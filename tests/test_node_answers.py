@@ -268,3 +268,38 @@ def test_a_switch_that_ends_between_the_journal_read_and_the_lock_read_is_record
     # A journal no lock holds in both readings is an interrupted switch, as before.
     journals.write_journal(ctx.state_dir, journal.model_copy(update={"switch": "s2"}))
     assert status.switch_state(ctx, "s2")["state"] == SwitchState.INTERRUPTED
+
+
+def test_an_automatic_rollback_that_ends_between_the_history_read_and_the_journal_read_is_its_record(tmp_path,
+                                                                                                  monkeypatch):
+    # A suite run's case (under a busy loop): the operator's session was killed during an automatic rollback; the
+    # follow-up's status read the history while the rollback ran (the failed release recorded, the rollback not
+    # yet), the rollback then recorded itself, removed its journal and let its lock go, and the journal and lock
+    # read after that found nothing running: "failed at restart-engine" (exit 1) of a switch the node had rolled
+    # back (exit 9). The rollback's own writers end it here, between the two reads.
+    from flatshare_ops.common.protocol import RecordResult, SwitchKind, SwitchState
+    from flatshare_ops.control.answers import follow_up_report
+    from flatshare_ops.errors import Exit
+    from flatshare_ops.node import journal as journals, records, status
+
+    ctx, failed = _switch_at_its_last_step(tmp_path)
+    records.append_failure(ctx, failed.model_copy(update={"steps": [journals.StepRecord(name="restart-engine")]}),
+                           "restart-engine", "the engine never answered", verdict=True)
+    rollback = failed.model_copy(update={"from_": failed.to, "to": failed.from_, "kind": SwitchKind.ROLLBACK,
+                                         "auto": "restart-engine failed: the engine never answered"})
+    journals.write_journal(ctx.state_dir, rollback)
+    reading, ended = status._read_journal, []
+
+    def journal_read_after_the_rollback_ended(context):
+        if not ended:
+            records.append_success(ctx, rollback, rollback.to)
+            journals.remove_journal(ctx.state_dir)
+            ended.append(True)
+        return reading(context)
+
+    monkeypatch.setattr(status, "_read_journal", journal_read_after_the_rollback_ended)
+    monkeypatch.setattr(status, "holder_pid", lambda _ctx: None)  # its lock let go
+    answer = status.switch_state(ctx, "s1")
+    assert answer["state"] == SwitchState.RECORDED, answer
+    assert answer["record"]["result"] == RecordResult.ROLLED_BACK and answer["record"]["target"] == "a" * 16, answer
+    assert follow_up_report("cyan", "s1", answer, 30)[0] == Exit.ROLLED_BACK

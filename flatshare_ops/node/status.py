@@ -21,19 +21,25 @@ from ..common.locks import LockTableError
 from .lock import describe_lock, holder_pid
 
 
+READINGS = 5
+"""At most this many readings of one switch's files make one answer of :func:`switch_state`."""
+
+
 def switch_state(ctx: NodeContext, switch_id: str) -> dict:
     """What became of one switch (after a lost connection, the operator asks this).
 
     Its history, journal and lock are read one after the other, and a switch may end (or begin) between the
     reads: its journal read while it ran, its lock read free after it ended, says "interrupted" of a switch that
     was recorded; its history read while it ran, its journal and lock after it ended, finds only the outcome its
-    command kept, and says "ended" (as of a command that ran no switch) of a switch that was recorded. So
-    "interrupted" and "ended" are said only when a second reading says it too (a switch that ended between them
-    is recorded by then; one that began holds its lock).
+    command kept ("ended", as of a command that ran no switch), or only the first part of a switch of two (the
+    failed release an automatic rollback follows, where the rollback is recorded too). So a final answer
+    (every state but ``switching``, which the operator asks again) is given only when the next reading says the
+    same: a switch that ended between two readings is recorded by the second, one that began holds its lock.
+    The readings stop at :data:`READINGS` (a node whose files change at every reading: its last answer).
 
     Returns:
         ``{"state": ...}``, a :class:`common.protocol.SwitchState`: ``recorded`` with the history ``record`` (released,
-        failed...),
+        failed...; the last part of the switch),
         ``switching`` (its journal is there and the lock is held), ``interrupted``
         (its journal is there, nobody holds the lock, and the part it journals is not recorded: an automatic
         rollback interrupted after the failed release it follows was recorded is ``interrupted``), ``ended`` with the ``outcome`` the
@@ -41,8 +47,13 @@ def switch_state(ctx: NodeContext, switch_id: str) -> dict:
         ``unknown`` (none of these: the command never began on the node).
     """
     answer = _switch_state(ctx, switch_id)
-    if answer["state"] in (SwitchState.INTERRUPTED, SwitchState.ENDED):
-        answer = _switch_state(ctx, switch_id)
+    for _ in range(READINGS - 1):
+        if answer["state"] == SwitchState.SWITCHING:
+            break
+        again = _switch_state(ctx, switch_id)
+        if again == answer:
+            break
+        answer = again
     return answer
 
 
