@@ -38,6 +38,18 @@ class Exit(IntEnum):
     TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 
+class OperatorInterrupted(BaseException):
+    """Ctrl-C or SIGTERM reached the operator's side (``code``: :attr:`Exit.INTERRUPTED` or
+    :attr:`Exit.TERMINATED`); nodes are left to finish what they do. ``said``: what it stopped before, when the
+    command knows (``flatshare`` prints it), else None. A BaseException, as KeyboardInterrupt is: no
+    ``except Exception`` takes it for an error of its own."""
+
+    def __init__(self, code: int) -> None:
+        super().__init__(code)
+        self.code = code
+        self.said: str | None = None
+
+
 class FlatshareError(Exception):
     """An operator-facing error: ``str(err)`` is the whole one-line message.
 

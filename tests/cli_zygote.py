@@ -34,7 +34,8 @@ BIN = Path(sys.executable).parent
 PROGRAMS = {"flatshare": ("flatshare_ops.cli", "main"), "serving-check": ("flatshare_ops.check.cli", "main")}
 #: What the zygote imports before it forks anything: the console scripts' modules and what their commands import
 #: in their functions (importing a module earlier changes nothing it does).
-WARM = ("flatshare_ops.cli", "flatshare_ops.check.cli", "flatshare_ops.control.rollout", "flatshare_ops.render.checkout",
+WARM = ("flatshare_ops.cli", *(f"flatshare_ops.cli.{m}" for m in ("profiles", "reports", "sandbox", "nodes", "hold", "release")),
+        "flatshare_ops.check.cli", "flatshare_ops.control.rollout", "flatshare_ops.render.checkout",
         "flatshare_ops.config.profile", "flatshare_ops.control.ssh", "paramiko", "pydantic", "jinja2", "tomlkit")
 KNOWN = {"capture_output", "text", "universal_newlines", "encoding", "errors", "env", "cwd", "timeout", "stdin",
          "stdout", "stderr", "input", "check"}

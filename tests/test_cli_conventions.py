@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 from importlib.metadata import version
+from pathlib import Path
 
 import pytest
 
@@ -28,7 +29,9 @@ def _commands() -> list[list[str]]:
     """Every command and group of ``flatshare``, as the words that name it, from typer's own tree."""
     import typer.main
 
-    from flatshare_ops.cli import app
+    from flatshare_ops.cli import commands
+
+    app = commands()
 
     found = []
 
@@ -57,7 +60,9 @@ def test_the_command_reference_names_every_command_and_option_and_is_drift_check
     """docs/reference/commands.md is generated from the command line; `make profiles` fails when it drifts."""
     import typer.main
 
-    from flatshare_ops.cli import app
+    from flatshare_ops.cli import commands
+
+    app = commands()
 
     text = (REPO / "docs/reference/commands.md").read_text()
     root = typer.main.get_command(app)
@@ -108,3 +113,48 @@ def test_wait_is_a_bounded_duration(value, said, tmp_path):
     assert result.returncode == 2 and said in result.stderr, result.stderr
     accepted = run_cli("release", "--wait", "24h", "--node", "cyan", "--inventory", str(tmp_path / "none.toml"))
     assert accepted.returncode == 2 and "inventory file not found" in accepted.stderr, accepted.stderr
+
+
+def test_a_release_signalled_before_its_rollout_began_says_nothing_changed_in_one_line(checkout, tmp_path):
+    # A breaker's case: SIGTERM to `flatshare release` in its first second ended it (143) with nothing printed:
+    # Python's default, before the command's handler was installed after its imports and checks. The release is
+    # held in its checks here by a git that waits (its `git describe`), and signalled once git runs.
+    import os
+    import signal
+    import subprocess
+    import sys
+
+    from flatshare_ops.common.poll import poll_until
+
+    pinned = run_cli("profiles", "pin-module", "--sha256", "ab" * 32, "--root", str(checkout))
+    assert pinned.returncode == 0, pinned
+    fake = tmp_path / "bin"
+    fake.mkdir()
+    (fake / "git").write_text('#!/bin/sh\n: > "$GIT_RAN"\nexec sleep 600\n')
+    (fake / "git").chmod(0o755)
+    ran = tmp_path / "git-ran"
+    env = {**os.environ, "PATH": f"{fake}:{os.environ['PATH']}", "GIT_RAN": str(ran)}
+    operator = subprocess.Popen([str(Path(sys.executable).parent / "flatshare"), "release", "--node", "cyan",
+                                 "--root", str(checkout), "--inventory", str(checkout / "profiles/fleet.toml")],
+                                env=env, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    try:
+        assert poll_until(ran.exists, 120, 0.05), operator.communicate(timeout=30)
+        operator.send_signal(signal.SIGTERM)
+        out, err = operator.communicate(timeout=60)
+    finally:
+        if operator.poll() is None:
+            operator.kill()
+    assert operator.returncode == 143, (out, err)
+    assert err == "flatshare: interrupted by SIGTERM before any switch began: nothing changed\n", (out, err)
+
+
+def test_the_command_lines_entry_module_imports_nothing_heavy_before_its_signal_handlers():
+    # Ctrl-C and SIGTERM are handled from main()'s first line; what the console script imports before it is all
+    # a signal could end in silence (typer, pydantic, paramiko take half a second).
+    import subprocess
+    import sys
+
+    probe = ("import sys, flatshare_ops.cli; "
+             "print(sorted(m for m in ('typer', 'click', 'pydantic', 'paramiko', 'jinja2') if m in sys.modules))")
+    done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
+    assert done.stdout.strip() == "[]", done

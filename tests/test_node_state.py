@@ -1567,10 +1567,13 @@ def test_a_release_whose_guard_was_read_before_another_release_of_its_node_faile
     fleet.settled()
 
 
-def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act) -> tuple[int, str]:
+def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act,
+                             asks: str = "asking the operator's side whether to go on") -> tuple[int, str]:
     """A release of cyan whose node waits for its go-ahead while the retry guard's read of cyan's history is held;
-    ``act(operator, until)`` runs as the node asks (the guard answers once the file ``until`` exists, or when the
-    operator has ended). Returns (the operator's exit code, all it printed)."""
+    ``act(operator, until)`` runs once the operator has printed a line holding ``asks`` (by default the node's
+    line saying it asks; a node with nothing to do asks without a line: its "nothing to do" comes just before the
+    ask). The guard answers once the file ``until`` exists, or when the operator has ended. Returns (the
+    operator's exit code, all it printed)."""
     until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
     env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
            **faults(slow_command="history", seconds=120, until=str(until))}
@@ -1581,7 +1584,7 @@ def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act) -> tuple[int, st
         assert operator.stdout is not None
         for line in operator.stdout:
             said.append(line)
-            if "asking the operator's side whether to go on" in line:
+            if asks in line:
                 act(operator, until)
                 break
         said.append(operator.communicate(timeout=120)[0])
@@ -1609,6 +1612,31 @@ def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with
                     r"change\).* refuses", last), out
     assert "could not be read" not in out and "None" not in out and "Traceback" not in out, out
     # The node refused on its own, changing nothing.
+    from node_processes import switch_pids
+
+    from flatshare_ops.common.poll import poll_until
+
+    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
+    fleet.settled()
+
+
+@ROLLBACKS
+def test_an_operator_interrupted_while_its_node_with_nothing_to_do_waits_for_the_go_ahead_says_nothing_to_do(
+        fleet, tmp_path):
+    # A breaker's case: SIGTERM while a node that had said "nothing to do" waited for the go-ahead (the retry
+    # guard's verdict rides on it): the summary said it was "deciding on the node when interrupted (its checks and
+    # preflight, before any change)". The node says it has nothing to do (its phase, before the line) and the
+    # summary says that.
+    synced = fleet.operator_release(CYAN, "--retry")  # on the checkout's release, whatever the tests before left
+    assert synced.returncode in (0, 4), text_of(synced)
+    before = (fleet.current(), len(fleet.history()))
+    code, out = _release_at_its_go_ahead(fleet, tmp_path, lambda operator, _until: operator.send_signal(signal.SIGTERM),
+                                         asks=f"already on {before[0]}; nothing to do")
+    assert code == 143, out
+    last = out.rstrip().splitlines()[-1]
+    assert re.match(rf"{CYAN}: had nothing to do on the node when interrupted", last), out
+    assert "deciding" not in out and "None" not in out and "Traceback" not in out, out
     from node_processes import switch_pids
 
     from flatshare_ops.common.poll import poll_until

@@ -24,8 +24,9 @@ def command_reference() -> str:
     import typer.main
     from typer import _click as click
 
-    from . import app as _registered  # noqa: F401  (the package registers every command on import)
-    from .app import app
+    from . import commands
+
+    app = commands()
 
     root = typer.main.get_command(app)
     lines = ["# Command reference", "",

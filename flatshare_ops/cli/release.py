@@ -9,21 +9,13 @@ from typing import Annotated, Optional, TypedDict
 
 import typer
 
+from ..errors import OperatorInterrupted
 from .app import app, RootOption, InventoryOption, NodesOption
 
 
-def _on_signals() -> None:
-    """Ctrl-C and SIGTERM stop the operator's side only (nodes finish what they do): see control.rollout."""
-    import signal
-
-    from ..control.rollout import OperatorInterrupted
-    from ..errors import Exit
-
-    def stop(signum, _frame):
-        raise OperatorInterrupted(Exit.INTERRUPTED if signum == signal.SIGINT else Exit.TERMINATED)
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+#: What a release or rollback interrupted before its rollout began says (cli/__init__.py ``main``): its checks and
+#: the reading of nodes' history change nothing, and no switch was asked of any node.
+BEFORE_ANY_SWITCH = "before any switch began: nothing changed"
 
 
 class AnalysisMode(str, Enum):
@@ -121,18 +113,21 @@ def release(
                                    warn_uncommitted)
     from ..control.targets import every_node, targets
 
-    out = terminal(sys.stderr if as_json else None)
-    refuse_drift(root)
-    path = inventory_path(inventory)
-    chosen = targets(path, node or [], all_nodes)
-    refuse_placeholder_pins(chosen)
-    refuse_foreign_gateways(chosen)
-    warn_uncommitted(root, out)  # only for a release that goes ahead
-    _on_signals()
-    rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run, batch_size=batch_size,
-                      auto_rollback=not no_auto_rollback, analysis=analysis.value, inventory=path,
-                      verbose=verbose, quiet=quiet, plain=plain, retry=retry, wait_s=wait,
-                      changes_answers=changes_answers)
+    try:
+        out = terminal(sys.stderr if as_json else None)
+        refuse_drift(root)
+        path = inventory_path(inventory)
+        chosen = targets(path, node or [], all_nodes)
+        refuse_placeholder_pins(chosen)
+        refuse_foreign_gateways(chosen)
+        warn_uncommitted(root, out)  # only for a release that goes ahead
+        rollout = Rollout(root, chosen, every_node(path, chosen), out, force=force, dry_run=dry_run,
+                          batch_size=batch_size, auto_rollback=not no_auto_rollback, analysis=analysis.value,
+                          inventory=path, verbose=verbose, quiet=quiet, plain=plain, retry=retry, wait_s=wait,
+                          changes_answers=changes_answers)
+    except OperatorInterrupted as stop:
+        stop.said = BEFORE_ANY_SWITCH
+        raise
     raise typer.Exit(_finish(rollout, as_json))
 
 
@@ -177,21 +172,26 @@ def rollback(
     from ..control.rollout import Rollout, terminal
     from ..control.targets import every_node, targets
 
-    out = terminal(sys.stderr if as_json else None)
-    path = inventory_path(inventory)
-    chosen = targets(path, node or [], all_nodes)
-    everyone = every_node(path, chosen)
-    _on_signals()
     shown: _Shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
-    if not all_nodes:
-        raise typer.Exit(_finish(Rollout(root, chosen, everyone, out, mode=Mode.ROLLBACK, dry_run=dry_run,
-                                         inventory=path, **shown), as_json))
-    undo, order = _last_rollout(chosen, out)
-    if undo is None:
-        out.line("rollback: no node records a rollout to undo; nothing to do")
-        raise typer.Exit(4)
-    raise typer.Exit(_finish(Rollout(root, order, everyone, out, mode=Mode.UNDO_ROLLOUT, dry_run=dry_run, undo=undo,
-                                     analysis=analysis.value, inventory=path, **shown), as_json))
+    try:
+        out = terminal(sys.stderr if as_json else None)
+        path = inventory_path(inventory)
+        chosen = targets(path, node or [], all_nodes)
+        everyone = every_node(path, chosen)
+        if not all_nodes:
+            rollout = Rollout(root, chosen, everyone, out, mode=Mode.ROLLBACK, dry_run=dry_run, inventory=path,
+                              **shown)
+        else:
+            undo, order = _last_rollout(chosen, out)
+            if undo is None:
+                out.line("rollback: no node records a rollout to undo; nothing to do")
+                raise typer.Exit(4)
+            rollout = Rollout(root, order, everyone, out, mode=Mode.UNDO_ROLLOUT, dry_run=dry_run, undo=undo,
+                              analysis=analysis.value, inventory=path, **shown)
+    except OperatorInterrupted as stop:
+        stop.said = BEFORE_ANY_SWITCH
+        raise
+    raise typer.Exit(_finish(rollout, as_json))
 
 
 def _last_rollout(chosen, out):

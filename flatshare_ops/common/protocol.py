@@ -129,11 +129,13 @@ class PlanForm(StrEnum):
 
 class SwitchPhase(StrEnum):
     """Where a switch stands (:attr:`Progress.phase`): before any change (its refusals, preflight and admission:
-    a node that ends here changed nothing), carrying out its plan's steps, ending early (giving calls back), or
-    carrying out the steps of the automatic rollback its failed switch began. The node sends it
-    (node/output.py, node/runner.py); the operator's side reads it (control/rollout.py)."""
+    a node that ends here changed nothing), found nothing to switch (it runs what was asked already: it may still
+    ask the go-ahead, and ends changing nothing), carrying out its plan's steps, ending early (giving calls back),
+    or carrying out the steps of the automatic rollback its failed switch began. The node sends it
+    (node/output.py, node/switch.py, node/runner.py); the operator's side reads it (control/rollout.py)."""
 
     DECIDING = "deciding"
+    NOTHING_TO_DO = "nothing to do"
     SWITCHING = "switching"
     ENDING_EARLY = "ending early"
     ROLLING_BACK = "rolling back"

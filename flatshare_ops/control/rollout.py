@@ -31,7 +31,7 @@ from ..common import protocol
 from ..common.protocol import Mode, PlanForm, RecordKind, RefusedFor, SwitchPhase, SwitchState
 from ..config.profile import Admission
 from ..common.poll import PROGRESS_EVERY_S, poll_until
-from ..errors import Exit, FlatshareError, Refused, TransportError
+from ..errors import Exit, FlatshareError, OperatorInterrupted, Refused, TransportError
 from .summary import EXIT_NAMES
 from ..node.output import ReleaseOutput
 from . import commands
@@ -117,14 +117,6 @@ def headroom(draining: str, moved: object, loads: dict[str, object], settings,
         return lines, (f"the nodes that would carry {draining}'s calls lack the room: {carried}; {said}: {demand} "
                        f"requests for {room} seats ([release.admission] seats_share {settings.seats_share:g})")
     return lines, None
-
-
-class OperatorInterrupted(BaseException):
-    """Ctrl-C or SIGTERM reached the operator's side (nodes are left to finish what they do)."""
-
-    def __init__(self, code: int) -> None:
-        super().__init__(code)
-        self.code = code
 
 
 class Rollout:
@@ -366,31 +358,31 @@ class Rollout:
             rollout stopped, or went on within ``max_failed``: those nodes do not run the release), else
             ``Exit.OK`` if any node switched, else ``Exit.NOTHING_TO_DO``.
         """
-        total, floor, strategy = len(self.everyone), self.settings.serving_floor, self.settings.rollout
-        if total > 1 and self.batch_size > total - floor:
-            raise FlatshareError(
-                f"batches of {self.batch_size} would drain more than {total - floor} of {total} nodes at once "
-                f"(min_serving {self.settings.min_serving}); use at most {max(1, total - floor)} "
-                "(--batch-size, or the inventory's rollout.batch)")
-        canaries = min(strategy.canaries, len(self.chosen) - 1) if len(self.chosen) > 1 else 0
-        batches = plan_batches(self.chosen, canaries, self.batch_size)
-        if len(self.chosen) > 1 or self.mode != Mode.RELEASE:
-            self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
-                          + (f" (of rollout {self.undo}: its nodes' history records these switches under that id)"
-                             if self.mode == Mode.UNDO_ROLLOUT and self.undo else "")
-                          + (" (dry run)" if self.dry_run else "")
-                          + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
-                             + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
-                             if len(batches) > 1 else ""))
-        if floor == 0 and total > 1:
-            self.out.line(f"note: min_serving 0 (the inventory's): no node of these {total} need take calls while "
-                          "this runs, so every node may drain at once")
-        if len(self.chosen) > 1 and strategy.canaries > canaries:
-            self.out.line(f"rollout.canaries {strategy.canaries} is more than this rollout of {len(self.chosen)} "
-                          f"nodes can have: {canaries}, so that a node follows the canaries' analysis")
         worst: int | None = None
         failures: list[NodeTarget] = []
-        try:
+        try:  # from here an interrupt ends with each node's line (before the first batch: not started)
+            total, floor, strategy = len(self.everyone), self.settings.serving_floor, self.settings.rollout
+            if total > 1 and self.batch_size > total - floor:
+                raise FlatshareError(
+                    f"batches of {self.batch_size} would drain more than {total - floor} of {total} nodes at once "
+                    f"(min_serving {self.settings.min_serving}); use at most {max(1, total - floor)} "
+                    "(--batch-size, or the inventory's rollout.batch)")
+            canaries = min(strategy.canaries, len(self.chosen) - 1) if len(self.chosen) > 1 else 0
+            batches = plan_batches(self.chosen, canaries, self.batch_size)
+            if len(self.chosen) > 1 or self.mode != Mode.RELEASE:
+                self.out.line(f"rollout {self.id}: {self.mode} of {', '.join(t.name for t in self.chosen)}"
+                              + (f" (of rollout {self.undo}: its nodes' history records these switches under that id)"
+                                 if self.mode == Mode.UNDO_ROLLOUT and self.undo else "")
+                              + (" (dry run)" if self.dry_run else "")
+                              + (f"; batches {' | '.join(', '.join(t.name for t in b) for b in batches)}"
+                                 + (f" (the first: the canar{'y' if canaries == 1 else 'ies'})" if canaries else "")
+                                 if len(batches) > 1 else ""))
+            if floor == 0 and total > 1:
+                self.out.line(f"note: min_serving 0 (the inventory's): no node of these {total} need take calls while "
+                              "this runs, so every node may drain at once")
+            if len(self.chosen) > 1 and strategy.canaries > canaries:
+                self.out.line(f"rollout.canaries {strategy.canaries} is more than this rollout of {len(self.chosen)} "
+                              f"nodes can have: {canaries}, so that a node follows the canaries' analysis")
             # The first batch, and the nodes its admission probes (and whose history the retry guard reads).
             self.prefetch(batches[0] + [t for t in self.everyone if t not in self.chosen])
             # A canary whose rollback is owed is rolled back by this rollout's canary step (not refused).
@@ -817,12 +809,16 @@ class Rollout:
         if t.result is None and t.name in self.waiting:
             return ("waiting (--wait) to ask again when interrupted",
                     f"its last attempt was refused ({self.waiting[t.name]}); nothing changed on it")
+        stands = self.progress.get(t.name)
+        if t.result is None and t.name in self.switching and stands is not None \
+                and stands.phase == SwitchPhase.NOTHING_TO_DO:
+            return ("had nothing to do on the node when interrupted (it runs what was asked already)",
+                    f"it changes nothing and ends by itself ({self.command('status')} shows it)")
         if t.result is None and t.name in self.asking:
             asked = "admission to drain" if self.asking[t.name] else "the go-ahead (before any change)"
             return (f"was asking for {asked}", "without an answer it refuses and changes nothing "
                     f"({self.command('status')} shows it)")
         if t.result is None and t.name in self.switching:
-            stands = self.progress.get(t.name)
             if stands is None or stands.phase == SwitchPhase.DECIDING:
                 # Its refusals, preflight or admission: nothing changed there yet, and an admission no one
                 # answers now is refused (node/cli.py): it changes nothing unless its plan drains nothing.

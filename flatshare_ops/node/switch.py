@@ -39,7 +39,7 @@ from typing import Callable, Iterator
 
 from ..common import protocol
 from ..common.protocol import (SUCCEEDED, AnalysisPhase, Mode, OutcomeResult, RecordKind, RecordResult, StepName,
-                               SwitchKind)
+                               SwitchKind, SwitchPhase)
 from ..errors import Exit, FlatshareError, NodeStateError, Refused, SwitchFailed, SystemdError
 from . import hold, journal as journals
 from .bundle import bundle_view, load_view, stored_matches, validate_bundle  # noqa: F401  (validate_bundle: cli)
@@ -300,6 +300,7 @@ def decide(ctx: NodeContext, request: Request, out: ReleaseOutput, state: State)
     if state.current == target:
         problems = _unhealthy(ctx, out)
         if not problems:
+            out.stage(SwitchPhase.NOTHING_TO_DO)  # before it says so: the operator knows it when it reads the line
             out.line(f"{ctx.node}: already on {target}; nothing to do")
             return None
         out.line(f"{ctx.node}: already on {target}, but it does not serve ({'; '.join(problems)}): "
@@ -345,9 +346,11 @@ def _rollback_work(ctx, request: Request, out, current, pending, hist) -> Work |
     if request.mode == Mode.UNDO_ROLLOUT:
         target = _before_rollout(hist, pending, request.undo)
         if target is None:
+            out.stage(SwitchPhase.NOTHING_TO_DO)  # before it says so: the operator knows it when it reads the line
             out.line(f"{ctx.node}: its last switch is not part of rollout {request.undo}; nothing to do")
             return None
         if target == current and pending is None:
+            out.stage(SwitchPhase.NOTHING_TO_DO)  # before it says so: the operator knows it when it reads the line
             out.line(f"{ctx.node}: already on {target}, what it ran before rollout {request.undo}; nothing to do")
             return None
         if not stored(target):
