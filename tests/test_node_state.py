@@ -1574,9 +1574,17 @@ def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act,
     line saying it asks; a node with nothing to do asks without a line: its "nothing to do" comes just before the
     ask). The guard answers once the file ``until`` exists, or when the operator has ended. Returns (the
     operator's exit code, all it printed)."""
+    import tomlkit
+
     until = tmp_path / "histories-may-answer"  # until then, the guard's read of cyan's history waits
-    env = {**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
-           **faults(slow_command="history", seconds=120, until=str(until))}
+    # The read's bounds (the fault's and command_timeout_s) past the test's own: the operator's side ends with the
+    # read still held, never by waiting it out (its threads for the guard once kept it 30 s past its summary).
+    inventory = tomlkit.parse(fleet.inventory.read_text())
+    inventory.setdefault("transport", tomlkit.table())["command_timeout_s"] = 600
+    held = fleet.inventory.with_name("fleet-history-reads-held.toml")  # beside it: its relative paths hold
+    held.write_text(tomlkit.dumps(inventory))
+    env = {**os.environ, "FLATSHARE_INVENTORY": str(held), "FLATSHARE_NODE": CYAN,
+           **faults(slow_command="history", seconds=600, until=str(until))}
     operator = subprocess.Popen([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout)], env=env,
                                 stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
     said = []

@@ -18,6 +18,38 @@ from ..errors import FlatshareError, TransportError
 from .targets import NodeTarget
 
 
+def at_once(function: Callable[[Any], Any], items: list) -> list:
+    """``function(item)`` for every item at once, each in a thread of its own; their results in the items' order.
+
+    The threads are daemon threads, waited for in steps of 0.2 s: a signal reaches the main thread between
+    steps, and an operator's side that a signal ends exits without waiting for them (its nodes' commands are
+    left to their own bounds). ``concurrent.futures``' workers are joined at the interpreter's exit: an
+    interrupted release waited out its retry guard's history reads (``command_timeout_s``) before it exited.
+
+    Raises:
+        BaseException: the first item's (in order) that ``function`` raised, once every thread has ended.
+    """
+    results: list = [None] * len(items)
+    raised: list[BaseException | None] = [None] * len(items)
+
+    def one(index: int, item) -> None:
+        try:
+            results[index] = function(item)
+        except BaseException as err:  # raised in the caller's thread, below
+            raised[index] = err
+
+    threads = [threading.Thread(target=one, args=(i, item), daemon=True) for i, item in enumerate(items)]
+    for thread in threads:
+        thread.start()
+    for thread in threads:
+        while thread.is_alive():
+            thread.join(0.2)
+    for err in raised:
+        if err is not None:
+            raise err
+    return results
+
+
 def ask(targets: list[NodeTarget], argv_for: Callable[[NodeTarget], list[str]]) -> dict[str, dict]:
     """Run a JSON-printing node-side command on each node; node name -> its JSON answer or ``{"error": ...}``
     (with ``"code"``, the node-side command's exit status, when it ran and ended without an answer: its

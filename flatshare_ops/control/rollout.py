@@ -37,7 +37,7 @@ from ..node.output import ReleaseOutput
 from . import commands
 from .answers import admission_line, follow_up_report, operator_code, owed_rollback_words
 from .connection import CommandResult, Connection, Lost, Session, Silence
-from .fanout import answer_of, not_an_answer
+from .fanout import answer_of, at_once, not_an_answer
 from .targets import NodeTarget
 from ..common.text import clip
 
@@ -459,8 +459,6 @@ class Rollout:
         refused, naming each node that cannot take the release or could not be asked (asked twice, the second
         time on a fresh connection: a preflight changes nothing), or None. A node refused for what waiting may
         end (its lock) is said and left to its switch."""
-        from concurrent.futures import ThreadPoolExecutor
-
         from .bundle import bundle
 
         def preflight(target: NodeTarget) -> tuple[int | None, protocol.Outcome | None, str]:
@@ -513,8 +511,7 @@ class Rollout:
         started = time.monotonic()
         self.out.line(f"rollout {self.id}: the preflight of {', '.join(t.name for t in self.chosen)} at once, "
                       "before any node drains")
-        with ThreadPoolExecutor(max_workers=len(self.chosen)) as pool:
-            answers = list(zip(self.chosen, pool.map(preflight, self.chosen)))
+        answers = list(zip(self.chosen, at_once(preflight, self.chosen)))
         cannot = []
         for target, (code, outcome, said) in answers:
             if outcome is None:
@@ -551,8 +548,6 @@ class Rollout:
         history mark as read (node/history.py ``newest_mark``; None for a history the node could not read; no
         entry for a node not reached). ``nodes``: the nodes whose histories are read (every inventory node unless
         given)."""
-        from concurrent.futures import ThreadPoolExecutor
-
         from ..common.clock import utc_stamp
         from ..node.history import failed_releases
         from .bundle import bundle
@@ -592,8 +587,7 @@ class Rollout:
             return (release, found) if found else None
 
         reading = self.everyone if nodes is None else nodes
-        with ThreadPoolExecutor(max_workers=max(1, len(reading))) as pool:
-            found = list(zip(reading, pool.map(failed_on, reading)))
+        found = list(zip(reading, at_once(failed_on, reading)))
         for target, failure in found:
             if failure is None:
                 continue
