@@ -13,13 +13,15 @@ Run: .venv/bin/python bench/metrics_reader_cost.py [N]   (N = 20 by default; a f
 
 from __future__ import annotations
 
-import resource
-import subprocess
 import sys
 from pathlib import Path
 from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
+sys.path.insert(0, str(REPO / "tests"))
+
+from cpu_log import run_cpu_s  # noqa: E402  (getrusage of the children around one run)
+
 #: One page, given on stdin: a gauge as vLLM writes it.
 PAGE = '# TYPE vllm:num_requests_running gauge\nvllm:num_requests_running{engine="0",model_name="m"} 1.0\n'
 PROGRAMS = {
@@ -32,10 +34,7 @@ PROGRAMS = {
 
 
 def _cpu_s(code: str) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    subprocess.run([sys.executable, "-c", code], cwd=REPO, input=PAGE, text=True, check=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return run_cpu_s([sys.executable, "-c", code], cwd=REPO, input=PAGE, text=True, check=True)[1]
 
 
 def main() -> None:

@@ -17,7 +17,6 @@ Run: .venv/bin/python bench/node_command_cost.py [N]   (N = 20 by default; a few
 from __future__ import annotations
 
 import os
-import resource
 import subprocess
 import sys
 import tempfile
@@ -26,15 +25,16 @@ from statistics import median
 
 REPO = Path(__file__).resolve().parents[1]
 sys.path.insert(0, str(REPO))
+sys.path.insert(0, str(REPO / "tests"))
+
+from cpu_log import run_cpu_s  # noqa: E402  (getrusage of the children around one run)
 
 
 def _cpu_s(argv: list[str]) -> float:
-    before = resource.getrusage(resource.RUSAGE_CHILDREN)
-    done = subprocess.run(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
-    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done, spent = run_cpu_s(argv, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, text=True)
     if done.returncode != 0:
         raise SystemExit(f"{' '.join(argv)}: exit {done.returncode}: {done.stderr.strip()[-300:]}")
-    return (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
+    return spent
 
 
 def main() -> None:

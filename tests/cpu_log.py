@@ -15,6 +15,8 @@ from __future__ import annotations
 
 import json
 import os
+import resource
+import subprocess
 import sys
 import time
 from collections import Counter
@@ -46,6 +48,16 @@ def tree_cpu_s(root: int) -> float:
         total += spent.get(pid, 0)
         stack += children.get(pid, [])
     return total / tick
+
+
+def run_cpu_s(argv: list[str], **run) -> tuple[subprocess.CompletedProcess, float]:
+    """``subprocess.run(argv, **run)`` and the CPU seconds (user + system) the child and its reaped descendants
+    spent, from ``getrusage(RUSAGE_CHILDREN)`` around it: the machine's load changes the wall time, not this.
+    Not thread-safe (another thread's children would count)."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
+    done = subprocess.run(argv, **run)
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return done, (after.ru_utime - before.ru_utime) + (after.ru_stime - before.ru_stime)
 
 
 class Recorder:
