@@ -349,6 +349,39 @@ def test_sandbox_up_after_a_nodes_manager_died_returns_once_its_release_serves_a
     assert not any(line.startswith("peacock: its release") for line in said), said  # peacock's manager ran on
 
 
+def _user_managers(base: Path, name: str) -> list[int]:
+    """The ``systemd --user`` processes in node ``name``'s cgroup, found by scanning /proc (proc(5): cmdline,
+    cgroup), not through what the sandbox recorded."""
+    group = f"/flatshare-{SandboxNode(name, TEST_ADDRESSES[name], base).manager.name}"
+    found = []
+    for entry in Path("/proc").iterdir():
+        if not entry.name.isdigit():
+            continue
+        try:
+            argv = (entry / "cmdline").read_bytes().split(b"\0")
+            groups = (entry / "cgroup").read_text()
+        except OSError:
+            continue
+        if len(argv) > 1 and argv[0].endswith(b"/systemd") and argv[1] == b"--user" and \
+                any(line.endswith(group) or f"{group}/" in line for line in groups.splitlines()):
+            found.append(int(entry.name))
+    return found
+
+
+def test_sandbox_up_with_a_managers_pid_lost_from_its_state_runs_one_manager_a_node(sandbox):
+    # A breaker's case: state.json with cyan's manager_pid null (damaged by hand, or written before the pid was)
+    # made `sandbox up` start a second manager for cyan beside the running one, both managing cyan's units.
+    path = sandbox / "state.json"
+    state = json.loads(path.read_text())
+    (running,) = _user_managers(sandbox, "cyan")
+    state["nodes"]["cyan"]["manager_pid"] = None
+    path.write_text(json.dumps(state))
+    up(sandbox, REPO / "profiles/rtx-5060-ti-serve.toml", TEST_ADDRESSES, echo=lambda _line: None)
+    (manager,) = _user_managers(sandbox, "cyan")
+    assert manager != running and json.loads(path.read_text())["nodes"]["cyan"]["manager_pid"] == manager
+    assert _serves(sandbox, "cyan") == SERVING
+
+
 def test_sandbox_up_waits_for_a_manager_still_starting_its_release_that_another_command_started(sandbox):
     """A manager started by another command (``sandbox reboot``, or an ``up`` interrupted during its wait) that is
     still starting its release's units is waited for too. A drop-in makes the stand-in engine load for 4 s."""

@@ -123,6 +123,12 @@ def start_manager(dirs: ManagerDirs, extra_env: dict[str, str] | None = None, ti
             its socket did not appear in time.
     """
     refuse_long_socket_paths(dirs)
+    # A manager of this node still running whose pid the caller lost (state.json damaged, or written before the
+    # manager's pid was) would run the node's units a second time beside the new one: what runs in the node's
+    # cgroups is stopped first (its manager by SIGTERM, as a shutdown would).
+    left = [pid for directory in _cgroup_dirs(dirs.name) if directory.exists() for pid in _cgroup_pids(directory)]
+    if left:
+        stop_manager(dirs.name, next((pid for pid in left if _is_user_manager(pid)), None))
     try:
         for directory in (dirs.runtime_dir, dirs.unit_dir):
             directory.mkdir(parents=True, exist_ok=True)
@@ -196,6 +202,15 @@ def stop_manager(name: str, pid: int | None, timeout_s: float = 30.0) -> None:
     for directory in _cgroup_dirs(name):
         poll_until(lambda: _kill_all(_cgroup_pids(directory)), 2.5)
         _remove_cgroup(directory)
+
+
+def _is_user_manager(pid: int) -> bool:
+    """Process ``pid`` runs ``systemd --user`` (its command line, proc(5))."""
+    try:
+        argv = Path(f"/proc/{pid}/cmdline").read_bytes().split(b"\0")
+    except OSError:
+        return False
+    return len(argv) > 1 and os.path.basename(argv[0]) == b"systemd" and argv[1] == b"--user"
 
 
 def _kill_all(pids: list[int]) -> bool:
