@@ -54,6 +54,15 @@ def faults(**spec) -> dict:
     return {"PYTHONPATH": str(FAULTS), "FLATSHARE_TEST_FAULTS": json.dumps(spec)}
 
 
+SIGNALS = Path(__file__).resolve().parent / "signals"
+
+
+def signal_at(moments: str) -> dict:
+    """The environment that makes a ``flatshare`` process send itself SIGTERM at ``moments``
+    (tests/signals/sitecustomize.py); a fresh process reads it (``PYTHONPATH``), never a zygote's fork."""
+    return {"PYTHONPATH": str(SIGNALS), "FLATSHARE_TEST_SIGNAL_AT": moments}
+
+
 def copy_checkout(repo: Path, dest: Path) -> Path:
     """Copy what rendering and releasing read from a checkout (profiles, units, monitoring, the documents with
     generated parts) into ``dest``: a scratch checkout for tests and benchmarks to change freely. Returns ``dest``."""

@@ -9,7 +9,7 @@ import pytest
 
 import re
 
-from conftest import REPO, run_cli
+from conftest import REPO, run_cli, signal_at
 from flatshare_ops.common.protocol import GENERATION, VERSION
 
 
@@ -158,3 +158,73 @@ def test_the_command_lines_entry_module_imports_nothing_heavy_before_its_signal_
              "print(sorted(m for m in ('typer', 'click', 'pydantic', 'paramiko', 'jinja2') if m in sys.modules))")
     done = subprocess.run([sys.executable, "-c", probe], capture_output=True, text=True, check=True)
     assert done.stdout.strip() == "[]", done
+
+
+def _signalled_at(where: str, *args: str):
+    """``flatshare ARGS`` in a fresh process that sends itself SIGTERM where ``where`` says (conftest.py
+    ``signal_at``)."""
+    import os
+    import subprocess
+    import sys
+
+    return subprocess.run([str(Path(sys.executable).parent / "flatshare"), *args],
+                          env={**os.environ, **signal_at(where)}, capture_output=True, text=True, timeout=300)
+
+
+def _unreachable_fleet(checkout: Path) -> Path:
+    """An inventory of cyan and peacock on this machine's ports 1 and 2, where nothing listens: each connection is
+    refused at once (the profile's loopback gateway URL names such a node), and a release of both is refused."""
+    pinned = run_cli("profiles", "pin-module", "--sha256", "ab" * 32, "--root", str(checkout))
+    assert pinned.returncode == 0, pinned
+    (checkout / "none_known").write_text("")
+    inventory = checkout / "unreachable.toml"  # beside profiles/, whose every .toml is a profile
+    inventory.write_text('schema = 1\nknown_hosts = "none_known"\nmin_serving = 1\n' + "".join(
+        f'\n[nodes.{name}]\nhost = "127.0.0.1"\nport = {port}\nuser = "root"\n'
+        'profile = "profiles/rtx-5060-ti-serve.toml"\n' for port, name in ((1, "cyan"), (2, "peacock"))))
+    return inventory
+
+
+def test_a_signal_once_a_command_has_ended_is_no_traceback_and_changes_its_exit_code_nothing():
+    # A breaker's case: SIGTERM as a command exited (Python's own shutdown, after main) raised the interrupt in the
+    # interpreter's exit: "Exception ignored in atexit callback", a traceback, on every command's last moments.
+    done = _signalled_at("exit", "--version")
+    assert done.returncode == 0 and done.stdout.startswith("flatshare "), done
+    assert "Traceback" not in done.stderr and "Exception ignored" not in done.stderr, done.stderr
+
+
+def test_a_second_signal_during_an_interrupted_runs_summary_leaves_the_summary_and_the_document_whole(checkout):
+    # A breaker's case: two SIGTERMs a fraction of a millisecond apart: the second, raised while the first one's
+    # summary printed, cut it after its first line (no line a node, no --json document). Here the first comes as
+    # the fleet's preflight begins, the second as the summary begins.
+    import json
+
+    inventory = _unreachable_fleet(checkout)
+    done = _signalled_at("_preflight_fleet,_summary", "release", "--all", "--json", "--root",
+                         str(checkout), "--inventory", str(inventory))
+    assert done.returncode == 143, done
+    assert "Traceback" not in done.stderr and "interrupted: SIGTERM stops the operator's side only" in done.stderr, done
+    for name in ("cyan", "peacock"):
+        assert f"\n{name}: not started" in done.stderr, done.stderr
+    document = json.loads(done.stdout)
+    assert document["code"] == 143 and set(document["nodes"]) == {"cyan", "peacock"}, document
+
+
+def test_a_signal_once_a_rollout_has_ended_leaves_its_document_and_its_exit_code(checkout):
+    # A breaker's case: SIGTERM just after the rollout ended, as `release --json` printed its document: the
+    # document was lost (nothing on stdout) and the exit was 143 beside a summary that said the run's own code.
+    import json
+
+    inventory = _unreachable_fleet(checkout)
+    done = _signalled_at("document", "release", "--all", "--json", "--root", str(checkout),
+                         "--inventory", str(inventory))
+    document = json.loads(done.stdout)
+    assert done.returncode == document["code"] and done.returncode not in (0, 130, 143), done
+    assert "Traceback" not in done.stderr and "interrupted" not in done.stderr, done.stderr
+
+
+def test_a_signal_while_a_command_is_imported_says_nothing_changed():
+    # A breaker's case: SIGTERM while typer and the commands were imported (half a second) said only
+    # "interrupted by SIGTERM": nothing had run, and the line can say so.
+    done = _signalled_at("import:typer", "--version")
+    assert done.returncode == 143, done
+    assert done.stderr == "flatshare: interrupted by SIGTERM before the command began: nothing changed\n", done

@@ -955,6 +955,8 @@ def test_a_session_killed_during_the_automatic_rollback_is_followed_up_and_repor
     records = fleet.history(name)[before:]
     assert [r["result"] for r in records] == ["failed", "rolled back"], records
     assert len({r["switch"] for r in records}) == 1, records  # both parts under the id the operator knows
+    # The summary's row says where it went and came back from, as the node's answer records it.
+    assert re.search(rf"^\s+{name}\s+{served} -> {records[0]['target']} -> {served}\s", out, re.MULTILINE), out
     assert fleet.current(name) == served
     fleet.settled(name)
 

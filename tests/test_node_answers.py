@@ -278,7 +278,7 @@ def test_an_automatic_rollback_that_ends_between_the_history_read_and_the_journa
     # read after that found nothing running: "failed at restart-engine" (exit 1) of a switch the node had rolled
     # back (exit 9). The rollback's own writers end it here, between the two reads.
     from flatshare_ops.common.protocol import RecordResult, SwitchKind, SwitchState
-    from flatshare_ops.control.answers import follow_up_report
+    from flatshare_ops.control.answers import follow_up_report, followed_releases
     from flatshare_ops.errors import Exit
     from flatshare_ops.node import journal as journals, records, status
 
@@ -303,3 +303,6 @@ def test_an_automatic_rollback_that_ends_between_the_history_read_and_the_journa
     assert answer["state"] == SwitchState.RECORDED, answer
     assert answer["record"]["result"] == RecordResult.ROLLED_BACK and answer["record"]["target"] == "a" * 16, answer
     assert follow_up_report("cyan", "s1", answer, 30)[0] == Exit.ROLLED_BACK
+    # The summary's row from the answer (a breaker's case: '-' for from -> to after a follow-up): it left "a", tried
+    # "b", and is back on "a".
+    assert followed_releases(answer) == ("a" * 16, "a" * 16, "b" * 16)

@@ -41,7 +41,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from conftest import BIN, REPO, faults, loopback_pair, quick_stand_in, run_cli, scratch_sandbox
+from conftest import BIN, REPO, faults, loopback_pair, quick_stand_in, run_cli, scratch_sandbox, signal_at
 from release_fleet import node_switch
 
 from flatshare_ops.check.run import run_checks
@@ -1651,6 +1651,41 @@ def test_an_operator_interrupted_while_its_node_with_nothing_to_do_waits_for_the
 
     assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
     assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
+    fleet.settled()
+
+
+@ROLLBACKS
+def test_an_operator_interrupted_while_the_automatic_rollback_asks_to_drain_says_the_node_stays_on_the_failed_release(
+        fleet):
+    # A breaker's case: SIGTERM while the node's automatic rollback (serving-check CRITICAL) asked for admission to
+    # drain: the summary said the node "was asking for admission to drain: without an answer it refuses and
+    # changes nothing", where the node stayed on the release that did not serve, its journal kept, until
+    # 'flatshare rollback'. The node says its phase before the rollback asks; the summary says what is left.
+    left = fleet.current()
+    edits = {'\nsha256 = "': '\nsha256 = "0000000000000000000000000000000000000000000000000000000000000001"  # was "'}
+    with fleet.profile_edit(CYAN, edits):
+        failed = fleet.fresh()
+        operator = subprocess.run([str(BIN / "flatshare"), "release", "--root", str(fleet.checkout), "--retry"],
+                                  env={**os.environ, "FLATSHARE_INVENTORY": str(fleet.inventory), "FLATSHARE_NODE": CYAN,
+                                       **signal_at("admission@rolling back")},
+                                  capture_output=True, text=True, timeout=300)
+    out = operator.stdout + operator.stderr
+    assert operator.returncode == 143, out
+    last = out.rstrip().splitlines()[-1]
+    assert last.startswith(f"{CYAN}: its automatic rollback was asking for admission to drain when interrupted"), out
+    assert "the node stays on the release that did not serve" in last and "'flatshare rollback --node cyan'" in last
+    assert "Traceback" not in out and "None" not in out, out
+    # What it says is so: the node ends by itself on the failed release, its journal kept ...
+    from node_processes import switch_pids
+
+    from flatshare_ops.common.poll import poll_until
+
+    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    assert fleet.journal().exists() and fleet.current() == failed, (fleet.current(), failed)
+    # ... and the rollback it names takes it back.
+    back = fleet.rollback()
+    assert back.returncode == 0, text_of(back)
+    assert fleet.current() == left
     fleet.settled()
 
 

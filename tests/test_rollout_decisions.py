@@ -9,6 +9,8 @@ from __future__ import annotations
 import io
 import json
 
+import pytest
+
 from fake_connection import FakeNode, fleet
 from flatshare_ops.control.connection import Lost
 from flatshare_ops.control.rollout import Rollout
@@ -528,3 +530,33 @@ def test_an_interrupt_during_an_automatic_rollback_names_the_rollback_not_the_fa
     assert ("cyan: rolling back automatically on the node when interrupted (step restart-engine) (its new release "
             "did not serve) (it carries on: ") in text, text
     assert result_of("cyan").startswith("rolling back automatically"), last
+
+
+@pytest.mark.parametrize("phase, drains, said", [
+    # Real-fleet tests hold the first two (tests/test_node_state.py: interrupted at the go-ahead of a node with
+    # nothing to do, and while the automatic rollback asks to drain); the third, an admission asked again at the
+    # gateway's stop after a drain of more than ADMISSION_FRESH_S, is held here only.
+    (protocol.SwitchPhase.NOTHING_TO_DO, False, "had nothing to do on the node when interrupted: it runs what was "
+                                                "asked already, changes nothing"),
+    (protocol.SwitchPhase.ROLLING_BACK, True, "its automatic rollback was asking for admission to drain when "
+                                              "interrupted (its new release did not serve): without an answer the "
+                                              "rollback does not begin: the node stays on the release that did not "
+                                              "serve"),
+    (protocol.SwitchPhase.SWITCHING, True, "was asking for admission to drain again mid-switch (its gateway's stop) "
+                                           "when interrupted: without an answer it ends its switch early"),
+    (protocol.SwitchPhase.DECIDING, True, "was asking for admission to drain: without an answer it refuses and "
+                                          "changes nothing"),
+])
+def test_an_interrupted_runs_line_for_a_node_that_asks_says_what_its_phase_leaves(phase, drains, said):
+    # A breaker's case: every ask was "refuses and changes nothing", whatever the node had done before it.
+    targets = fleet(cyan=FakeNode(), peacock=FakeNode())
+    rollout = Rollout(None, targets[:1], targets, ReleaseOutput(None, io.StringIO()), mode="release")
+    rollout.switching.add("cyan")
+    rollout.asking["cyan"] = drains
+    rollout.progress["cyan"] = protocol.Progress("s1", phase, "")
+    stream = io.StringIO()
+    rollout.out = ReleaseOutput(None, stream)
+    rollout._summary(interrupted=True)
+    (line,) = [row for row in stream.getvalue().splitlines() if row.startswith("cyan: ")]
+    assert line.startswith(f"cyan: {said}"), line
+    assert line.count("(") == line.count(")") and "((" not in line and "None" not in line, line

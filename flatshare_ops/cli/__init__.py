@@ -8,9 +8,9 @@ never a traceback.
 
 from __future__ import annotations
 
-import signal
 import sys
 
+from ..control.interrupts import hold_signals, stop_on_signals
 from ..errors import Exit, FlatshareError, OperatorInterrupted
 
 
@@ -22,29 +22,34 @@ def commands():
     return app
 
 
-def _stop_on_signals() -> None:
-    """Ctrl-C and SIGTERM raise :class:`OperatorInterrupted` from here on: before the half second of imports a
-    command starts with (typer, pydantic, paramiko), where Python's own handling would end a SIGTERM in silence
-    and a Ctrl-C with a traceback. A rollout catches it and ends with its summary (control/rollout.py); anywhere
-    else, :func:`main` says it in one line and exits 130 or 143. Nodes are never signalled: they finish what they
-    do."""
-    def stop(signum, _frame):
-        raise OperatorInterrupted(Exit.INTERRUPTED if signum == signal.SIGINT else Exit.TERMINATED)
-
-    signal.signal(signal.SIGINT, stop)
-    signal.signal(signal.SIGTERM, stop)
+#: What an interrupt during the imports of a command (typer and the command's modules) says: nothing ran yet.
+BEFORE_COMMAND = "before the command began: nothing changed"
 
 
 def main() -> None:
     """Console-script entry point: run the app, turning operator errors into one line and an exit code, and an
-    interrupt into one line saying what it stopped before, when the command knows."""
-    _stop_on_signals()
+    interrupt into one line saying what it stopped before, when the command knows.
+
+    Ctrl-C and SIGTERM raise :class:`OperatorInterrupted` from the first line, before the half second of imports a
+    command starts with (typer, pydantic, paramiko), where Python's own handling would end a SIGTERM in silence
+    and a Ctrl-C with a traceback (control/interrupts.py); once the command has ended (its line printed, Python's
+    own shutdown to come) a signal is only noted, and the exit code is the command's."""
+    stop_on_signals()
     try:
-        commands()()
+        try:
+            app = commands()
+        except OperatorInterrupted as stop:
+            stop.said = BEFORE_COMMAND
+            raise
+        app()
     except FlatshareError as err:
+        hold_signals()
         print(f"flatshare: {err}", file=sys.stderr)
         sys.exit(err.exit_code)
     except OperatorInterrupted as stop:
+        hold_signals()
         word = "Ctrl-C" if stop.code == Exit.INTERRUPTED else "SIGTERM"
         print(f"flatshare: interrupted by {word}" + (f" {stop.said}" if stop.said else ""), file=sys.stderr)
         sys.exit(stop.code)
+    finally:
+        hold_signals()

@@ -108,12 +108,12 @@ def release(
     state, 6 unreachable, 7 still switching, 8 systemd did not answer, 9 rolled back automatically,
     10 the canary analysis failed (the canary rolled back), 11 paused (the analysis was inconclusive),
     130/143 interrupted."""
-    from ..config.inventory import inventory_path
-    from ..control.rollout import (Rollout, refuse_drift, refuse_foreign_gateways, refuse_placeholder_pins, terminal,
-                                   warn_uncommitted)
-    from ..control.targets import every_node, targets
-
     try:
+        from ..config.inventory import inventory_path
+        from ..control.rollout import (Rollout, refuse_drift, refuse_foreign_gateways, refuse_placeholder_pins,
+                                       terminal, warn_uncommitted)
+        from ..control.targets import every_node, targets
+
         out = terminal(sys.stderr if as_json else None)
         refuse_drift(root)
         path = inventory_path(inventory)
@@ -167,13 +167,13 @@ def rollback(
     """Switch nodes back: each to the last release that served before its current one; with --all, the
     fleet to what it ran before its last rollout (a failed or interrupted node first, then as a rollout:
     its canaries analysed)."""
-    from ..common.protocol import Mode
-    from ..config.inventory import inventory_path
-    from ..control.rollout import Rollout, terminal
-    from ..control.targets import every_node, targets
-
     shown: _Shown = {"verbose": verbose, "quiet": quiet, "plain": plain}
     try:
+        from ..common.protocol import Mode
+        from ..config.inventory import inventory_path
+        from ..control.rollout import Rollout, terminal
+        from ..control.targets import every_node, targets
+
         out = terminal(sys.stderr if as_json else None)
         path = inventory_path(inventory)
         chosen = targets(path, node or [], all_nodes)

@@ -180,6 +180,21 @@ def operator_code(code: int, result: str | None) -> int:
     return code
 
 
+def followed_releases(answer: dict) -> tuple[str | None, str | None, str | None]:
+    """(from, to, tried) of a switch as a follow-up's answer records it (``status --switch``: node/status.py
+    ``switch_state``), as a node's outcome would give them to the summary: ``from`` the release before the switch,
+    ``to`` the release the node is on after it, ``tried`` the release an automatic rollback came back from; None
+    where the answer does not say (no record, a failed switch's release after it, a field missing)."""
+    record = found if answer.get("state") == SwitchState.RECORDED and isinstance(found := answer.get("record"), dict) \
+        else {}
+    before, after, result = text_field(record, "before"), text_field(record, "after"), text_field(record, "result")
+    if result in SUCCESS and text_field(record, "auto") and text_field(record, "kind") == SwitchKind.ROLLBACK:
+        return after, after, before  # the rollback's "before" is the release that did not serve
+    if result in SUCCESS:
+        return before, after, None
+    return before, None, None
+
+
 def follow_up_report(name: str, switch_id: str, answer: dict, bound: float) -> tuple[int, str]:
     """(exit code, the line to print) from what a node says of one switch after a lost connection
     (``flatshare-node status --switch ID``: node/status.py ``switch_state``)."""

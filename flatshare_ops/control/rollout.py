@@ -35,9 +35,10 @@ from ..errors import Exit, FlatshareError, OperatorInterrupted, Refused, Transpo
 from .summary import EXIT_NAMES
 from ..node.output import ReleaseOutput
 from . import commands
-from .answers import admission_line, follow_up_report, operator_code, owed_rollback_words
+from .answers import admission_line, follow_up_report, followed_releases, operator_code, owed_rollback_words
 from .connection import CommandResult, Connection, Lost, Session, Silence
 from .fanout import answer_of, at_once, not_an_answer
+from .interrupts import hold_signals
 from .targets import NodeTarget
 from ..common.text import clip
 
@@ -176,6 +177,7 @@ class Rollout:
         self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
         self.followed_up: dict[str, str] = {}  # node -> what it said of its switch when asked after a lost session
+        self.followed_answers: dict[str, dict] = {}  # node -> its answer then (node/status.py ``switch_state``)
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
         self.analysed: dict[str, str] = {}  # canary -> what its analysis made of it, for the summary
@@ -431,12 +433,16 @@ class Rollout:
                         break
             self._end_guard()
         except OperatorInterrupted as stop:
+            hold_signals()  # the summary says it whole: a second signal is only noted
             self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
                           "operator's side only; a node that was switching carries on and records its outcome")
             self.code = stop.code
             self._summary(interrupted=True)
             return stop.code
         finally:
+            # The run's result is decided (its table, summary and --json document follow): a signal from here on
+            # is only noted, and the run ends with its own code.
+            hold_signals()
             self.close()
             self.out.finish()
         if worst is None and failures:  # tolerated (max_failed), but those nodes do not run the release
@@ -806,8 +812,20 @@ class Rollout:
         stands = self.progress.get(t.name)
         if t.result is None and t.name in self.switching and stands is not None \
                 and stands.phase == SwitchPhase.NOTHING_TO_DO:
-            return ("had nothing to do on the node when interrupted (it runs what was asked already)",
-                    f"it changes nothing and ends by itself ({self.command('status')} shows it)")
+            return ("had nothing to do on the node when interrupted",
+                    f"it runs what was asked already, changes nothing and ends by itself: {self.command('status')} "
+                    "shows it")
+        if t.result is None and t.name in self.asking and stands is not None \
+                and stands.phase == SwitchPhase.ROLLING_BACK:
+            return ("its automatic rollback was asking for admission to drain when interrupted (its new release did "
+                    "not serve)", "without an answer the rollback does not begin: the node stays on the release that "
+                    "did not serve, its switch's journal kept, and gives calls back; "
+                    f"{self.command(f'rollback --node {t.name}')} takes it back ({self.command('status')} shows it)")
+        if t.result is None and t.name in self.asking and stands is not None \
+                and stands.phase in (SwitchPhase.SWITCHING, SwitchPhase.ENDING_EARLY):
+            return ("was asking for admission to drain again mid-switch (its gateway's stop) when interrupted",
+                    "without an answer it ends its switch early and gives calls back "
+                    f"({self.command('status')} shows it)")
         if t.result is None and t.name in self.asking:
             asked = "admission to drain" if self.asking[t.name] else "the go-ahead (before any change)"
             return (f"was asking for {asked}", "without an answer it refuses and changes nothing "
@@ -869,10 +887,12 @@ class Rollout:
             outcome = self.outcomes.get(t.name)
             result, message = self._result(t)
             times = self.node_times.get(t.name)
+            # A node asked after a lost session gave no outcome: what its answer records of the switch.
+            before, after, tried = (outcome.before, outcome.release, _tried(outcome)) if outcome is not None else \
+                followed_releases(self.followed_answers.get(t.name, {}))
             entry = {
                 "code": t.result, "result": result, "message": message, "switch": self.switch_ids.get(t.name),
-                "from": outcome.before if outcome else None, "to": outcome.release if outcome else None,
-                "tried": _tried(outcome),
+                "from": before, "to": after, "tried": tried,
                 "commit": outcome.commit if outcome else None,
                 "drained_s": outcome.drained_s if outcome else None,
                 "engine_start_s": outcome.engine_start_s if outcome else None,
@@ -1141,6 +1161,7 @@ class Rollout:
 
     def _report(self, target: NodeTarget, switch_id: str, answer: dict, bound: float) -> int:
         code, line = follow_up_report(target.name, switch_id, answer, bound)
+        self.followed_answers[target.name] = answer
         self.out.line(line)
         self.followed_up[target.name] = line.removeprefix(f"{target.name}: ")
         return code

@@ -544,6 +544,7 @@ def _roll_back_automatically(ctx: NodeContext, request: Request, out: ReleaseOut
     why = f"{failure.step} failed: {failure.reason}"
     try:
         out.line(f"{ctx.node}: the new release does not serve ({why}); rolling back to {back_to} by itself")
+        out.stage(SwitchPhase.ROLLING_BACK)  # before its admission: an ask unanswered now leaves the failed release
         detail = {"failed_release": work.plan.to_id, "failed_step": failure.step, "reason": failure.reason,
                   "engine_output": failure.engine_output, "rolled_back_to": back_to}
         new = load_view(ctx, back_to)

@@ -1,0 +1,53 @@
+"""For the tests only: the operator's process sends itself SIGTERM at a moment a test could not time from outside.
+
+``FLATSHARE_TEST_SIGNAL_AT`` (comma-separated) names the moments: ``exit`` (at the interpreter's exit, after
+``main``), ``import:MODULE`` (as MODULE is first imported), or a :class:`flatshare_ops.control.rollout.Rollout`
+method, at the start of each call (``NAME``), of its Nth call only (``NAME#N``), or of a call about a node (its
+first argument) whose last progress said PHASE (``NAME@PHASE``, a :class:`flatshare_ops.common.protocol.SwitchPhase`
+value). Put on ``PYTHONPATH`` by tests/conftest.py ``signal_at``; a process the variable does not name a method
+for imports nothing of the package.
+"""
+
+import os
+import signal
+import sys
+
+
+def _install(moments: list[str]) -> None:
+    import atexit
+
+    if "exit" in moments:
+        atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    imported = {m.removeprefix("import:") for m in moments if m.startswith("import:")}
+    if imported:
+        class Signal:  # a finder that finds nothing: the import goes on, the signal arrives during it
+            @staticmethod
+            def find_spec(name, path=None, target=None):
+                if name in imported:
+                    imported.discard(name)
+                    os.kill(os.getpid(), signal.SIGTERM)
+                return None
+
+        sys.meta_path.insert(0, Signal)
+    methods = [m for m in moments if m != "exit" and not m.startswith("import:")]
+    if not methods:
+        return
+    from flatshare_ops.control import rollout
+
+    for moment in methods:
+        moment, _, phase = moment.partition("@")
+        name, _, nth = moment.partition("#")
+        method, calls = getattr(rollout.Rollout, name), [0]
+
+        def signalled(self, *args, _method=method, _nth=int(nth or 0), _phase=phase, _calls=calls, **kwargs):
+            _calls[0] += 1
+            stands = self.progress.get(args[0].name) if _phase and args else None
+            if (not _nth or _calls[0] == _nth) and (not _phase or (stands is not None and stands.phase == _phase)):
+                os.kill(os.getpid(), signal.SIGTERM)
+            return _method(self, *args, **kwargs)
+
+        setattr(rollout.Rollout, name, signalled)
+
+
+if os.environ.get("FLATSHARE_TEST_SIGNAL_AT") and "flatshare-node" not in " ".join(getattr(sys, "orig_argv", sys.argv)):
+    _install([m for m in os.environ["FLATSHARE_TEST_SIGNAL_AT"].split(",") if m])
