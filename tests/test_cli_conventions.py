@@ -215,7 +215,8 @@ def test_a_signal_once_a_rollout_has_ended_leaves_its_document_and_its_exit_code
     import json
 
     inventory = _unreachable_fleet(checkout)
-    done = _signalled_at("document", "release", "--all", "--json", "--root", str(checkout),
+    # document#2: the --json document's (the first makes the summary's table).
+    done = _signalled_at("document#2", "release", "--all", "--json", "--root", str(checkout),
                          "--inventory", str(inventory))
     document = json.loads(done.stdout)
     assert done.returncode == document["code"] and done.returncode not in (0, 130, 143), done
@@ -228,3 +229,66 @@ def test_a_signal_while_a_command_is_imported_says_nothing_changed():
     done = _signalled_at("import:typer", "--version")
     assert done.returncode == 143, done
     assert done.stderr == "flatshare: interrupted by SIGTERM before the command began: nothing changed\n", done
+
+
+def test_two_signals_at_once_leave_the_first_ones_code_summary_and_document(checkout):
+    # A breaker's case: SIGINT and SIGTERM together: the second, raised before the first one's handling had held
+    # the signals, lost the summary, the --json document and the first signal's code (143 for a Ctrl-C).
+    import json
+
+    inventory = _unreachable_fleet(checkout)
+    done = _signalled_at("_preflight_fleet!both", "release", "--all", "--json", "--root", str(checkout),
+                         "--inventory", str(inventory))
+    assert done.returncode == 130, done
+    assert "interrupted: Ctrl-C stops the operator's side only" in done.stderr and "Traceback" not in done.stderr
+    for name in ("cyan", "peacock"):
+        assert f"\n{name}: not started" in done.stderr, done.stderr
+    assert json.loads(done.stdout)["code"] == 130, done.stdout
+
+
+def test_a_signal_as_python_clears_its_modules_leaves_the_commands_exit_code():
+    # A breaker's case: Python sets its handlers back to the default action late in its shutdown, and a SIGTERM
+    # then ended a command whose output said it succeeded with 143.
+    done = _signalled_at("late", "--version")
+    assert done.returncode == 0 and done.stdout.startswith("flatshare "), done
+    assert "Traceback" not in done.stderr, done.stderr
+
+
+def test_a_second_signal_once_they_are_held_ends_the_process_at_once():
+    # A breaker's case: a terminal that took no more output (an unread pipe) held an interrupted release in its
+    # summary's write, every later signal only noted: only SIGKILL ended it. The second noted signal ends it.
+    import subprocess
+    import sys
+
+    script = ("import os, signal, time\n"
+              "from flatshare_ops.control.interrupts import hold_signals, stop_on_signals\n"
+              "stop_on_signals(); hold_signals()\n"
+              "os.kill(os.getpid(), signal.SIGTERM)\n"
+              "print('noted', flush=True)\n"
+              "os.kill(os.getpid(), signal.SIGINT)\n"
+              "time.sleep(600)\n")
+    done = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert (done.returncode, done.stdout) == (130, "noted\n"), done
+
+
+def test_an_interrupted_release_ends_without_waiting_for_a_connection_still_being_opened(checkout):
+    # A breaker's case: a node whose sshd took the TCP connection and never answered (SIGSTOPped): the interrupted
+    # release printed its summary, then waited out the connect bound (connect_timeout_s + 5 s, ignoring signals)
+    # for that connection before it exited. Here the bound is 600 s and the node (a socket that never answers)
+    # keeps its handshake open for the whole test: the release ends all the same.
+    import socket
+
+    inventory = _unreachable_fleet(checkout)
+    silent = socket.socket()
+    silent.bind(("127.0.0.1", 0))
+    silent.listen(8)  # the kernel takes the connection; nothing ever answers it
+    try:
+        text = inventory.read_text().replace("port = 1\n", f"port = {silent.getsockname()[1]}\n", 1)
+        inventory.write_text(text + "\n[transport]\nconnect_timeout_s = 600\n")
+        done = _signalled_at("_read_guard", "release", "--all", "--root", str(checkout), "--inventory",
+                             str(inventory))
+    finally:
+        silent.close()
+    assert done.returncode == 143, done
+    assert done.stdout.rstrip().splitlines()[-1].startswith("peacock: not started"), done.stdout
+    assert "Traceback" not in done.stdout + done.stderr and "FATAL" not in done.stderr, done.stderr

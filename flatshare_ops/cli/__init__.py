@@ -8,9 +8,10 @@ never a traceback.
 
 from __future__ import annotations
 
+import os
 import sys
 
-from ..control.interrupts import hold_signals, stop_on_signals
+from ..control.interrupts import end_quietly, hold_signals, stop_on_signals
 from ..errors import Exit, FlatshareError, OperatorInterrupted
 
 
@@ -32,9 +33,11 @@ def main() -> None:
 
     Ctrl-C and SIGTERM raise :class:`OperatorInterrupted` from the first line, before the half second of imports a
     command starts with (typer, pydantic, paramiko), where Python's own handling would end a SIGTERM in silence
-    and a Ctrl-C with a traceback (control/interrupts.py); once the command has ended (its line printed, Python's
-    own shutdown to come) a signal is only noted, and the exit code is the command's."""
+    and a Ctrl-C with a traceback; once the command has ended a signal is only noted (a second one ends the
+    process at once), and once its output is flushed it is ignored: the exit code is the command's
+    (control/interrupts.py)."""
     stop_on_signals()
+    code: object = 0
     try:
         try:
             app = commands()
@@ -42,14 +45,37 @@ def main() -> None:
             stop.said = BEFORE_COMMAND
             raise
         app()
+    except SystemExit as done:
+        code = done.code
+        raise
     except FlatshareError as err:
         hold_signals()
+        code = err.exit_code
         print(f"flatshare: {err}", file=sys.stderr)
-        sys.exit(err.exit_code)
+        sys.exit(code)
     except OperatorInterrupted as stop:
         hold_signals()
+        code = stop.code
         word = "Ctrl-C" if stop.code == Exit.INTERRUPTED else "SIGTERM"
         print(f"flatshare: interrupted by {word}" + (f" {stop.said}" if stop.said else ""), file=sys.stderr)
-        sys.exit(stop.code)
+        sys.exit(code)
     finally:
         hold_signals()
+        _end(code)
+
+
+def _end(code: object) -> None:
+    """Flush what the command printed (a signal meanwhile is noted: a second one ends the process), then ignore
+    signals for the rest of the process. A connection an interrupted rollout left still being opened (its SSH
+    handshake past the short wait it gets then) is never torn down by the interpreter's exit, which can abort
+    with "FATAL: exception not rethrown": the process then ends at once with its code."""
+    import threading
+
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed or gone terminal: nothing more to show there
+            pass
+    end_quietly()
+    if any(t.is_alive() and t.name.startswith("connect-") for t in threading.enumerate()):
+        os._exit(code if isinstance(code, int) else 0 if code is None else 1)

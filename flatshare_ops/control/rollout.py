@@ -177,6 +177,7 @@ class Rollout:
         self.refused: dict[str, str] = {}  # node -> why this side refused it before it was asked (the retry guard)
         self.outcomes: dict[str, protocol.Outcome] = {}  # node -> what it said it did (its outcome message)
         self.followed_up: dict[str, str] = {}  # node -> what it said of its switch when asked after a lost session
+        self._ended = False  # the run's result is decided: other threads say nothing more
         self.followed_answers: dict[str, dict] = {}  # node -> its answer then (node/status.py ``switch_state``)
         self.switch_ids: dict[str, str] = {}  # node -> the id of its switch in this run
         self.analyses: list[dict] = []  # the canary analyses' documents (release --json)
@@ -314,10 +315,11 @@ class Rollout:
             except Exception:
                 pass
 
-    def close(self) -> None:
+    def close(self, opening_s: float | None = None) -> None:
         """Close every connection; one still being opened is closed when it opens, and waited for (within the
-        connect bound): a connection's transport thread still negotiating when the process exits can abort the
-        interpreter's exit ("FATAL: exception not rethrown")."""
+        connect bound, or ``opening_s`` seconds when given: an interrupted run, whose operator waits for nothing):
+        a connection's transport thread still negotiating when the process exits can abort the interpreter's exit
+        ("FATAL: exception not rethrown"; cli/__init__.py ``main`` then ends the process at once)."""
         from concurrent.futures import TimeoutError as FutureTimeout
 
         with self._lock:
@@ -325,7 +327,7 @@ class Rollout:
             opening, self._opening = list(self._opening.values()), {}
         for target in list(self.everyone):
             self.drop(target)
-        bound = self.settings.transport.connect_timeout_s + 5
+        bound = self.settings.transport.connect_timeout_s + 5 if opening_s is None else opening_s
         for future in opening:
             try:
                 if future.exception(timeout=bound) is None:
@@ -362,6 +364,7 @@ class Rollout:
         """
         worst: int | None = None
         failures: list[NodeTarget] = []
+        interrupted = False
         try:  # from here an interrupt ends with each node's line (before the first batch: not started)
             total, floor, strategy = len(self.everyone), self.settings.serving_floor, self.settings.rollout
             if total > 1 and self.batch_size > total - floor:
@@ -434,6 +437,7 @@ class Rollout:
             self._end_guard()
         except OperatorInterrupted as stop:
             hold_signals()  # the summary says it whole: a second signal is only noted
+            interrupted = True
             self.out.line(f"interrupted: {'Ctrl-C' if stop.code == Exit.INTERRUPTED else 'SIGTERM'} stops the "
                           "operator's side only; a node that was switching carries on and records its outcome")
             self.code = stop.code
@@ -441,9 +445,10 @@ class Rollout:
             return stop.code
         finally:
             # The run's result is decided (its table, summary and --json document follow): a signal from here on
-            # is only noted, and the run ends with its own code.
+            # is only noted, and the run ends with its own code; nothing more is said from other threads.
             hold_signals()
-            self.close()
+            self._ended = True
+            self.close(1.0 if interrupted else None)
             self.out.finish()
         if worst is None and failures:  # tolerated (max_failed), but those nodes do not run the release
             worst = failures[0].result
@@ -640,6 +645,12 @@ class Rollout:
         while self._guard_notes:
             self.out.line(self._guard_notes.pop(0))
 
+    def _say_while_running(self, line: str) -> None:
+        """A line from another thread (a history read's note), said only until the run has ended: after an
+        interrupted run's summary it would read as the run going on."""
+        if not self._ended:
+            self.out.line(line)
+
     def _read_guard(self, only: NodeTarget | None = None) -> str | None:
         """Read the retry guard now, in this thread, and keep it (with the history marks it read) for the go-ahead
         each switch's node asks (:meth:`guard_refusal`); its refusal or None. With ``only``, that node's history
@@ -651,7 +662,8 @@ class Rollout:
         seen: dict[str, str | None] = {}
         if only is not None and self._guard is not None and self._guard.done():
             seen = dict(self._guard.result()[1])
-        verdict = self._failed_before(self._guard_carries, seen=seen, nodes=None if only is None else [only])
+        verdict = self._failed_before(self._guard_carries, self._say_while_running, seen=seen,
+                                      nodes=None if only is None else [only])
         guard: Future = Future()
         guard.set_result((verdict, seen))
         self._guard = guard

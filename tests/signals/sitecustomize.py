@@ -4,8 +4,9 @@
 ``main``), ``import:MODULE`` (as MODULE is first imported), or a :class:`flatshare_ops.control.rollout.Rollout`
 method, at the start of each call (``NAME``), of its Nth call only (``NAME#N``), or of a call about a node (its
 first argument) whose last progress said PHASE (``NAME@PHASE``, a :class:`flatshare_ops.common.protocol.SwitchPhase`
-value). Put on ``PYTHONPATH`` by tests/conftest.py ``signal_at``; a process the variable does not name a method
-for imports nothing of the package.
+value). ``NAME!both`` sends SIGINT and SIGTERM at once (both pending when Python runs its handlers: SIGINT's first).
+``late`` sends SIGTERM as the interpreter clears its modules, past ``atexit``. Put on ``PYTHONPATH`` by
+tests/conftest.py ``signal_at``; a process the variable does not name a method for imports nothing of the package.
 """
 
 import os
@@ -18,6 +19,12 @@ def _install(moments: list[str]) -> None:
 
     if "exit" in moments:
         atexit.register(lambda: os.kill(os.getpid(), signal.SIGTERM))
+    if "late" in moments:
+        class Late:
+            def __del__(self):
+                os.kill(os.getpid(), signal.SIGTERM)
+
+        globals()["_late"] = Late()  # collected with this module's globals, as the interpreter clears modules
     imported = {m.removeprefix("import:") for m in moments if m.startswith("import:")}
     if imported:
         class Signal:  # a finder that finds nothing: the import goes on, the signal arrives during it
@@ -29,21 +36,32 @@ def _install(moments: list[str]) -> None:
                 return None
 
         sys.meta_path.insert(0, Signal)
-    methods = [m for m in moments if m != "exit" and not m.startswith("import:")]
+    methods = [m for m in moments if m not in ("exit", "late") and not m.startswith("import:")]
     if not methods:
         return
     from flatshare_ops.control import rollout
 
+    def send(both: bool) -> None:
+        if not both:
+            os.kill(os.getpid(), signal.SIGTERM)
+            return
+        signal.pthread_sigmask(signal.SIG_BLOCK, {signal.SIGINT, signal.SIGTERM})
+        os.kill(os.getpid(), signal.SIGINT)
+        os.kill(os.getpid(), signal.SIGTERM)
+        signal.pthread_sigmask(signal.SIG_UNBLOCK, {signal.SIGINT, signal.SIGTERM})
+
     for moment in methods:
+        moment, _, how = moment.partition("!")
         moment, _, phase = moment.partition("@")
         name, _, nth = moment.partition("#")
         method, calls = getattr(rollout.Rollout, name), [0]
 
-        def signalled(self, *args, _method=method, _nth=int(nth or 0), _phase=phase, _calls=calls, **kwargs):
+        def signalled(self, *args, _method=method, _nth=int(nth or 0), _phase=phase, _calls=calls,
+                      _both=how == "both", **kwargs):
             _calls[0] += 1
             stands = self.progress.get(args[0].name) if _phase and args else None
             if (not _nth or _calls[0] == _nth) and (not _phase or (stands is not None and stands.phase == _phase)):
-                os.kill(os.getpid(), signal.SIGTERM)
+                send(_both)
             return _method(self, *args, **kwargs)
 
         setattr(rollout.Rollout, name, signalled)
