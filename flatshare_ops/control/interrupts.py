@@ -16,7 +16,7 @@ import signal
 
 from ..errors import Exit, OperatorInterrupted
 
-_noted: list[int] = []  # the exit codes of the signals noted while held, in order
+_noted: list[int] = []  # the exit codes of the signals noted while held, in order (the last one ends it)
 
 
 def _code(signum: int) -> int:
@@ -51,7 +51,7 @@ def stop_on_signals() -> None:
 
 
 def hold_signals() -> None:
-    """From now on SIGINT and SIGTERM are only noted (:func:`noted`): the command's result is decided, and what
+    """From now on SIGINT and SIGTERM are only noted: the command's result is decided, and what
     it prints and exits with stands. Only where :func:`stop_on_signals` set them (a rollout run in another
     process, a test's, keeps that process's own handling), and only in the main thread (where Python runs
     handlers); calling it again changes nothing."""
@@ -76,8 +76,3 @@ def end_quietly() -> None:
     for number in (signal.SIGINT, signal.SIGTERM):
         if signal.getsignal(number) in (_raise, _note):
             signal.signal(number, signal.SIG_IGN)
-
-
-def noted() -> list[int]:
-    """The exit codes (130, 143) of the signals noted since :func:`hold_signals`, in order."""
-    return list(_noted)
