@@ -292,3 +292,15 @@ def test_an_interrupted_release_ends_without_waiting_for_a_connection_still_bein
     assert done.returncode == 143, done
     assert done.stdout.rstrip().splitlines()[-1].startswith("peacock: not started"), done.stdout
     assert "Traceback" not in done.stdout + done.stderr and "FATAL" not in done.stderr, done.stderr
+
+
+@pytest.mark.parametrize("words, what", [(["place", "-m", "E2 benchmark"], "place its hold"), (["lift"], "lift its hold")])
+def test_a_hold_interrupted_while_its_node_is_asked_says_whether_it_was_done_is_not_known(checkout, words, what):
+    # The same kind as a release's: an interrupt says what is known. A node asked to place or lift a hold may have
+    # done it when the operator's side stops waiting for its answer.
+    inventory = _unreachable_fleet(checkout)
+    done = _signalled_at("call:flatshare_ops.control.fanout.ask", "hold", words[0], "--node", "cyan", *words[1:],
+                         "--inventory", str(inventory))
+    assert done.returncode == 143, done
+    assert done.stderr == (f"flatshare: interrupted by SIGTERM while cyan was asked to {what}: whether it did is not "
+                           "known; 'flatshare hold status --node cyan' says\n"), done

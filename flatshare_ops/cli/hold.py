@@ -20,8 +20,16 @@ app.add_typer(hold_app, name="hold")
 
 def _hold(node: list[str] | None, inventory: Path | None, **options) -> dict[str, dict]:
     from ..control import commands
+    from ..errors import OperatorInterrupted
 
-    return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
+    try:
+        return fleet_answers(node, inventory, lambda t: commands.hold(t.spec, **options))
+    except OperatorInterrupted as stop:
+        if node and ("acquire" in options or options.get("release")):  # a change asked of one node
+            what = "place its hold" if "acquire" in options else "lift its hold"
+            stop.said = (f"while {node[0]} was asked to {what}: whether it did is not known; "
+                         f"'flatshare hold status --node {node[0]}' says")
+        raise
 
 
 @hold_app.command("place", short_help='Hold a node: its releases are refused.')

@@ -5,7 +5,8 @@
 method, at the start of each call (``NAME``), of its Nth call only (``NAME#N``), or of a call about a node (its
 first argument) whose last progress said PHASE (``NAME@PHASE``, a :class:`flatshare_ops.common.protocol.SwitchPhase`
 value). ``NAME!both`` sends SIGINT and SIGTERM at once (both pending when Python runs its handlers: SIGINT's first).
-``late`` sends SIGTERM as the interpreter clears its modules, past ``atexit``. Put on ``PYTHONPATH`` by
+``late`` sends SIGTERM as the interpreter clears its modules, past ``atexit``; ``call:MODULE.FUNCTION`` at the start of each
+call of that function (looked up on its module at call time). Put on ``PYTHONPATH`` by
 tests/conftest.py ``signal_at``; a process the variable does not name a method for imports nothing of the package.
 """
 
@@ -36,7 +37,19 @@ def _install(moments: list[str]) -> None:
                 return None
 
         sys.meta_path.insert(0, Signal)
-    methods = [m for m in moments if m not in ("exit", "late") and not m.startswith("import:")]
+    for moment in moments:
+        if moment.startswith("call:"):
+            import importlib
+
+            module_name, _, function_name = moment.removeprefix("call:").rpartition(".")
+            module = importlib.import_module(module_name)
+
+            def called(*args, _function=getattr(module, function_name), **kwargs):
+                os.kill(os.getpid(), signal.SIGTERM)
+                return _function(*args, **kwargs)
+
+            setattr(module, function_name, called)
+    methods = [m for m in moments if m not in ("exit", "late") and not m.startswith(("import:", "call:"))]
     if not methods:
         return
     from flatshare_ops.control import rollout
