@@ -212,6 +212,23 @@ def _switch_at_its_last_step(tmp_path):
     return ctx, journal
 
 
+def _ended_at_the_journal_read(monkeypatch, end) -> None:
+    """Make node/status.py's first journal read call ``end()`` first (the switch's own writers ending it, after
+    the history was read), with the lock let go."""
+    from flatshare_ops.node import status
+
+    reading, ended = status._read_journal, list[bool]()
+
+    def journal_read_after_the_switch_ended(context):
+        if not ended:
+            end()
+            ended.append(True)
+        return reading(context)
+
+    monkeypatch.setattr(status, "_read_journal", journal_read_after_the_switch_ended)
+    monkeypatch.setattr(status, "holder_pid", lambda _ctx: None)  # its lock let go
+
+
 def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_recorded_not_ended(tmp_path,
                                                                                                  monkeypatch):
     # A suite run's case (under load): a follow-up's status read the history of a switch at its last step (no
@@ -224,19 +241,12 @@ def test_a_switch_that_ends_between_the_history_read_and_the_journal_read_is_rec
     from flatshare_ops.node import journal as journals, outcomes, records, status
 
     ctx, journal = _switch_at_its_last_step(tmp_path)
-    reading = status._read_journal
-    ended: list[bool] = []
+    def end() -> None:
+        records.append_success(ctx, journal, journal.to)
+        journals.remove_journal(ctx.state_dir)
+        outcomes.append(ctx, Outcome(switch="s1", code=0, result=OutcomeResult.RELEASED, release="b" * 16))
 
-    def journal_read_after_the_switch_ended(context):
-        if not ended:
-            records.append_success(ctx, journal, journal.to)
-            journals.remove_journal(ctx.state_dir)
-            outcomes.append(ctx, Outcome(switch="s1", code=0, result=OutcomeResult.RELEASED, release="b" * 16))
-            ended.append(True)
-        return reading(context)
-
-    monkeypatch.setattr(status, "_read_journal", journal_read_after_the_switch_ended)
-    monkeypatch.setattr(status, "holder_pid", lambda _ctx: None)  # its lock let go
+    _ended_at_the_journal_read(monkeypatch, end)
     answer = status.switch_state(ctx, "s1")
     assert answer["state"] == SwitchState.RECORDED, answer
     assert answer["record"]["result"] == RecordResult.RELEASED and answer["record"]["target"] == "b" * 16
@@ -288,17 +298,12 @@ def test_an_automatic_rollback_that_ends_between_the_history_read_and_the_journa
     rollback = failed.model_copy(update={"from_": failed.to, "to": failed.from_, "kind": SwitchKind.ROLLBACK,
                                          "auto": "restart-engine failed: the engine never answered"})
     journals.write_journal(ctx.state_dir, rollback)
-    reading, ended = status._read_journal, []
 
-    def journal_read_after_the_rollback_ended(context):
-        if not ended:
-            records.append_success(ctx, rollback, rollback.to)
-            journals.remove_journal(ctx.state_dir)
-            ended.append(True)
-        return reading(context)
+    def end() -> None:
+        records.append_success(ctx, rollback, rollback.to)
+        journals.remove_journal(ctx.state_dir)
 
-    monkeypatch.setattr(status, "_read_journal", journal_read_after_the_rollback_ended)
-    monkeypatch.setattr(status, "holder_pid", lambda _ctx: None)  # its lock let go
+    _ended_at_the_journal_read(monkeypatch, end)
     answer = status.switch_state(ctx, "s1")
     assert answer["state"] == SwitchState.RECORDED, answer
     assert answer["record"]["result"] == RecordResult.ROLLED_BACK and answer["record"]["target"] == "a" * 16, answer

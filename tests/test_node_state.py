@@ -1567,6 +1567,15 @@ def test_a_release_whose_guard_was_read_before_another_release_of_its_node_faile
     fleet.settled()
 
 
+def _node_side_ended(fleet: Fleet) -> None:
+    """Wait until cyan's switch process has ended by itself (an operator that went away answers it nothing)."""
+    from node_processes import switch_pids
+
+    from flatshare_ops.common.poll import poll_until
+
+    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+
+
 def _release_at_its_go_ahead(fleet: Fleet, tmp_path: Path, act,
                              asks: str = "asking the operator's side whether to go on") -> tuple[int, str]:
     """A release of cyan whose node waits for its go-ahead while the retry guard's read of cyan's history is held;
@@ -1620,11 +1629,7 @@ def test_an_operator_interrupted_while_its_node_waits_for_the_go_ahead_ends_with
                     r"change\).* refuses", last), out
     assert "could not be read" not in out and "None" not in out and "Traceback" not in out, out
     # The node refused on its own, changing nothing.
-    from node_processes import switch_pids
-
-    from flatshare_ops.common.poll import poll_until
-
-    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    _node_side_ended(fleet)
     assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
     fleet.settled()
 
@@ -1645,11 +1650,7 @@ def test_an_operator_interrupted_while_its_node_with_nothing_to_do_waits_for_the
     last = out.rstrip().splitlines()[-1]
     assert re.match(rf"{CYAN}: had nothing to do on the node when interrupted", last), out
     assert "deciding" not in out and "None" not in out and "Traceback" not in out, out
-    from node_processes import switch_pids
-
-    from flatshare_ops.common.poll import poll_until
-
-    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    _node_side_ended(fleet)
     assert (fleet.current(), len(fleet.history())) == before and not fleet.journal().exists()
     fleet.settled()
 
@@ -1676,11 +1677,7 @@ def test_an_operator_interrupted_while_the_automatic_rollback_asks_to_drain_says
     assert "the node stays on the release that did not serve" in last and "'flatshare rollback --node cyan'" in last
     assert "Traceback" not in out and "None" not in out, out
     # What it says is so: the node ends by itself on the failed release, its journal kept ...
-    from node_processes import switch_pids
-
-    from flatshare_ops.common.poll import poll_until
-
-    assert poll_until(lambda: not switch_pids(fleet.node().state_dir), 60, 0.2), switch_pids(fleet.node().state_dir)
+    _node_side_ended(fleet)
     assert fleet.journal().exists() and fleet.current() == failed, (fleet.current(), failed)
     # ... and the rollback it names takes it back.
     back = fleet.rollback()
