@@ -116,6 +116,13 @@ def test_the_runbook_takes_two_fresh_debian_machines_to_serving_as_the_service_u
         done = fleet.cli("node", "bootstrap", "--node", name, "--accept-host-key", fingerprint)
         assert done.returncode == 0, done.stdout + done.stderr
         assert fleet.run(name, "id", "-u", "flatshare").returncode == 0
+        # The node side is installed without the sandbox (pip's record in the machine): the stand-in gateway and
+        # voice worker run from the operator's package, bound read-only into the machine.
+        (record,) = fleet.file(name, "/opt/flatshare-ops/.venv/lib").glob(
+            "python3*/site-packages/flatshare_ops-*.dist-info/RECORD")
+        installed = [line.split(",", 1)[0] for line in record.read_text().splitlines()]
+        assert "flatshare_ops/node/entry.py" in installed, installed
+        assert not [f for f in installed if f.startswith("flatshare_ops/sandbox/")], installed
     # 5. pin the module the node built: the sha256 of the file in the machine, computed here.
     built = fleet.file("cyan", "/var/lib/flatshare/module/flatshare_make_room_serve.py").read_bytes()
     assert hashlib.sha256(built).hexdigest() == module_pin("vllm")

@@ -327,6 +327,19 @@ def test_the_first_node_runbook_brings_a_fresh_node_to_serving(tmp_path_factory)
         boot = flatshare("node", "bootstrap", "--node", "cyan", "--accept-host-key", keygen)
         assert boot.returncode == 0, boot.stdout + boot.stderr
         assert "FAIL" not in boot.stdout and (node.ops_dir / ".venv/bin/flatshare-node").exists()
+        # What the node installed has its node side and no sandbox (the stand-ins run on the operator's machine):
+        # pip's own record of the install, and the files there.
+        (record,) = (node.ops_dir / ".venv/lib").glob("python3*/site-packages/flatshare_ops-*.dist-info/RECORD")
+        installed = [line.split(",", 1)[0] for line in record.read_text().splitlines()]
+        assert "flatshare_ops/node/entry.py" in installed and "flatshare_ops/check/run.py" in installed, installed
+        assert not [f for f in installed if f.startswith("flatshare_ops/sandbox/")], installed
+        assert not (record.parent.parent / "flatshare_ops/sandbox").exists()
+        on_node = subprocess.run([str(node.ops_dir / ".venv/bin/flatshare"), "sandbox", "status", "--dir", str(base)],
+                                 capture_output=True, text=True, timeout=60)
+        assert on_node.returncode == 2 and "Traceback" not in on_node.stderr, on_node.stdout + on_node.stderr
+        assert on_node.stderr.strip().splitlines() == [
+            "flatshare: this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
+            "'flatshare sandbox' from a checkout, after 'make setup'"], on_node.stderr
         again = flatshare("node", "bootstrap", "--node", "cyan")  # idempotent
         assert again.returncode == 0 and "done  host key" not in again.stdout, again.stdout
         pin = flatshare("profiles", "pin-module", "--from-node", "cyan")

@@ -15,6 +15,23 @@ app.add_typer(sandbox_app, name="sandbox")
 SandboxDir = Annotated[Path, typer.Option("--dir", metavar="DIR", help="The sandbox directory.")]
 
 
+@sandbox_app.callback()
+def sandbox_installed() -> None:
+    """Every sandbox command needs the sandbox package, which a node's install leaves out (control/wheels.py
+    ``OPERATOR_ONLY``).
+
+    Raises:
+        FlatshareError: it is not installed here (exit 2, one line saying where the sandbox runs).
+    """
+    from importlib.util import find_spec
+
+    from ..errors import FlatshareError
+
+    if find_spec("flatshare_ops.sandbox") is None:
+        raise FlatshareError("this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
+                             "'flatshare sandbox' from a checkout, after 'make setup'")
+
+
 @sandbox_app.command("up", short_help='Bring the sandbox fleet up.')
 def sandbox_up(
     directory: SandboxDir = Path(".sandbox"),

@@ -3,7 +3,8 @@
 A node needs no compiler and no index: the operator's machine builds every
 dependency's wheel with ``pip wheel --require-hashes`` (pystemd has no
 wheels on PyPI, so it is compiled here, against this machine's libsystemd),
-plus flatshare-ops' own wheel, and writes a node lock naming each wheel file
+plus flatshare-ops' own wheel (without the sandbox: :data:`OPERATOR_ONLY`), and writes a node lock naming each
+wheel file
 with its own sha256. The node installs with ``pip install --no-index
 --require-hashes`` from exactly those files. The wheels carry this machine's
 platform (Debian release, Python version, architecture): bootstrap refuses a
@@ -26,6 +27,10 @@ from pathlib import Path
 from ..errors import FlatshareError
 
 CACHE = Path.home() / ".cache" / "flatshare-ops" / "wheels"
+#: Subpackages of ``flatshare_ops`` a node's wheel leaves out: the sandbox (the local fleet's managers, sshds and
+#: machines, and the stand-in engine, gateway and voice worker) runs on the operator's machine only. The
+#: checkout's own install (scripts/setup.sh) keeps them: ``flatshare sandbox`` is the operator's.
+OPERATOR_ONLY = ("sandbox",)
 #: pip's wheel build may compile (pystemd): bounded, generously (seconds).
 BUILD_TIMEOUT_S = 900.0
 
@@ -112,13 +117,38 @@ def build(root: Path, echo=print) -> Wheels:
     target = Path(tempfile.mkdtemp(prefix=".node.", dir=CACHE))
     for wheel in deps.glob("*.whl"):
         os.link(wheel, target / wheel.name)
-    _pip(["wheel", "--no-deps", str(project_dir(root)), "-w", str(target)])
+    with tempfile.TemporaryDirectory(prefix=".project.", dir=CACHE) as scratch:
+        _pip(["wheel", "--no-deps", str(node_project(project_dir(root), Path(scratch))), "-w", str(target)])
     node_lock = _node_lock(target)
     (target / "requirements.node.lock").write_text(node_lock)
     (target / "requirements.self.lock").write_text(
         "\n".join(row for row in node_lock.splitlines() if row.startswith(("#", "flatshare-ops=="))) + "\n")
     files = tuple(sorted(p.name for p in target.glob("*.whl")))
     return Wheels(target, files, local_platform())
+
+
+def node_project(project: Path, scratch: Path) -> Path:
+    """A copy of ``project`` to build a node's wheel from: its ``pyproject.toml`` and the ``flatshare_ops``
+    package without :data:`OPERATOR_ONLY` and without bytecode caches. Built from a copy, the checkout
+    gets no ``build/`` directory, whose stale files setuptools would put into the next wheel.
+
+    Returns:
+        The copy's directory (under ``scratch``).
+    """
+    copy = scratch / "project"
+    copy.mkdir()
+    shutil.copy2(project / "pyproject.toml", copy / "pyproject.toml")
+    package = project / "flatshare_ops"
+    caches = shutil.ignore_patterns("__pycache__", "*.pyc")
+
+    def left_out(directory: str, names: list[str]) -> set[str]:
+        skipped = set(caches(directory, names))
+        if Path(directory) == package:
+            skipped.update(name for name in names if name in OPERATOR_ONLY)
+        return skipped
+
+    shutil.copytree(package, copy / "flatshare_ops", ignore=left_out)
+    return copy
 
 
 def _pip(args: list[str]) -> None:

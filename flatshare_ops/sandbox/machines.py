@@ -16,7 +16,11 @@ What is in a machine is step 1 of PRODUCTION.md's runbook and nothing more:
   the machine's own Python 3.11 and shared read-only by the machines) with make-room's build package
   (the sandbox's build, :func:`build_package`);
 - the model at ``/var/lib/flatshare/models/flatshare-chat`` (the tiny Llama, read-only) and the card's
-  step-time model.
+  step-time model;
+- the stand-in gateway and voice worker: this checkout's ``flatshare_ops`` read-only at
+  ``/opt/flatshare-sandbox/flatshare_ops`` (:data:`STAND_INS`), which their commands put first on
+  ``PYTHONPATH``; flatshare-ops' node side, which bootstrap installs, leaves the sandbox out
+  (control/wheels.py ``OPERATOR_ONLY``).
 
 Everything else (the service user, flatshare-ops' node side, the layout, the units) comes from
 ``flatshare node bootstrap`` and ``flatshare release``, as on a production node.
@@ -65,6 +69,9 @@ REBOOTED = 133
 ENGINE_VENV = "/opt/flatshare/engine-venv"
 MODEL = "/var/lib/flatshare/models/flatshare-chat"
 STEP_TIME_MODEL = "/var/lib/flatshare/step-time/rtx-5060-ti.json"
+#: Where a machine finds the stand-in gateway and voice worker: the operator's ``flatshare_ops`` is bound there
+#: read-only (``STAND_INS/flatshare_ops``), as the engine venv and the model are.
+STAND_INS = "/opt/flatshare-sandbox"
 #: How long a machine may take to boot to ``running`` (seconds; under 15 s measured, more on a busy machine).
 BOOT_S = 120.0
 
@@ -322,10 +329,11 @@ def write_profile(machine: Machine, production: Path) -> bool:
     node_profile._set(doc, "engine.start_timeout_s", 300, "two machines' engines may start at once on 2 CPUs, "
                       "beside other work")
     node_profile._set(doc, "module.sha256", node_profile.module_pin("vllm"), "the sandbox build's output (vllm)")
-    node_profile._set(doc, "gateway.command", [ops_python, "-m", "flatshare_ops.sandbox.gateway"])
+    stand_in = ["/usr/bin/env", f"PYTHONPATH={STAND_INS}", ops_python, "-m"]  # the node's install has no sandbox
+    node_profile._set(doc, "gateway.command", [*stand_in, "flatshare_ops.sandbox.gateway"])
     node_profile._set(doc, "gateway.url", f"http://{machine.address}:{node_profile.GATEWAY_PORT}")
     node_profile._set(doc, "gateway.drain_timeout_s", 5)
-    node_profile._set(doc, "voice.command", [ops_python, "-m", "flatshare_ops.sandbox.voice", "--listen",
+    node_profile._set(doc, "voice.command", [*stand_in, "flatshare_ops.sandbox.voice", "--listen",
                                              f"{machine.address}:{node_profile.VOICE_PORT}"])
     node_profile._set(doc, "voice.drain_timeout_s", 20)
     from .fleet import write_profile_unless_edited
@@ -373,7 +381,8 @@ def _nspawn_argv(machine: Machine, venv: Path, model: Path) -> list[str]:
             # This machine's PID 1 may not be systemd: nspawn asks no manager for a scope (FACTS: without
             # --keep-unit it stops at "Failed to open system bus").
             "--register=no", "--keep-unit", "--console=passive",
-            f"--bind-ro={_bind_path(venv)}:{ENGINE_VENV}", f"--bind-ro={_bind_path(model)}:{MODEL}"]
+            f"--bind-ro={_bind_path(venv)}:{ENGINE_VENV}", f"--bind-ro={_bind_path(model)}:{MODEL}",
+            f"--bind-ro={_bind_path(Path(__file__).resolve().parents[1])}:{STAND_INS}/flatshare_ops"]
 
 
 def _bind_path(path: Path) -> str:
