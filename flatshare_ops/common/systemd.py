@@ -495,3 +495,40 @@ def enable(address: ManagerAddress, units: list[str], timeout_s: float = 30.0) -
         return [[_text(c) for c in change] for change in changes]
 
     return _in_child(address, work, timeout_s, f"enable {' '.join(units)}")
+
+
+class Manager:
+    """One node's systemd manager as the node's side acts on it: the calls above, bound to its address.
+
+    This is the seam between a node's logic and systemd (node/context.py ``NodeContext.manager``): the node's
+    modules call only these methods, so that a test can give a node a recording fake of its manager (tests/
+    fake_manager.py) and run the node's logic in its own process, as a real manager's tests run it through D-Bus.
+
+    Attributes:
+        address: where the manager is (:class:`ManagerAddress`).
+    """
+
+    __slots__ = ("address",)
+
+    def __init__(self, address: ManagerAddress) -> None:
+        self.address = address
+
+    def properties(self, queries: list[tuple[str, str, str]], timeout_s: float = SYSTEMD_TIMEOUT_S) -> dict[str, Any]:
+        """:func:`properties` of this manager."""
+        return properties(self.address, queries, timeout_s)
+
+    def job(self, verb: str, unit: str, timeout_s: float, progress=None) -> str:
+        """:func:`job` on this manager."""
+        return job(self.address, verb, unit, timeout_s, progress)
+
+    def reload(self, timeout_s: float = 60.0) -> None:
+        """:func:`reload` of this manager."""
+        reload(self.address, timeout_s)
+
+    def enable(self, units: list[str], timeout_s: float = 30.0) -> list:
+        """:func:`enable` on this manager."""
+        return enable(self.address, units, timeout_s)
+
+    def unit_processes(self, unit: str, timeout_s: float = SYSTEMD_TIMEOUT_S) -> list[tuple[int, str]]:
+        """:func:`unit_processes` of this manager."""
+        return unit_processes(self.address, unit, timeout_s)

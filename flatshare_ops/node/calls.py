@@ -25,7 +25,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..common import systemd
 from ..common import serving_shape
 from ..common.files import Damaged, loads
 from ..common.release_files import read_release
@@ -88,7 +87,7 @@ def loaded_voice_files(ctx: NodeContext) -> VoiceFiles | None:
         release renders them): a path of any other name is never written, removed or believed through this.
     """
     try:
-        found = systemd.properties(ctx.address, [(VOICE_UNIT, "Unit", "LoadState"),
+        found = ctx.manager.properties([(VOICE_UNIT, "Unit", "LoadState"),
                                                  (VOICE_UNIT, "Service", "Environment")])
     except SystemdError:
         return None
@@ -124,7 +123,7 @@ def services_down(ctx: NodeContext) -> list[str]:
     Raises:
         SystemdError: the manager did not answer within its bound.
     """
-    states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
+    states = ctx.manager.properties([(u, "Unit", "ActiveState") for u in SERVICE_UNITS])
     return [f"{u} is {states[f'{u}/ActiveState']}" for u in SERVICE_UNITS if states[f"{u}/ActiveState"] != "active"]
 
 
@@ -248,7 +247,7 @@ def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
         A :class:`GatewayUnit`; None when systemd did not answer (a line is added to ``unknown``).
     """
     try:
-        found = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "LoadState"),
+        found = ctx.manager.properties([(GATEWAY_UNIT, "Unit", "LoadState"),
                                                  (GATEWAY_UNIT, "Unit", "ActiveState"),
                                                  (GATEWAY_UNIT, "Unit", "SubState"),
                                                  (GATEWAY_UNIT, "Unit", "Job"),
@@ -354,9 +353,9 @@ def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) 
             out.line(f"{ctx.node}: could not remove {drain_file} ({err.strerror or err}): the voice worker stays "
                      "drained")
     try:
-        state = systemd.properties(ctx.address, [(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
+        state = ctx.manager.properties([(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
         if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:
-            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60,
+            ctx.manager.job("start", GATEWAY_UNIT, 60,
                         lambda waited: out.waiting(f"{GATEWAY_UNIT} to start", waited, 60))
             out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
     except SystemdError as err:

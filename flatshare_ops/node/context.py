@@ -2,11 +2,24 @@
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
 
 from ..common.node_files import HISTORY, JOURNAL, LOCK, LOCK_HOLDER, LOG, RELEASES
-from ..common.systemd import ManagerAddress
+from ..common.systemd import Manager, ManagerAddress
+
+TYPE_CHECKING = False  # typing.TYPE_CHECKING, without importing typing into every node command
+if TYPE_CHECKING:
+    from typing import Any, Protocol
+
+    class SystemdManager(Protocol):
+        """What a node's side asks of its manager: :class:`~flatshare_ops.common.systemd.Manager`'s methods."""
+
+        def properties(self, queries: list[tuple[str, str, str]], timeout_s: float = ...) -> dict[str, Any]: ...
+        def job(self, verb: str, unit: str, timeout_s: float, progress=...) -> str: ...
+        def reload(self, timeout_s: float = ...) -> None: ...
+        def enable(self, units: list[str], timeout_s: float = ...) -> list: ...
+        def unit_processes(self, unit: str, timeout_s: float = ...) -> list[tuple[int, str]]: ...
 
 
 @dataclass(frozen=True)
@@ -16,12 +29,20 @@ class NodeContext:
     Attributes:
         node: the node's name.
         state_dir: ``/var/lib/flatshare`` (the releases directory is under it).
-        address: the node's systemd manager.
+        address: where the node's systemd manager is.
+        manager: what the node's side asks of that manager (every unit property, job, reload and enable goes
+            through it): by default :class:`~flatshare_ops.common.systemd.Manager` at ``address``; a test may give
+            a recording fake instead (tests/fake_manager.py).
     """
 
     node: str
     state_dir: Path
     address: ManagerAddress
+    manager: SystemdManager = field(default=None, compare=False)  # type: ignore[assignment]  # set in __post_init__
+
+    def __post_init__(self) -> None:
+        if self.manager is None:
+            object.__setattr__(self, "manager", Manager(self.address))
 
     @property
     def releases(self) -> Path:

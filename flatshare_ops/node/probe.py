@@ -163,14 +163,13 @@ def check_runs(ctx: NodeContext) -> dict | None:
 
     from ..common.units import CHECK_SERVICE, CHECK_TIMER
     from ..errors import SystemdError
-    from ..common import systemd
 
     queries = [(CHECK_TIMER, "Unit", "LoadState"), (CHECK_TIMER, "Unit", "ActiveState"),
                (CHECK_SERVICE, "Service", "Result"), (CHECK_SERVICE, "Service", "ExecMainStatus"),
                (CHECK_SERVICE, "Service", "ExecMainCode"), (CHECK_SERVICE, "Service", "ExecMainExitTimestamp"),
                (CHECK_SERVICE, "Unit", "ActiveState")]
     try:
-        got = systemd.properties(ctx.address, queries)
+        got = ctx.manager.properties(queries)
     except SystemdError:
         return None
     load, active = got[f"{CHECK_TIMER}/LoadState"], got[f"{CHECK_TIMER}/ActiveState"]

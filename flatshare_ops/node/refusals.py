@@ -13,7 +13,6 @@ from __future__ import annotations
 from pathlib import Path
 from typing import Callable
 
-from ..common import systemd
 from ..common import drop_ins
 from ..common.units import SERVICE_UNITS
 from ..common.protocol import Mode, RefusedFor
@@ -39,7 +38,7 @@ def foreign_drop_ins(ctx: NodeContext, serving: dict) -> list[Path]:
     (:mod:`common.drop_ins`). flatshare-ops renders none, so each is foreign.
     """
     units = sorted(serving.get("units") or SERVICE_UNITS)
-    found = systemd.properties(ctx.address, [(u, "Unit", "DropInPaths") for u in units] + [("", "Manager", "UnitPath")])
+    found = ctx.manager.properties([(u, "Unit", "DropInPaths") for u in units] + [("", "Manager", "UnitPath")])
     search = list(found["/UnitPath"]) + [serving["layout"]["unit_dir"]]
     paths: set[str] = set()
     for unit in units:

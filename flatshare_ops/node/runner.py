@@ -31,7 +31,6 @@ import socket
 import time
 from pathlib import Path
 
-from ..common import systemd
 from ..common.protocol import SUCCEEDED, RefusedFor, StepName, StepState, SwitchKind, SwitchPhase
 from ..common.http import HTTP_TIMEOUT_S, http_get, wait_for_200
 from ..common.units import ENGINE_UNIT, GATEWAY_UNIT
@@ -290,7 +289,7 @@ def give_back(sw: Switch) -> str:
         status = wait_for_200(url, left, sw.progress(f"{url} to answer 200", left))
     if status == 200:
         try:
-            systemd.job(ctx.address, "start", GATEWAY_UNIT, 60, sw.progress(f"{GATEWAY_UNIT} to start", 60))
+            ctx.manager.job("start", GATEWAY_UNIT, 60, sw.progress(f"{GATEWAY_UNIT} to start", 60))
             out.line(f"  {GATEWAY_UNIT} started again (the engine answers /health)")
             sw.gateway_stopped = False
             return "; ".join(said) or "given back"
@@ -320,7 +319,7 @@ def _start_engine_again(sw: Switch) -> None:
         return
     sw.engine_deadline = time.monotonic() + start_s
     try:
-        systemd.job(sw.ctx.address, "start", ENGINE_UNIT, start_s, sw.progress(f"the start job on {ENGINE_UNIT}", start_s))
+        sw.ctx.manager.job("start", ENGINE_UNIT, start_s, sw.progress(f"the start job on {ENGINE_UNIT}", start_s))
     except SystemdError as err:
         sw.engine_deadline = None
         sw.out.line(f"  could not start {ENGINE_UNIT} again: {err}")
@@ -328,7 +327,7 @@ def _start_engine_again(sw: Switch) -> None:
 
 def _engine_starting(sw: Switch) -> bool:
     try:
-        state = systemd.properties(sw.ctx.address, [(ENGINE_UNIT, "Unit", "ActiveState")])[f"{ENGINE_UNIT}/ActiveState"]
+        state = sw.ctx.manager.properties([(ENGINE_UNIT, "Unit", "ActiveState")])[f"{ENGINE_UNIT}/ActiveState"]
     except SystemdError:
         return False
     return state in ("active", "activating", "reloading")

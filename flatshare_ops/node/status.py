@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import os
 
-from ..common import systemd
 from ..common.files import Damaged
 from ..common.protocol import JournalState, SwitchState
 from ..common.units import SERVICE_UNITS, TARGET_UNIT
@@ -182,7 +181,7 @@ def node_status(ctx: NodeContext) -> dict:
         status["damaged"].append(str(err))
         status["journal_state"] = JournalState.UNREADABLE
     try:
-        states = systemd.properties(ctx.address, [(u, "Unit", "ActiveState") for u in (TARGET_UNIT, *SERVICE_UNITS)])
+        states = ctx.manager.properties([(u, "Unit", "ActiveState") for u in (TARGET_UNIT, *SERVICE_UNITS)])
         status["units"] = {u: states[f"{u}/ActiveState"] for u in (TARGET_UNIT, *SERVICE_UNITS)}
     except SystemdError as err:
         status["units"] = {}

@@ -16,7 +16,6 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from ..common import systemd
 from ..common import durable
 from ..common.files import Damaged, read_bytes
 from ..common.protocol import DRAIN_STEPS, StepName
@@ -111,7 +110,7 @@ class Switch:
     def job(self, verb: str, unit: str, timeout_s: float) -> None:
         """Run one systemd job and wait for it (bounded), with progress lines."""
         self.out.line(f"  {verb} {unit}: waiting for systemd's job (up to {timeout_s:g} s)")
-        systemd.job(self.ctx.address, verb, unit, timeout_s, self.progress(f"the {verb} job on {unit}", timeout_s))
+        self.ctx.manager.job(verb, unit, timeout_s, self.progress(f"the {verb} job on {unit}", timeout_s))
 
 
 class NotAdmitted(StepError):
@@ -142,7 +141,7 @@ def drain_voice(sw: Switch) -> None:
 
     voice = sw.serving["voice"]
     drain_file, status_file = Path(voice["drain_file"]), Path(voice["status_file"])
-    state = systemd.properties(sw.ctx.address, [(VOICE_UNIT, "Unit", "ActiveState")])[f"{VOICE_UNIT}/ActiveState"]
+    state = sw.ctx.manager.properties([(VOICE_UNIT, "Unit", "ActiveState")])[f"{VOICE_UNIT}/ActiveState"]
     running = state in ("active", "reloading", "activating")
     loaded = loaded_voice_files(sw.ctx) if running else None
     if loaded is not None and loaded.drain_file != drain_file:
@@ -188,7 +187,7 @@ def install_units(sw: Switch) -> None:
         if not same:
             durable.write_atomic(path, text.encode())
             sw.out.line(f"  installed {path}")
-    systemd.reload(sw.ctx.address)  # always: mtimes can hide a change (docs/reference/systemd.md)
+    sw.ctx.manager.reload()  # always: mtimes can hide a change (docs/reference/systemd.md)
     sw.out.line("  daemon-reload done")
 
 
@@ -252,7 +251,7 @@ def old_engine_gone(sw: Switch, bound_s: float) -> None:
 
     def cgroup_empty() -> bool:
         try:  # a process that is exiting as systemd lists it can fail the whole call (seen: EIO): asked again
-            left[:] = systemd.unit_processes(sw.ctx.address, ENGINE_UNIT)
+            left[:] = sw.ctx.manager.unit_processes(ENGINE_UNIT)
         except SystemdError as err:
             unanswered[:] = [str(err)]
             return False
@@ -301,7 +300,7 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
     queries = [(ENGINE_UNIT, "Service", "NRestarts"), (ENGINE_UNIT, "Unit", "ActiveState"),
                (ENGINE_UNIT, "Unit", "SubState")]
     deadline = time.monotonic() + timeout_s
-    first = int(systemd.properties(sw.ctx.address, queries[:1])[f"{ENGINE_UNIT}/NRestarts"])
+    first = int(sw.ctx.manager.properties(queries[:1])[f"{ENGINE_UNIT}/NRestarts"])
     exited: list[str | None]
     last, exited, next_check = [0], [None], [time.monotonic() + EXIT_CHECK_S]
 
@@ -311,7 +310,7 @@ def _wait_ready(sw: Switch, url: str, timeout_s: float, budget_s: float) -> tupl
             return True
         if time.monotonic() >= next_check[0]:
             next_check[0] = time.monotonic() + EXIT_CHECK_S
-            found = systemd.properties(sw.ctx.address, queries)
+            found = sw.ctx.manager.properties(queries)
             restarts = int(found[f"{ENGINE_UNIT}/NRestarts"])
             state, sub = found[f"{ENGINE_UNIT}/ActiveState"], found[f"{ENGINE_UNIT}/SubState"]
             if restarts > first or sub == "auto-restart" or state in ("failed", "inactive"):
@@ -348,7 +347,7 @@ def _failed_start(sw: Switch, what: str) -> StepError:
 
 
 def _invocation(sw: Switch) -> object:
-    return systemd.properties(sw.ctx.address, [(ENGINE_UNIT, "Unit", "InvocationID")])[f"{ENGINE_UNIT}/InvocationID"]
+    return sw.ctx.manager.properties([(ENGINE_UNIT, "Unit", "InvocationID")])[f"{ENGINE_UNIT}/InvocationID"]
 
 
 def restart_voice(sw: Switch) -> None:
@@ -384,7 +383,7 @@ def apply_units(sw: Switch) -> None:
         sw.job("start", CHECK_TIMER, UNIT_JOB_S)
     # Enabled, so that a reboot starts the node serving again (systemctl enable, over D-Bus).
     enable = [u for u in (TARGET_UNIT, CHECK_TIMER) if u in sw.new.units]
-    changes = systemd.enable(sw.ctx.address, enable)
+    changes = sw.ctx.manager.enable(enable)
     if changes:
         sw.out.line(f"  enabled {', '.join(enable)} (starts at boot)")
 
@@ -406,7 +405,7 @@ def keep_enabled(ctx: NodeContext, units: dict, out: ReleaseOutput, dry_run: boo
     wanted = [u for u in (TARGET_UNIT, CHECK_TIMER) if u in units]
     if not wanted:
         return []
-    states = systemd.properties(ctx.address, [(u, "Unit", "UnitFileState") for u in wanted])
+    states = ctx.manager.properties([(u, "Unit", "UnitFileState") for u in wanted])
     off = [u for u in wanted if states[f"{u}/UnitFileState"] != "enabled"]
     masked = [u for u in off if str(states[f"{u}/UnitFileState"]).startswith("masked")]
     for unit in masked:
@@ -419,7 +418,7 @@ def keep_enabled(ctx: NodeContext, units: dict, out: ReleaseOutput, dry_run: boo
     if dry_run:
         out.line(f"  would enable {', '.join(off)} again ({was}), with no drain")
         return off
-    systemd.enable(ctx.address, off)
+    ctx.manager.enable(off)
     out.line(f"  enabled {', '.join(off)} again ({was}): it starts at boot; no drain")
     return off
 
