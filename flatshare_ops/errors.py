@@ -35,6 +35,7 @@ class Exit(IntEnum):
     ANALYSIS_FAILED = 10  # the canary's analysis failed: the canary rolled back, the rollout stopped
     PAUSED = 11  # the canary's analysis was inconclusive and the profile says pause: the canary stays, the rollout stopped
     INTERRUPTED = 130  # Ctrl-C (128 + SIGINT)
+    OUTPUT_CLOSED = 141  # what read the output went away (128 + SIGPIPE, as a shell's pipeline ends its writers)
     TERMINATED = 143  # SIGTERM (128 + SIGTERM)
 
 

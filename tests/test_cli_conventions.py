@@ -304,3 +304,24 @@ def test_a_hold_interrupted_while_its_node_is_asked_says_whether_it_was_done_is_
     assert done.returncode == 143, done
     assert done.stderr == (f"flatshare: interrupted by SIGTERM while cyan was asked to {what}: whether it did is not "
                            "known; 'flatshare hold status --node cyan' says\n"), done
+
+
+@pytest.mark.parametrize("args", [["--help"], ["profiles", "--help"]], ids=["flatshare --help", "profiles --help"])
+def test_output_whose_reader_went_away_ends_the_command_as_a_pipeline_ends_its_writers(args):
+    # `flatshare ... | head`: head exits before the command wrote everything. typer exits 1 then, which here says
+    # "a release failed mid-switch"; a shell's pipeline ends such a writer with SIGPIPE (128 + 13).
+    import os
+    import signal
+    import subprocess
+
+    from conftest import BIN
+
+    read, write = os.pipe()
+    os.close(read)  # nothing will read: every write to the pipe fails with EPIPE
+    try:
+        done = subprocess.run([str(BIN / "flatshare"), *args], stdout=write, stderr=subprocess.PIPE, text=True,
+                              timeout=60)
+    finally:
+        os.close(write)
+    assert done.returncode == 128 + signal.SIGPIPE, done.stderr
+    assert done.stderr == "", done.stderr  # nothing to say, and nobody to say it to

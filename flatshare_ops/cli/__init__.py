@@ -8,6 +8,7 @@ never a traceback.
 
 from __future__ import annotations
 
+import errno
 import os
 import sys
 
@@ -47,6 +48,10 @@ def main() -> None:
         app()
     except SystemExit as done:
         code = done.code
+        closed = done.__context__  # typer exits 1 when the output's reader went away (`flatshare releases | head`)
+        if isinstance(closed, OSError) and closed.errno == errno.EPIPE:
+            code = Exit.OUTPUT_CLOSED
+            raise SystemExit(code) from None
         raise
     except FlatshareError as err:
         hold_signals()
