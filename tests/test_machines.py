@@ -279,6 +279,26 @@ def test_a_make_room_release_and_its_rollback_on_a_machine(fleet):
     fleet.set_hold("cyan", int(old))
 
 
+def test_up_again_says_to_boot_again_a_machine_booted_without_the_stand_ins(fleet):
+    # A machine an earlier flatshare-ops booted has no mount point for the stand-ins (nspawn makes it at boot):
+    # its gateway and voice worker would not start once bootstrap installs the node side without the sandbox.
+    point = fleet.file("peacock", machines.STAND_INS + "/flatshare_ops")
+    inside = fleet.run("peacock", "test", "-f", machines.STAND_INS + "/flatshare_ops/sandbox/gateway.py")
+    assert point.is_dir() and inside.returncode == 0  # bound: the machine sees the operator's package there
+    point.rmdir()  # the host's side of the mount point only: the machine keeps its mount
+    try:
+        with pytest.raises(machines.SandboxError) as refused:
+            machines.up(fleet.base, REPO, fleet.checkout / "profiles/rtx-5060-ti-serve.toml", ADDRESSES,
+                        echo=lambda _l: None)
+        assert str(refused.value) == (
+            f"peacock: it was booted by an earlier flatshare-ops, without the stand-in gateway and voice worker at "
+            f"{machines.STAND_INS}; boot it again: 'flatshare sandbox down --dir {fleet.base}', then bring the "
+            "machines up again")
+    finally:
+        point.mkdir()
+    assert fleet.health("peacock", 8080) == 200  # nothing was stopped
+
+
 def test_down_shuts_down_a_machine_whose_keeper_died_and_status_says_so_first(fleet):
     # A breaker's kind: the keeper (which boots a machine again after its reboot) killed, its machine still
     # running; 'sandbox down' then acted only through the keeper and left the machine running for good.

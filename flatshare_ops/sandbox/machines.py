@@ -581,6 +581,12 @@ def up(base: Path, root: Path, production: Path, addresses: dict[str, str] | Non
                 state["machines"][machine.name] = {"keeper_pid": keeper, "address": machine.address}
                 _write_state(base, state)  # recorded at once, so 'down' can stop it whatever happens next
                 echo(f"{machine.name}: booting Debian {SUITE} (systemd-nspawn, keeper pid {keeper})")
+            elif not (machine.root / STAND_INS.lstrip("/") / "flatshare_ops").is_dir():
+                # nspawn makes a bind's mount point in the machine's root at boot: none, a boot without the
+                # stand-ins, whose gateway and voice worker the node's install no longer has.
+                raise SandboxError(f"{machine.name}: it was booted by an earlier flatshare-ops, without the stand-in "
+                                   f"gateway and voice worker at {STAND_INS}; boot it again: 'flatshare sandbox down "
+                                   f"--dir {base}', then bring the machines up again")
         for machine in machines:
             keeper = state["machines"][machine.name]["keeper_pid"]
             wait_booted(machine, keeper)
