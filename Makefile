@@ -26,7 +26,7 @@ test: setup
 	@./scripts/vllm-venvs.sh
 	$(BIN)/python -m pytest -n $(TEST_PROCESSES) --dist loadgroup --no-loadscope-reorder --durations=25
 
-# The inner loop (about 25 s on 2 CPUs, once vLLM's venvs are built): ruff on the whole tree, mypy on the files pyproject.toml's
+# The inner loop (about 40 s on 2 CPUs, once vLLM's venvs are built): ruff on the whole tree, mypy on the files pyproject.toml's
 # [tool.mypy] names (about 10 s), then the tests that need no sandbox, no engine and no machine (pure cores, fake connections,
 # the CLI's conventions, the rendered files' drift).
 # `make test` runs them too, with everything else.
