@@ -383,3 +383,10 @@ def sandbox(tmp_path_factory):
         yield base
     finally:
         down(base, echo=lambda _line: None)
+
+
+def installed_files(venv: Path) -> list[str]:
+    """The files pip installed into the venv ``venv`` for flatshare-ops, as pip's RECORD of the install lists them
+    (paths relative to its site-packages, e.g. ``flatshare_ops/node/entry.py``)."""
+    (record,) = (venv / "lib").glob("python3*/site-packages/flatshare_ops-*.dist-info/RECORD")
+    return [line.split(",", 1)[0] for line in record.read_text().splitlines()]

@@ -22,7 +22,7 @@ from pathlib import Path
 
 import pytest
 
-from conftest import REPO, calls_to, copy_checkout, loopback_pair, run_cli, without_canaries
+from conftest import REPO, calls_to, copy_checkout, installed_files, loopback_pair, run_cli, without_canaries
 from flatshare_ops.common.poll import poll_until
 from flatshare_ops.sandbox import machines
 from flatshare_ops.sandbox.node_profile import module_pin
@@ -118,9 +118,7 @@ def test_the_runbook_takes_two_fresh_debian_machines_to_serving_as_the_service_u
         assert fleet.run(name, "id", "-u", "flatshare").returncode == 0
         # The node side is installed without the sandbox (pip's record in the machine): the stand-in gateway and
         # voice worker run from the operator's package, bound read-only into the machine.
-        (record,) = fleet.file(name, "/opt/flatshare-ops/.venv/lib").glob(
-            "python3*/site-packages/flatshare_ops-*.dist-info/RECORD")
-        installed = [line.split(",", 1)[0] for line in record.read_text().splitlines()]
+        installed = installed_files(fleet.file(name, "/opt/flatshare-ops/.venv"))
         assert "flatshare_ops/node/entry.py" in installed, installed
         assert not [f for f in installed if f.startswith("flatshare_ops/sandbox/")], installed
     # 5. pin the module the node built: the sha256 of the file in the machine, computed here.

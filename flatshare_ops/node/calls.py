@@ -88,7 +88,7 @@ def loaded_voice_files(ctx: NodeContext) -> VoiceFiles | None:
     """
     try:
         found = ctx.manager.properties([(VOICE_UNIT, "Unit", "LoadState"),
-                                                 (VOICE_UNIT, "Service", "Environment")])
+                                        (VOICE_UNIT, "Service", "Environment")])
     except SystemdError:
         return None
     if found[f"{VOICE_UNIT}/LoadState"] != "loaded":
@@ -248,10 +248,10 @@ def gateway_unit(ctx: NodeContext, unknown: list[str]) -> GatewayUnit | None:
     """
     try:
         found = ctx.manager.properties([(GATEWAY_UNIT, "Unit", "LoadState"),
-                                                 (GATEWAY_UNIT, "Unit", "ActiveState"),
-                                                 (GATEWAY_UNIT, "Unit", "SubState"),
-                                                 (GATEWAY_UNIT, "Unit", "Job"),
-                                                 (GATEWAY_UNIT, "Service", "Environment")])
+                                        (GATEWAY_UNIT, "Unit", "ActiveState"),
+                                        (GATEWAY_UNIT, "Unit", "SubState"),
+                                        (GATEWAY_UNIT, "Unit", "Job"),
+                                        (GATEWAY_UNIT, "Service", "Environment")])
     except SystemdError as err:
         unknown.append(f"systemd did not say where its gateway unit answers: {err}")
         return None
@@ -356,7 +356,7 @@ def give_calls_back(ctx: NodeContext, serving: dict | None, out: ReleaseOutput) 
         state = ctx.manager.properties([(GATEWAY_UNIT, "Unit", "ActiveState")])[f"{GATEWAY_UNIT}/ActiveState"]
         if state != "active" and http_get(url, HTTP_TIMEOUT_S)[0] == 200:
             ctx.manager.job("start", GATEWAY_UNIT, 60,
-                        lambda waited: out.waiting(f"{GATEWAY_UNIT} to start", waited, 60))
+                            lambda waited: out.waiting(f"{GATEWAY_UNIT} to start", waited, 60))
             out.line(f"{ctx.node}: started {GATEWAY_UNIT} again (the engine answers /health)")
     except SystemdError as err:
         out.line(f"{ctx.node}: could not check or start {GATEWAY_UNIT}: {err}")
