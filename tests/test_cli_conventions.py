@@ -325,3 +325,61 @@ def test_output_whose_reader_went_away_ends_the_command_as_a_pipeline_ends_its_w
         os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE, done.stderr
     assert done.stderr == "", done.stderr  # nothing to say, and nobody to say it to
+
+
+@pytest.mark.parametrize("args, code", [(["releases", "--inventory", "/nonexistent/fleet.toml"], 2),
+                                        (["releases", "--no-such-option"], 2)],
+                         ids=["an operator's error", "a usage error"])
+def test_a_gone_stderr_leaves_the_commands_own_exit_code(args, code):
+    # The one line goes nowhere; the code still says what happened (before: a BrokenPipeError, exit 1).
+    import os
+    import subprocess
+
+    from conftest import BIN
+
+    read, write = os.pipe()
+    os.close(read)
+    try:
+        done = subprocess.run([str(BIN / "flatshare"), *args], stdout=subprocess.PIPE, stderr=write, text=True,
+                              timeout=60)
+    finally:
+        os.close(write)
+    assert done.returncode == code, done.stdout
+
+
+@pytest.mark.parametrize("leftover", ["nothing", "an empty directory", "a module"])
+def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_line(tmp_path, leftover):
+    # A node's install has no flatshare_ops/sandbox (control/wheels.py); one that once had it may keep an empty
+    # directory (its __pycache__), and a module of that name is no sandbox either.
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(REPO / "flatshare_ops", tmp_path / "flatshare_ops",
+                    ignore=lambda d, names: ["sandbox"] if Path(d) == REPO / "flatshare_ops" else [])
+    if leftover == "an empty directory":
+        (tmp_path / "flatshare_ops/sandbox/__pycache__").mkdir(parents=True)
+    elif leftover == "a module":
+        (tmp_path / "flatshare_ops/sandbox.py").write_text("")
+    code = ("import sys; sys.path.insert(0, sys.argv[1]); from flatshare_ops.cli import main; "
+            "sys.argv = ['flatshare', 'sandbox', 'status']; main()")
+    done = subprocess.run([sys.executable, "-c", code, str(tmp_path)], capture_output=True, text=True, timeout=60,
+                          cwd=tmp_path)
+    assert done.returncode == 2 and done.stderr.splitlines() == [
+        "flatshare: this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
+        "'flatshare sandbox' from a checkout, after 'make setup'"], done.stdout + done.stderr
+
+
+def test_a_project_file_that_cannot_be_copied_for_the_nodes_wheel_is_named(tmp_path):
+    from flatshare_ops.control.wheels import node_project
+    from flatshare_ops.errors import FlatshareError
+
+    project = tmp_path / "project"
+    (project / "flatshare_ops/node").mkdir(parents=True)
+    (project / "pyproject.toml").write_text("")
+    (project / "flatshare_ops/node/loop").symlink_to("loop")  # a link to itself: ELOOP
+    (tmp_path / "scratch").mkdir()
+    with pytest.raises(FlatshareError) as refused:
+        node_project(project, tmp_path / "scratch")
+    assert str(refused.value).startswith(f"{project / 'flatshare_ops/node/loop'}: cannot be copied to build the "
+                                         "node's wheel ("), str(refused.value)

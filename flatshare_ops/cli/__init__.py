@@ -53,20 +53,32 @@ def main() -> None:
             code = Exit.OUTPUT_CLOSED
             raise SystemExit(code) from None
         raise
+    except BrokenPipeError as lost:  # typer's own message (a usage error's) could not be written: its code stands
+        shown = getattr(lost.__context__, "exit_code", None)
+        code = shown if isinstance(shown, int) else Exit.OUTPUT_CLOSED
+        sys.exit(code)
     except FlatshareError as err:
         hold_signals()
         code = err.exit_code
-        print(f"flatshare: {err}", file=sys.stderr)
+        _say(f"flatshare: {err}")
         sys.exit(code)
     except OperatorInterrupted as stop:
         hold_signals()
         code = stop.code
         word = "Ctrl-C" if stop.code == Exit.INTERRUPTED else "SIGTERM"
-        print(f"flatshare: interrupted by {word}" + (f" {stop.said}" if stop.said else ""), file=sys.stderr)
+        _say(f"flatshare: interrupted by {word}" + (f" {stop.said}" if stop.said else ""))
         sys.exit(code)
     finally:
         hold_signals()
         _end(code)
+
+
+def _say(line: str) -> None:
+    """``line`` on stderr; a stderr whose reader went away takes nothing, and the exit code still says it."""
+    try:
+        print(line, file=sys.stderr, flush=True)
+    except OSError:
+        pass
 
 
 def _end(code: object) -> None:

@@ -27,7 +27,11 @@ def sandbox_installed() -> None:
 
     from ..errors import FlatshareError
 
-    if find_spec("flatshare_ops.sandbox") is None:
+    try:  # a module of it, not the package: a leftover empty flatshare_ops/sandbox/ is no sandbox
+        found = find_spec("flatshare_ops.sandbox.fleet")
+    except ModuleNotFoundError:  # flatshare_ops.sandbox is there but is no package (a sandbox.py)
+        found = None
+    if found is None:
         raise FlatshareError("this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
                              "'flatshare sandbox' from a checkout, after 'make setup'")
 

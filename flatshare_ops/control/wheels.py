@@ -117,8 +117,12 @@ def build(root: Path, echo=print) -> Wheels:
     target = Path(tempfile.mkdtemp(prefix=".node.", dir=CACHE))
     for wheel in deps.glob("*.whl"):
         os.link(wheel, target / wheel.name)
-    with tempfile.TemporaryDirectory(prefix=".project.", dir=CACHE) as scratch:
-        _pip(["wheel", "--no-deps", str(node_project(project_dir(root), Path(scratch))), "-w", str(target)])
+    try:
+        with tempfile.TemporaryDirectory(prefix=".project.", dir=CACHE) as scratch:
+            _pip(["wheel", "--no-deps", str(node_project(project_dir(root), Path(scratch))), "-w", str(target)])
+    except BaseException:
+        shutil.rmtree(target, ignore_errors=True)
+        raise
     node_lock = _node_lock(target)
     (target / "requirements.node.lock").write_text(node_lock)
     (target / "requirements.self.lock").write_text(
@@ -134,10 +138,13 @@ def node_project(project: Path, scratch: Path) -> Path:
 
     Returns:
         The copy's directory (under ``scratch``).
+
+    Raises:
+        FlatshareError: a file of the project could not be copied (unreadable, a link that loops): the first is
+            named.
     """
     copy = scratch / "project"
     copy.mkdir()
-    shutil.copy2(project / "pyproject.toml", copy / "pyproject.toml")
     package = project / "flatshare_ops"
     caches = shutil.ignore_patterns("__pycache__", "*.pyc")
 
@@ -147,7 +154,16 @@ def node_project(project: Path, scratch: Path) -> Path:
             skipped.update(name for name in names if name in OPERATOR_ONLY)
         return skipped
 
-    shutil.copytree(package, copy / "flatshare_ops", ignore=left_out)
+    try:
+        shutil.copy2(project / "pyproject.toml", copy / "pyproject.toml")
+        shutil.copytree(package, copy / "flatshare_ops", ignore=left_out)
+    except shutil.Error as err:  # copytree goes on past each file it cannot copy, then lists them
+        source, _copy, why = err.args[0][0]
+        raise FlatshareError(f"{source}: cannot be copied to build the node's wheel ({why}); fix it in the checkout "
+                             "and run bootstrap again") from None
+    except OSError as err:
+        raise FlatshareError(f"{err.filename or project}: cannot be copied to build the node's wheel "
+                             f"({err.strerror or err}); fix it in the checkout and run bootstrap again") from None
     return copy
 
 
