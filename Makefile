@@ -33,7 +33,7 @@ test: setup
 CHECK_TESTS := tests/test_analysis.py tests/test_commands.py tests/test_durable.py tests/test_engine_output.py \
 	tests/test_golden.py tests/test_plan.py tests/test_profile.py tests/test_report.py tests/test_rollout_decisions.py \
 	tests/test_layout.py tests/test_cli_conventions.py tests/test_make_profiles.py tests/test_node_answers.py \
-	tests/test_node_manager.py
+	tests/test_node_manager.py tests/test_canary_clock.py
 check: setup
 	@./scripts/vllm-venvs.sh
 	$(BIN)/ruff check .

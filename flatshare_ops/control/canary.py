@@ -13,7 +13,7 @@ from __future__ import annotations
 
 import json
 import time
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from typing import Callable
 
 from ..common import protocol
@@ -29,6 +29,23 @@ from .targets import NodeTarget
 
 #: What the rollout does after several canaries' analyses: the most cautious action wins.
 _CAUTION = {Action.CONTINUE: 0, Action.MEASURE: 0, Action.PAUSE: 1, Action.ROLLBACK: 2}
+
+
+@dataclass(frozen=True)
+class Clock:
+    """Where an analysis reads the time and how it waits between measurements: by default this machine's clocks
+    and ``time.sleep`` (a signal to the operator interrupts it); a test's fake clock runs a whole analysis at
+    once.
+
+    Attributes:
+        monotonic: seconds, only ever forward (the schedule of measurements).
+        wall: Unix seconds (each scrape's time, the next measurement's time as printed).
+        sleep: waits this many seconds.
+    """
+
+    monotonic: Callable[[], float] = field(default=time.monotonic)
+    wall: Callable[[], float] = field(default=time.time)
+    sleep: Callable[[float], None] = field(default=time.sleep)
 
 
 @dataclass
@@ -55,7 +72,7 @@ class Verdict:
 
 
 def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dry_run: bool,
-            sleep: Callable[[float], None] = time.sleep) -> Verdict:
+            clock: Clock = Clock()) -> Verdict:
     """Analyse the canaries against ``baseline`` (None: no node is left on the old release) for the canaries'
     profile's ``[release.analysis]``: ``count`` measurements, one every ``interval_s`` seconds, stopping early
     when the result can no longer change.
@@ -63,7 +80,7 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
     Args:
         rollout: the :class:`.rollout.Rollout` (its connections and its terminal).
         dry_run: ``--analysis dry-run``: measure and report, decide nothing.
-        sleep: how the loop waits (seconds); a signal to the operator interrupts it.
+        clock: where the time is read and how the loop waits (:class:`Clock`).
     """
     settings = canaries[0].loaded.profile.release.analysis
     runs = {c.name: AnalysisRun(settings, c.name, baseline.name if baseline else None, dry_run=dry_run)
@@ -85,9 +102,9 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
     # analysis then stops, deciding nothing.
     judged = {c.name: getattr(rollout.outcomes.get(c.name), "release", None) for c in canaries}
     base_release: str | None = None
-    deadline = time.monotonic()
+    deadline = clock.monotonic()
     while not all(run.result.done for run in runs.values()):
-        base, running = scrape_with_release(rollout, baseline) if baseline is not None else (None, None)
+        base, running = scrape_with_release(rollout, baseline, clock) if baseline is not None else (None, None)
         base_release = base_release or running
         moved = [] if baseline is None or running is None or running == base_release else [
             f"baseline {baseline.name} now runs release {running}, not {base_release}"]
@@ -96,7 +113,7 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
                 continue
             target = next(c for c in canaries if c.name == name)
             before = len(run.measurements)
-            measured, release = scrape_with_release(rollout, target)
+            measured, release = scrape_with_release(rollout, target, clock)
             if release is not None and judged[name] is not None and release != judged[name]:
                 moved.append(f"canary {name} now runs release {release}, not {judged[name]}, the release judged")
             if moved:
@@ -109,9 +126,9 @@ def analyse(rollout, canaries: list[NodeTarget], baseline: NodeTarget | None, dr
         if all(run.result.done for run in runs.values()):
             break
         deadline += settings.interval_s
-        wait = max(0.0, deadline - time.monotonic())
-        out.line(f"  next measurement at {utc_stamp(time.time() + wait)[11:19]}Z (in {wait:.0f} s)")
-        sleep(wait)
+        wait = max(0.0, deadline - clock.monotonic())
+        out.line(f"  next measurement at {utc_stamp(clock.wall() + wait)[11:19]}Z (in {wait:.0f} s)")
+        clock.sleep(wait)
     verdict = Verdict({name: run.result for name, run in runs.items()})
     for result in verdict.results.values():
         out.line(result.summary())
@@ -163,9 +180,10 @@ def scrape(rollout, target: NodeTarget):
     return scrape_with_release(rollout, target)[0]
 
 
-def scrape_with_release(rollout, target: NodeTarget):
-    """:func:`scrape`, and the id of the release the node ran when it answered (None when it did not say)."""
-    at = time.time()
+def scrape_with_release(rollout, target: NodeTarget, clock: Clock = Clock()):
+    """:func:`scrape`, and the id of the release the node ran when it answered (None when it did not say); the
+    scrape's time is ``clock``'s."""
+    at = clock.wall()
     try:
         result = rollout.run_command(target, commands.metrics(target.spec))
         answer = answer_of(result)
