@@ -7,6 +7,7 @@ from pathlib import Path
 
 import pytest
 
+import json
 import re
 
 from conftest import REPO, run_cli, signal_at
@@ -347,6 +348,49 @@ def test_a_gone_stderr_leaves_the_commands_own_exit_code(args, code):
     assert done.returncode == code, done.stdout
 
 
+def test_a_release_json_document_whose_reader_went_away_leaves_the_rollouts_own_exit_code(checkout):
+    # `release --json | jq` with jq gone: the document is lost, and exit 141 hid what the rollout did (here a
+    # release refused, both nodes unreachable). The code is the one the same release gives with a reader.
+    import os
+    import subprocess
+
+    from conftest import BIN
+
+    inventory = _unreachable_fleet(checkout)
+    argv = [str(BIN / "flatshare"), "release", "--all", "--json", "--inventory", str(inventory), "--root",
+            str(checkout)]
+    read = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert read.returncode not in (0, 141) and json.loads(read.stdout), read  # a refusal, said in the document
+    reader, write = os.pipe()
+    os.close(reader)
+    try:
+        lost = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert lost.returncode == read.returncode, lost.stderr
+    assert "Traceback" not in lost.stderr and "Exception ignored" not in lost.stderr, lost.stderr
+
+
+@pytest.mark.parametrize("code, expected", [(0, 141), (9, 9)])
+def test_a_lost_json_document_of_a_rollout_that_went_well_is_exit_141_and_of_one_that_did_not_its_code(code, expected):
+    import os
+    import subprocess
+    import sys
+
+    program = ("import sys, types; from flatshare_ops.cli.release import _finish; "
+               "r = types.SimpleNamespace(run=lambda: int(sys.argv[1]), document=lambda: {'nodes': ['x' * 70000]}); "
+               "sys.exit(_finish(r, True))")
+    reader, write = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run([sys.executable, "-c", program, str(code)], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60, cwd=REPO)
+    finally:
+        os.close(write)
+    assert done.returncode == expected, done.stderr
+    assert done.stderr == "", done.stderr
+
+
 @pytest.mark.parametrize("leftover", ["nothing", "an empty directory", "a module"])
 def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_line(tmp_path, leftover):
     # A node's install has no flatshare_ops/sandbox (control/wheels.py); one that once had it may keep an empty
@@ -368,6 +412,38 @@ def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_lin
     assert done.returncode == 2 and done.stderr.splitlines() == [
         "flatshare: this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
         "'flatshare sandbox' from a checkout, after 'make setup'"], done.stdout + done.stderr
+
+
+@pytest.mark.parametrize("damage", ["a library it needs missing", "its package raising"])
+def test_a_sandbox_that_does_not_import_is_said_in_one_line_and_help_needs_no_sandbox(tmp_path, damage):
+    import shutil
+    import subprocess
+    import sys
+
+    shutil.copytree(REPO / "flatshare_ops", tmp_path / "flatshare_ops",
+                    ignore=shutil.ignore_patterns("__pycache__"))
+    if damage == "a library it needs missing":
+        with open(tmp_path / "flatshare_ops/sandbox/fleet.py", "a") as module:
+            module.write("\nimport not_a_library_anywhere\n")
+    else:
+        (tmp_path / "flatshare_ops/sandbox/__init__.py").write_text("raise RuntimeError('half-copied')\n")
+
+    def flatshare(*args: str) -> subprocess.CompletedProcess:
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); from flatshare_ops.cli import main; "
+                "sys.argv = ['flatshare', *sys.argv[2:]]; main()")
+        return subprocess.run([sys.executable, "-c", code, str(tmp_path), *args], capture_output=True, text=True,
+                              timeout=60, cwd=tmp_path)
+
+    done = flatshare("sandbox", "status", "--dir", str(tmp_path / "none"))
+    (line,) = done.stderr.splitlines()
+    assert done.returncode == 2 and line.startswith("flatshare: this install's sandbox does not import ("), done
+    assert line.endswith("): install it again with 'make setup' in the checkout"), line
+    assert ("not_a_library_anywhere" if damage.startswith("a library") else "RuntimeError: half-copied") in line
+    shown = flatshare("sandbox", "up", "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("Usage: flatshare sandbox up"), shown
+    shutil.rmtree(tmp_path / "flatshare_ops/sandbox")  # a node's install: help still answers
+    shown = flatshare("sandbox", "down", "--help")
+    assert shown.returncode == 0 and shown.stdout.startswith("Usage: flatshare sandbox down"), shown
 
 
 def test_a_project_file_that_cannot_be_copied_for_the_nodes_wheel_is_named(tmp_path):

@@ -15,25 +15,37 @@ app.add_typer(sandbox_app, name="sandbox")
 SandboxDir = Annotated[Path, typer.Option("--dir", metavar="DIR", help="The sandbox directory.")]
 
 
-@sandbox_app.callback()
 def sandbox_installed() -> None:
-    """Every sandbox command needs the sandbox package, which a node's install leaves out (control/wheels.py
-    ``OPERATOR_ONLY``).
+    """Every sandbox command calls this first: it needs the sandbox package, which a node's install leaves out
+    (control/wheels.py ``OPERATOR_ONLY``); its ``--help`` (answered before the command runs) does not.
 
     Raises:
-        FlatshareError: it is not installed here (exit 2, one line saying where the sandbox runs).
+        FlatshareError: it is not installed here (exit 2, one line saying where the sandbox runs), or it is there
+            but does not import (a file of it damaged, a library it needs missing: one line saying so).
     """
+    from importlib import import_module
     from importlib.util import find_spec
 
     from ..errors import FlatshareError
+
+    def broken(module: str, err: Exception) -> FlatshareError:
+        return FlatshareError(f"this install's sandbox does not import ({module}: {type(err).__name__}: "
+                              f"{str(err)[:200]}): install it again with 'make setup' in the checkout")
 
     try:  # a module of it, not the package: a leftover empty flatshare_ops/sandbox/ is no sandbox
         found = find_spec("flatshare_ops.sandbox.fleet")
     except ModuleNotFoundError:  # flatshare_ops.sandbox is there but is no package (a sandbox.py)
         found = None
+    except Exception as err:  # finding it imports the package, and that raised
+        raise broken("flatshare_ops.sandbox", err) from None
     if found is None:
         raise FlatshareError("this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
                              "'flatshare sandbox' from a checkout, after 'make setup'")
+    for module in ("flatshare_ops.sandbox.fleet", "flatshare_ops.sandbox.machines"):
+        try:
+            import_module(module)
+        except Exception as err:  # any error of its import: the sandbox cannot run, whatever it is
+            raise broken(module, err) from None
 
 
 @sandbox_app.command("up", short_help='Bring the sandbox fleet up.')
@@ -58,6 +70,7 @@ def sandbox_up(
 ) -> None:
     """Bring the sandbox up (idempotent): managers, sshd, each node's layout and profile, bootstrapped with no
     release: the first release is the real one ('flatshare release --all --inventory DIR/fleet.toml')."""
+    sandbox_installed()
     from ..render.checkout import DEFAULT_PROFILE
     from ..sandbox.fleet import parse_addresses, up
 
@@ -85,6 +98,7 @@ def sandbox_status(
     as_json: Annotated[bool, typer.Option("--json", help="Print JSON.")] = False,
 ) -> None:
     """What runs on each sandbox node (exit 1 if anything is down)."""
+    sandbox_installed()
     import json
 
     from ..sandbox import machines
@@ -137,6 +151,7 @@ def sandbox_reboot(
 ) -> None:
     """Reboot a sandbox node's systemd (stop its manager, clear its runtime dir, start it): what is enabled comes up.
     A machine is rebooted for real ('systemctl reboot' in it; it boots again)."""
+    sandbox_installed()
     from ..sandbox.fleet import reboot
 
     if (directory / "machines.json").exists():
@@ -151,6 +166,7 @@ def sandbox_reboot(
 @sandbox_app.command("down", short_help='Stop everything the sandbox started.')
 def sandbox_down(directory: SandboxDir = Path(".sandbox")) -> None:
     """Stop every process the sandbox started (by process id); machines are shut down."""
+    sandbox_installed()
     from ..sandbox import machines
     from ..sandbox.fleet import down
 
