@@ -391,6 +391,28 @@ def test_a_lost_json_document_of_a_rollout_that_went_well_is_exit_141_and_of_one
     assert done.stderr == "", done.stderr
 
 
+def test_drift_said_to_a_gone_stderr_is_still_drift(checkout):
+    # `profiles render` wrote its diff to stdout, then its last line to a stderr nobody read: exit 141 (a closed
+    # output) where the fact is drift (1). The code is the one the same command gives with stderr read.
+    import os
+    import subprocess
+
+    from conftest import BIN
+
+    profile = checkout / "profiles/rtx-5060-ti-serve.toml"
+    profile.write_text(re.sub(r"(?m)^decode_hold_tokens = \d+", "decode_hold_tokens = 7", profile.read_text()))
+    argv = [str(BIN / "flatshare"), "profiles", "render", "--root", str(checkout)]
+    read = subprocess.run(argv, capture_output=True, text=True, timeout=120)
+    assert read.returncode == 1 and "differ from the profile" in read.stderr, read
+    reader, write = os.pipe()
+    os.close(reader)
+    try:
+        lost = subprocess.run(argv, stdout=subprocess.PIPE, stderr=write, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert lost.returncode == 1 and lost.stdout == read.stdout, lost.returncode
+
+
 @pytest.mark.parametrize("leftover", ["nothing", "an empty directory", "a module"])
 def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_line(tmp_path, leftover):
     # A node's install has no flatshare_ops/sandbox (control/wheels.py); one that once had it may keep an empty

@@ -42,6 +42,15 @@ NodesOption = Annotated[Optional[list[str]], typer.Option("--node", metavar="NAM
                                                           help="A node to act on (repeatable).")]
 
 
+def to_stderr(text: str, nl: bool = True) -> None:
+    """``text`` (and a newline) on stderr, for people: a stderr whose reader went away takes nothing, and the
+    command's exit code still says what happened (a drift, a refusal), never 141: that is for stdout's reader."""
+    try:
+        typer.echo(text, nl=nl, err=True)
+    except OSError:
+        pass
+
+
 def answer_code(answer: dict) -> int | None:
     """The exit code one node's fleet answer (control/fanout.py ``ask``) stands for: None when it is an answer;
     the node-side command's own code when it ran and said why not (a refusal 3, damage 5); else

@@ -11,7 +11,7 @@ from typing import Annotated
 import typer
 
 from ..errors import Exit, FlatshareError
-from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers
+from .app import app, InventoryOption, NodesOption, answer_code, fleet_answers, to_stderr
 
 
 hold_app = typer.Typer(no_args_is_help=True, short_help="An operator's hold on a node.", help="An operator's hold on a node: refuses its releases and rollbacks "
@@ -55,7 +55,7 @@ def hold_place(
 
     answer = _hold([node], inventory, acquire=message, who=who)[node]
     if "error" in answer or answer.get("held") is not True:
-        typer.echo(one_line(f"{node}: {answer.get('error') or answer}"), err=True)
+        to_stderr(one_line(f"{node}: {answer.get('error') or answer}"))
         raise typer.Exit(answer_code(answer) or Exit.REFUSED)
     typer.echo(hold_line(node, answer))
     hold = found if isinstance(found := answer.get("hold"), dict) else {}
@@ -94,7 +94,7 @@ def hold_lift(node: Annotated[str, typer.Option("--node", metavar="NAME", help="
     """Lift an operator's hold on a node (exit 4 when it was not held)."""
     answer = _hold([node], inventory, release=True)[node]
     if "error" in answer:
-        typer.echo(f"{node}: {answer['error']}", err=True)
+        to_stderr(f"{node}: {answer['error']}")
         raise typer.Exit(answer_code(answer) or Exit.UNREACHABLE)
     if not answer.get("lifted"):
         typer.echo(f"{node}: not held; nothing to do")

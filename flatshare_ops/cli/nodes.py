@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import FlatshareError
-from .app import app, RootOption, InventoryOption
+from .app import app, RootOption, InventoryOption, to_stderr
 
 
 node_app = typer.Typer(no_args_is_help=True, short_help="Prepare nodes for releases.", help="Prepare a node for releases (its node side runs as flatshare-node).")
@@ -56,7 +56,7 @@ def doctor(inventory: InventoryOption = None, root: RootOption = Path("."),
     from ..control.doctor import doctor as run
 
     items: list = []
-    code = run(root, inventory_path(inventory), (lambda text: typer.echo(text, err=True)) if as_json else typer.echo,
+    code = run(root, inventory_path(inventory), to_stderr if as_json else typer.echo,
                items)
     if as_json:
         typer.echo(json.dumps({"code": code, "items": items}, indent=2, sort_keys=True))

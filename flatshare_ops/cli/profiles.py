@@ -9,7 +9,7 @@ from typing import Annotated, Optional
 import typer
 
 from ..errors import FlatshareError
-from .app import app, RootOption, ProfileOption
+from .app import app, RootOption, ProfileOption, to_stderr
 
 
 profiles_app = typer.Typer(no_args_is_help=True, short_help="The profile and its rendered files.", help="The serving profile and the files it renders.")
@@ -49,11 +49,10 @@ def profiles_render(
         for diff in diffs.values():
             typer.echo(diff, nl=False)
         changed = len(diffs) - len(stale)
-        typer.echo(
+        to_stderr(
             f"profiles: {changed} rendered file(s) differ from the profile"
             + (f", {len(stale)} stale (no profile renders them: {', '.join(map(str, stale))})" if stale else "")
             + "; run 'make profiles UPDATE=1' to rewrite them" + (" and remove the stale ones" if stale else ""),
-            err=True,
         )
         raise typer.Exit(1)
 
@@ -181,7 +180,7 @@ def profiles_verify(
     loaded = load_profile(root / (profile or DEFAULT_PROFILE))
     warnings = threshold_warnings(loaded.profile.release.analysis)
     for warning in warnings:
-        typer.echo(f"warning: {warning}", err=True)
+        to_stderr(f"warning: {warning}")
     rendered = render_profile(loaded)
     output = verify_units(rendered.units, unit_programs(loaded.profile))
     document: dict[str, object] = {"profile": loaded.profile.name, "units": sorted(rendered.units), "systemd_analyze": output,
@@ -193,8 +192,8 @@ def profiles_verify(
         raise typer.Exit(code)
 
     if output:
-        typer.echo(output, nl=False, err=True)
-        typer.echo("profiles: systemd-analyze verify reported the above for the rendered units", err=True)
+        to_stderr(output, nl=False)
+        to_stderr("profiles: systemd-analyze verify reported the above for the rendered units")
         done(1)
     typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing",
                err=as_json)
@@ -205,7 +204,7 @@ def profiles_verify(
         document["vllm"] = {"venv": str(vllm), "ok": bool(answer.get("ok")), "error": answer.get("error")}
         if not answer.get("ok"):
             document["ok"] = False
-            typer.echo(f"profiles: vLLM in {vllm} rejects the engine's command line: {answer.get('error')}", err=True)
+            to_stderr(f"profiles: vLLM in {vllm} rejects the engine's command line: {answer.get('error')}")
             done(1)
         typer.echo(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line", err=as_json)
     done(0)
