@@ -275,6 +275,14 @@ def test_a_make_room_release_and_its_rollback_on_a_machine(fleet):
     argv = fleet.run("cyan", "cat", f"/proc/{pid}/cmdline").stdout.split("\0")
     assert argv[argv.index("--additional-config.make_room.decode_hold_tokens") + 1] == old
     fleet.set_hold("cyan", int(old))
+    # vLLM's sockets between its API server and engine core (VLLM_RPC_BASE_PATH, $TMPDIR) go to the engine's own
+    # /tmp (PrivateTmp=: /tmp/systemd-private-BOOT-UNIT-X/tmp here), which systemd removes at each stop: after the
+    # engine's starts (the first release, the two here) only the running engine's are left, in its own (without
+    # it: three more sockets in /tmp at every start, left for good).
+    assert fleet.show("cyan", ENGINE, "PrivateTmp") == {"PrivateTmp": "yes"}
+    sockets = fleet.run("cyan", "find", "/tmp", "-xdev", "-type", "s").stdout.split()
+    private = fleet.run("cyan", "find", "/tmp", "-maxdepth", "1", "-name", f"systemd-private-*-{ENGINE}-*").stdout.split()
+    assert len(private) == 1 and sockets and all(s.startswith(private[0] + "/") for s in sockets), (private, sockets)
 
 
 def test_up_again_says_to_boot_again_a_machine_booted_without_the_stand_ins(fleet):

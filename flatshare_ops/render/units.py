@@ -102,6 +102,19 @@ def engine_state_directory(profile: Profile) -> str | None:
     return str(home.relative_to("/var/lib"))
 
 
+def engine_private_tmp(profile: Profile) -> bool:
+    """Whether the engine unit gets ``PrivateTmp=yes``: on a node whose system manager runs its units (system
+    scope, its run directory under ``/run``, that manager's runtime root).
+
+    vLLM 0.32.0 makes the sockets between its API server and engine core in ``$TMPDIR`` (``VLLM_RPC_BASE_PATH``,
+    vllm/envs.py) and leaves them there when it stops, three a start; a ``/tmp`` of the unit's own is removed
+    when it stops (systemd.exec(5)). A user manager cannot make the mount namespace (the sandbox's system-scope
+    node runs one, with a runtime root of its own: its engine then fails to start), so it is left out there.
+    """
+    layout = profile.layout
+    return layout.scope == "system" and PurePosixPath(layout.run_dir).parent == PurePosixPath("/run")
+
+
 def service_user(profile: Profile) -> str | None:
     """The services' ``User=``: the layout's service user on a system-scope node, else None (the manager's)."""
     return profile.layout.service_user if profile.layout.scope == "system" else None
@@ -141,6 +154,7 @@ def _context(profile: Profile) -> dict:
         "voice_env": voice_env,
         "engine_argv": engine_argv(engine),
         "engine_state_directory": engine_state_directory(profile),
+        "engine_private_tmp": engine_private_tmp(profile),
         "module_build": profile.module.build_command,
         "gateway_stop_timeout_s": profile.gateway.drain_timeout_s + GATEWAY_STOP_MARGIN_S,
         "engine_wait": engine_wait_argv(profile),
