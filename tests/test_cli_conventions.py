@@ -9,6 +9,7 @@ import pytest
 
 import json
 import re
+import subprocess
 
 from conftest import REPO, run_cli, signal_at
 from flatshare_ops.common.protocol import GENERATION, VERSION
@@ -413,6 +414,92 @@ def test_drift_said_to_a_gone_stderr_is_still_drift(checkout):
     assert lost.returncode == 1 and lost.stdout == read.stdout, lost.returncode
 
 
+def _with_streams(argv: list[str], redirect: str) -> subprocess.CompletedProcess:
+    """``argv`` with a shell redirection of its own (``>&-``: stdout closed; ``>/dev/full``), its output captured
+    where the redirection leaves it."""
+    return subprocess.run(["bash", "-c", f'"$@" {redirect}', "_", *argv], capture_output=True, text=True,
+                          timeout=120)
+
+
+@pytest.mark.parametrize("redirect", [">&-", "2>&-", "0<&- >&- 2>&-"])
+def test_a_closed_standard_stream_changes_no_exit_code(redirect):
+    # A breaker's case: a closed stream is None in Python: every command ended with a traceback or exit 1, and a
+    # release with stdout closed crashed at its first line (the node then refused, the operator having gone).
+    from conftest import BIN
+
+    for argv, code in (([str(BIN / "flatshare"), "--version"], 0),
+                       ([str(BIN / "flatshare"), "releases", "--inventory", "/nonexistent/fleet.toml"], 2),
+                       ([str(BIN / "flatshare-node"), "--version"], 0)):
+        done = _with_streams(argv, redirect)
+        assert done.returncode == code, (argv, done)
+        assert "Traceback" not in done.stderr and "flatshare:" not in done.stdout, done
+
+
+def test_a_release_with_stdout_or_stderr_closed_ends_as_it_does_with_both_open(checkout):
+    from conftest import BIN
+
+    inventory = _unreachable_fleet(checkout)
+    argv = [str(BIN / "flatshare"), "release", "--all", "--json", "--inventory", str(inventory), "--root",
+            str(checkout)]
+    both = _with_streams(argv, "")
+    assert both.returncode not in (0, 1, 141), both  # a refusal
+    closed_out = _with_streams(argv, ">&-")
+    closed_err = _with_streams(argv, "2>&-")
+    assert closed_out.returncode == closed_err.returncode == both.returncode, (closed_out, closed_err)
+    assert json.loads(closed_err.stdout) and "Traceback" not in closed_out.stderr  # the document alone on stdout
+
+
+def test_stdout_on_a_full_disk_is_one_line_and_exit_141_or_the_rollouts_own_code(checkout):
+    # A breaker's case: `>/dev/full` gave a traceback and exit 1 in every command, losing a release's own code.
+    from conftest import BIN
+
+    for argv in ([str(BIN / "flatshare"), "--version"], [str(BIN / "flatshare-node"), "--version"],
+                 [str(BIN / "flatshare"), "--help"]):
+        done = _with_streams(argv, ">/dev/full")
+        program = Path(argv[0]).name
+        assert done.returncode == 141 and done.stderr.splitlines() == [
+            f"{program}: the output could not be written to stdout (No space left on device); what was not "
+            "written is lost"], (argv, done)
+    inventory = _unreachable_fleet(checkout)
+    argv = [str(BIN / "flatshare"), "release", "--all", "--json", "--inventory", str(inventory), "--root",
+            str(checkout)]
+    read, full = _with_streams(argv, ""), _with_streams(argv, ">/dev/full")
+    assert full.returncode == read.returncode != 141 and "Traceback" not in full.stderr, full
+    assert full.stderr.splitlines()[-1].startswith("flatshare: the output could not be written to stdout"), full
+
+
+def test_the_nodes_answer_whose_reader_went_away_is_exit_141_in_silence():
+    import os
+    import subprocess
+
+    from conftest import BIN
+
+    reader, write = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run([str(BIN / "flatshare-node"), "--version"], stdout=write, stderr=subprocess.PIPE,
+                              text=True, timeout=60)
+    finally:
+        os.close(write)
+    assert (done.returncode, done.stderr) == (141, ""), done
+
+
+def test_profiles_verify_json_with_stderr_gone_writes_its_document():
+    import os
+    import subprocess
+
+    from conftest import BIN
+
+    reader, write = os.pipe()
+    os.close(reader)
+    try:
+        done = subprocess.run([str(BIN / "flatshare"), "profiles", "verify", "--json", "--root", str(REPO)],
+                              stdout=subprocess.PIPE, stderr=write, text=True, timeout=120)
+    finally:
+        os.close(write)
+    assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True, done.returncode
+
+
 @pytest.mark.parametrize("leftover", ["nothing", "an empty directory", "a module"])
 def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_line(tmp_path, leftover):
     # A node's install has no flatshare_ops/sandbox (control/wheels.py); one that once had it may keep an empty
@@ -436,7 +523,9 @@ def test_flatshare_sandbox_where_the_sandbox_is_not_installed_says_so_in_one_lin
         "'flatshare sandbox' from a checkout, after 'make setup'"], done.stdout + done.stderr
 
 
-@pytest.mark.parametrize("damage", ["a library it needs missing", "its package raising"])
+@pytest.mark.parametrize("damage", ["a library it needs missing", "its package raising",
+                                    "its package importing a missing library", "a module emptied",
+                                    "a module deleted beside the others"])
 def test_a_sandbox_that_does_not_import_is_said_in_one_line_and_help_needs_no_sandbox(tmp_path, damage):
     import shutil
     import subprocess
@@ -444,11 +533,18 @@ def test_a_sandbox_that_does_not_import_is_said_in_one_line_and_help_needs_no_sa
 
     shutil.copytree(REPO / "flatshare_ops", tmp_path / "flatshare_ops",
                     ignore=shutil.ignore_patterns("__pycache__"))
+    fleet = tmp_path / "flatshare_ops/sandbox/fleet.py"
     if damage == "a library it needs missing":
-        with open(tmp_path / "flatshare_ops/sandbox/fleet.py", "a") as module:
+        with open(fleet, "a") as module:
             module.write("\nimport not_a_library_anywhere\n")
-    else:
+    elif damage == "its package raising":
         (tmp_path / "flatshare_ops/sandbox/__init__.py").write_text("raise RuntimeError('half-copied')\n")
+    elif damage == "its package importing a missing library":
+        (tmp_path / "flatshare_ops/sandbox/__init__.py").write_text("import not_a_library_anywhere\n")
+    elif damage == "a module emptied":
+        fleet.write_text("")
+    else:
+        fleet.unlink()
 
     def flatshare(*args: str) -> subprocess.CompletedProcess:
         code = ("import sys; sys.path.insert(0, sys.argv[1]); from flatshare_ops.cli import main; "
@@ -460,7 +556,11 @@ def test_a_sandbox_that_does_not_import_is_said_in_one_line_and_help_needs_no_sa
     (line,) = done.stderr.splitlines()
     assert done.returncode == 2 and line.startswith("flatshare: this install's sandbox does not import ("), done
     assert line.endswith("): install it again with 'make setup' in the checkout"), line
-    assert ("not_a_library_anywhere" if damage.startswith("a library") else "RuntimeError: half-copied") in line
+    said = {"a library it needs missing": "not_a_library_anywhere", "its package raising": "RuntimeError: half-copied",
+            "its package importing a missing library": "not_a_library_anywhere",
+            "a module emptied": "flatshare_ops.sandbox.fleet: it has no parse_addresses",
+            "a module deleted beside the others": "flatshare_ops.sandbox.fleet: it is missing"}[damage]
+    assert said in line, line
     shown = flatshare("sandbox", "up", "--help")
     assert shown.returncode == 0 and shown.stdout.startswith("Usage: flatshare sandbox up"), shown
     shutil.rmtree(tmp_path / "flatshare_ops/sandbox")  # a node's install: help still answers

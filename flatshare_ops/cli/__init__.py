@@ -12,6 +12,7 @@ import errno
 import os
 import sys
 
+from ..common.streams import OutputError, output_lost, prepare
 from ..control.interrupts import end_quietly, hold_signals, stop_on_signals
 from ..errors import Exit, FlatshareError, OperatorInterrupted
 
@@ -36,7 +37,9 @@ def main() -> None:
     command starts with (typer, pydantic, paramiko), where Python's own handling would end a SIGTERM in silence
     and a Ctrl-C with a traceback; once the command has ended a signal is only noted (a second one ends the
     process at once), and once its output is flushed it is ignored: the exit code is the command's
-    (control/interrupts.py)."""
+    (control/interrupts.py). A closed standard stream is opened on /dev/null first, and an output that could
+    not be written ends the command with exit 141 (common/streams.py)."""
+    prepare()
     stop_on_signals()
     code: object = 0
     try:
@@ -56,6 +59,11 @@ def main() -> None:
     except BrokenPipeError as lost:  # typer's own message (a usage error's) could not be written: its code stands
         shown = getattr(lost.__context__, "exit_code", None)
         code = shown if isinstance(shown, int) else Exit.OUTPUT_CLOSED
+        sys.exit(code)
+    except OutputError as lost:  # stdout failed otherwise than by its reader going away (a full disk)
+        hold_signals()
+        code = Exit.OUTPUT_CLOSED
+        output_lost(lost, "flatshare")
         sys.exit(code)
     except FlatshareError as err:
         hold_signals()

@@ -195,8 +195,8 @@ def profiles_verify(
         to_stderr(output, nl=False)
         to_stderr("profiles: systemd-analyze verify reported the above for the rendered units")
         done(1)
-    typer.echo(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing",
-               err=as_json)
+    say = to_stderr if as_json else typer.echo  # with --json, stdout carries the document alone
+    say(f"{loaded.profile.name}: {len(rendered.units)} units rendered; systemd-analyze verify printed nothing")
     if vllm is not None:
         from ..node.preflight import parse_with_venv
 
@@ -206,5 +206,5 @@ def profiles_verify(
             document["ok"] = False
             to_stderr(f"profiles: vLLM in {vllm} rejects the engine's command line: {answer.get('error')}")
             done(1)
-        typer.echo(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line", err=as_json)
+        say(f"{loaded.profile.name}: vLLM's own parser in {vllm} reads the engine's command line")
     done(0)

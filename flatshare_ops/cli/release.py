@@ -9,6 +9,7 @@ from typing import Annotated, Optional, TypedDict
 
 import typer
 
+from ..common.streams import output_lost
 from ..errors import Exit, OperatorInterrupted
 from .app import app, RootOption, InventoryOption, NodesOption
 
@@ -135,31 +136,19 @@ def _finish(rollout, as_json: bool) -> int:
     """Run the rollout; with --json, print its summary document (control/rollout.py ``Rollout.document``) alone
     on stdout, and return the rollout's exit code.
 
-    A document whose reader went away (``release --json | jq`` with jq gone) is lost; the exit code still says
-    what the rollout did when that is not ``OK`` (a rollback, a refusal: more than the lost output), else
-    ``OUTPUT_CLOSED``, as for any command whose output was cut short."""
+    A document that could not be written (``release --json | jq`` with jq gone, a full disk) is lost; the exit
+    code still says what the rollout did when that is not ``OK`` (a rollback, a refusal: more than the lost
+    output), else ``OUTPUT_CLOSED``, as for any command whose output was cut short."""
     import json
 
     code = rollout.run()
     if as_json:
         try:
             print(json.dumps(rollout.document(), sort_keys=True, indent=2), flush=True)
-        except BrokenPipeError:
-            _stdout_to_nowhere()
+        except OSError as err:  # common/streams.py OutputError: a reader gone, a full disk
+            output_lost(err, "flatshare")
             return code if code != Exit.OK else Exit.OUTPUT_CLOSED
     return code
-
-
-def _stdout_to_nowhere() -> None:
-    """Point stdout at /dev/null: its reader is gone, and what is still buffered would fail again at every flush,
-    the interpreter's last one included (which would print "Exception ignored" on stderr)."""
-    import os
-
-    nowhere = os.open(os.devnull, os.O_WRONLY)
-    try:
-        os.dup2(nowhere, sys.stdout.fileno())
-    finally:
-        os.close(nowhere)
 
 
 class _Shown(TypedDict):

@@ -28,24 +28,42 @@ def sandbox_installed() -> None:
 
     from ..errors import FlatshareError
 
-    def broken(module: str, err: Exception) -> FlatshareError:
-        return FlatshareError(f"this install's sandbox does not import ({module}: {type(err).__name__}: "
-                              f"{str(err)[:200]}): install it again with 'make setup' in the checkout")
+    def broken(module: str, why: str) -> FlatshareError:
+        return FlatshareError(f"this install's sandbox does not import ({module}: {why[:200]}): install it again "
+                              "with 'make setup' in the checkout")
+
+    def ours(err: ModuleNotFoundError) -> bool:  # the sandbox's own module missing, not a library it imports
+        return err.name is not None and (err.name + ".").startswith("flatshare_ops.sandbox.")
 
     try:  # a module of it, not the package: a leftover empty flatshare_ops/sandbox/ is no sandbox
-        found = find_spec("flatshare_ops.sandbox.fleet")
-    except ModuleNotFoundError:  # flatshare_ops.sandbox is there but is no package (a sandbox.py)
-        found = None
+        package = find_spec("flatshare_ops.sandbox")
+        found = package is not None and find_spec("flatshare_ops.sandbox.fleet") is not None
+    except ModuleNotFoundError as err:  # flatshare_ops.sandbox is no package (a sandbox.py), or a library is missing
+        if not ours(err):
+            raise broken("flatshare_ops.sandbox", f"{type(err).__name__}: {err}") from None
+        package, found = None, False
     except Exception as err:  # finding it imports the package, and that raised
-        raise broken("flatshare_ops.sandbox", err) from None
-    if found is None:
+        raise broken("flatshare_ops.sandbox", f"{type(err).__name__}: {err}") from None
+    if not found:
+        from pkgutil import iter_modules
+
+        if package is not None and any(iter_modules(package.submodule_search_locations or [])):
+            raise broken("flatshare_ops.sandbox.fleet", "it is missing beside the sandbox's other modules")
         raise FlatshareError("this install of flatshare-ops has no sandbox (a node's install leaves it out): run "
                              "'flatshare sandbox' from a checkout, after 'make setup'")
-    for module in ("flatshare_ops.sandbox.fleet", "flatshare_ops.sandbox.machines"):
+    for module, names in NEEDED.items():
         try:
-            import_module(module)
+            loaded = import_module(module)
         except Exception as err:  # any error of its import: the sandbox cannot run, whatever it is
-            raise broken(module, err) from None
+            raise broken(module, f"{type(err).__name__}: {err}") from None
+        missing = [name for name in names if not callable(getattr(loaded, name, None))]
+        if missing:
+            raise broken(module, f"it has no {', '.join(missing)}")
+
+
+#: What the sandbox commands use of each sandbox module (checked before any of them runs).
+NEEDED = {"flatshare_ops.sandbox.fleet": ("parse_addresses", "up", "status", "reboot", "down"),
+          "flatshare_ops.sandbox.machines": ("up", "status", "reboot", "down")}
 
 
 @sandbox_app.command("up", short_help='Bring the sandbox fleet up.')

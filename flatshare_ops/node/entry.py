@@ -57,6 +57,7 @@ MAX_GENERATION = 1_000_000
 MAX_BUNDLE_BYTES = 256 << 20
 REFUSED = 3
 BAD_INPUT = 2
+OUTPUT_CLOSED = 141  # errors.Exit's codes, without importing it into every node command
 
 
 def installed_lock_sha256() -> str | None:
@@ -518,7 +519,23 @@ def _use(switcher: Path | None) -> None:
 
 
 def main() -> None:
-    """Console-script entry point (``flatshare-node COMMAND --node ... --state-dir ...``)."""
+    """Console-script entry point (``flatshare-node COMMAND --node ... --state-dir ...``). A closed standard
+    stream is opened on /dev/null first; an answer that could not be written to stdout (its reader gone, a full
+    disk) ends the command with exit 141, in silence when its reader went away (common/streams.py)."""
+    from flatshare_ops.common.streams import OutputError, output_lost, prepare
+
+    prepare()
+    try:
+        try:
+            _main()
+        finally:  # here, not at the interpreter's exit: a failed flush is then one of the output's errors
+            sys.stdout.flush()
+    except OutputError as lost:
+        output_lost(lost, "flatshare-node")
+        sys.exit(OUTPUT_CLOSED)
+
+
+def _main() -> None:
     argv = sys.argv[1:]
     if argv[:1] in (["--version"], ["-V"]):
         from flatshare_ops import version
