@@ -257,9 +257,10 @@ def test_the_system_scope_path_runs_through_a_bus_of_its_own(tmp_path_factory):
     root = tmp_path_factory.mktemp("system-scope")
     checkout = copy_checkout(REPO, root / "checkout")
     base = root / "sandbox"
-    up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None, system_scope=("peacock",))
-    without_canaries(base)
-    try:
+    try:  # an 'up' that fails half-way is brought down too
+        up(base, checkout / "profiles/rtx-5060-ti-serve.toml", addresses, echo=lambda _l: None,
+           system_scope=("peacock",))
+        without_canaries(base)
         node = SandboxNode("peacock", addresses["peacock"], base, "system")
         state = json.loads((base / "state.json").read_text())
         assert _bus_owner(node.bus) == state["nodes"]["peacock"]["manager_pid"]

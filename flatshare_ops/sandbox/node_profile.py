@@ -53,8 +53,9 @@ VLLM_OVERRIDES = (
     Override("engine.max_num_batched_tokens", 512, "at most max_model_len here, and a batch 2 CPUs finish quickly"),
     Override("engine.enforce_eager", True,
              "torch.compile on CPU costs ~28 s of 2 CPUs per start; production's CUDA graphs have no CPU counterpart"),
-    Override("engine.start_timeout_s", 120,
-             "a real start takes 20-50 s here; production's 900 s would let a failed start hold a node 15 minutes"),
+    Override("engine.start_timeout_s", 240,
+             "a real start takes 20-50 s here on an idle machine, past 120 s beside a second real fleet and the "
+             "tests; production's 900 s would let a failed start hold a node 15 minutes"),
     Override("engine.environment.VLLM_CPU_KVCACHE_SPACE", "1",
              "GiB of KV cache for vLLM's CPU backend (its default takes a share of the machine's memory)"),
     Override("engine.environment.VLLM_CPU_OMP_THREADS_BIND", "nobind",
