@@ -308,23 +308,31 @@ def test_a_hold_interrupted_while_its_node_is_asked_says_whether_it_was_done_is_
                            "known; 'flatshare hold status --node cyan' says\n"), done
 
 
+def _without_reader(stream: str, argv: list[str], **run) -> subprocess.CompletedProcess:
+    """``subprocess.run(argv, **run)`` with ``stream`` (``"stdout"`` or ``"stderr"``) a pipe nobody reads: every
+    write to it fails with EPIPE; the other stream is captured."""
+    import os
+
+    reader, write = os.pipe()
+    os.close(reader)
+    other = "stderr" if stream == "stdout" else "stdout"
+    try:
+        return subprocess.run(argv, **{stream: write, other: subprocess.PIPE, "text": True, **run})
+    finally:
+        os.close(write)
+
+
 @pytest.mark.parametrize("args", [["--help"], ["profiles", "--help"]], ids=["flatshare --help", "profiles --help"])
 def test_output_whose_reader_went_away_ends_the_command_as_a_pipeline_ends_its_writers(args):
     # `flatshare ... | head`: head exits before the command wrote everything. typer exits 1 then, which here says
     # "a release failed mid-switch"; a shell's pipeline ends such a writer with SIGPIPE (128 + 13).
-    import os
     import signal
     import subprocess
 
     from conftest import BIN
 
-    read, write = os.pipe()
-    os.close(read)  # nothing will read: every write to the pipe fails with EPIPE
-    try:
-        done = subprocess.run([str(BIN / "flatshare"), *args], stdout=write, stderr=subprocess.PIPE, text=True,
+    done = _without_reader("stdout", [str(BIN / "flatshare"), *args], stderr=subprocess.PIPE, text=True,
                               timeout=60)
-    finally:
-        os.close(write)
     assert done.returncode == 128 + signal.SIGPIPE, done.stderr
     assert done.stderr == "", done.stderr  # nothing to say, and nobody to say it to
 
@@ -334,25 +342,18 @@ def test_output_whose_reader_went_away_ends_the_command_as_a_pipeline_ends_its_w
                          ids=["an operator's error", "a usage error"])
 def test_a_gone_stderr_leaves_the_commands_own_exit_code(args, code):
     # The one line goes nowhere; the code still says what happened (before: a BrokenPipeError, exit 1).
-    import os
     import subprocess
 
     from conftest import BIN
 
-    read, write = os.pipe()
-    os.close(read)
-    try:
-        done = subprocess.run([str(BIN / "flatshare"), *args], stdout=subprocess.PIPE, stderr=write, text=True,
+    done = _without_reader("stderr", [str(BIN / "flatshare"), *args], stdout=subprocess.PIPE, text=True,
                               timeout=60)
-    finally:
-        os.close(write)
     assert done.returncode == code, done.stdout
 
 
 def test_a_release_json_document_whose_reader_went_away_leaves_the_rollouts_own_exit_code(checkout):
     # `release --json | jq` with jq gone: the document is lost, and exit 141 hid what the rollout did (here a
     # release refused, both nodes unreachable). The code is the one the same release gives with a reader.
-    import os
     import subprocess
 
     from conftest import BIN
@@ -362,32 +363,21 @@ def test_a_release_json_document_whose_reader_went_away_leaves_the_rollouts_own_
             str(checkout)]
     read = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert read.returncode not in (0, 141) and json.loads(read.stdout), read  # a refusal, said in the document
-    reader, write = os.pipe()
-    os.close(reader)
-    try:
-        lost = subprocess.run(argv, stdout=write, stderr=subprocess.PIPE, text=True, timeout=120)
-    finally:
-        os.close(write)
+    lost = _without_reader("stdout", argv, stderr=subprocess.PIPE, text=True, timeout=120)
     assert lost.returncode == read.returncode, lost.stderr
     assert "Traceback" not in lost.stderr and "Exception ignored" not in lost.stderr, lost.stderr
 
 
 @pytest.mark.parametrize("code, expected", [(0, 141), (9, 9)])
 def test_a_lost_json_document_of_a_rollout_that_went_well_is_exit_141_and_of_one_that_did_not_its_code(code, expected):
-    import os
     import subprocess
     import sys
 
     program = ("import sys, types; from flatshare_ops.cli.release import _finish; "
                "r = types.SimpleNamespace(run=lambda: int(sys.argv[1]), document=lambda: {'nodes': ['x' * 70000]}); "
                "sys.exit(_finish(r, True))")
-    reader, write = os.pipe()
-    os.close(reader)
-    try:
-        done = subprocess.run([sys.executable, "-c", program, str(code)], stdout=write, stderr=subprocess.PIPE,
+    done = _without_reader("stdout", [sys.executable, "-c", program, str(code)], stderr=subprocess.PIPE,
                               text=True, timeout=60, cwd=REPO)
-    finally:
-        os.close(write)
     assert done.returncode == expected, done.stderr
     assert done.stderr == "", done.stderr
 
@@ -395,7 +385,6 @@ def test_a_lost_json_document_of_a_rollout_that_went_well_is_exit_141_and_of_one
 def test_drift_said_to_a_gone_stderr_is_still_drift(checkout):
     # `profiles render` wrote its diff to stdout, then its last line to a stderr nobody read: exit 141 (a closed
     # output) where the fact is drift (1). The code is the one the same command gives with stderr read.
-    import os
     import subprocess
 
     from conftest import BIN
@@ -405,12 +394,7 @@ def test_drift_said_to_a_gone_stderr_is_still_drift(checkout):
     argv = [str(BIN / "flatshare"), "profiles", "render", "--root", str(checkout)]
     read = subprocess.run(argv, capture_output=True, text=True, timeout=120)
     assert read.returncode == 1 and "differ from the profile" in read.stderr, read
-    reader, write = os.pipe()
-    os.close(reader)
-    try:
-        lost = subprocess.run(argv, stdout=subprocess.PIPE, stderr=write, text=True, timeout=120)
-    finally:
-        os.close(write)
+    lost = _without_reader("stderr", argv, stdout=subprocess.PIPE, text=True, timeout=120)
     assert lost.returncode == 1 and lost.stdout == read.stdout, lost.returncode
 
 
@@ -469,34 +453,22 @@ def test_stdout_on_a_full_disk_is_one_line_and_exit_141_or_the_rollouts_own_code
 
 
 def test_the_nodes_answer_whose_reader_went_away_is_exit_141_in_silence():
-    import os
     import subprocess
 
     from conftest import BIN
 
-    reader, write = os.pipe()
-    os.close(reader)
-    try:
-        done = subprocess.run([str(BIN / "flatshare-node"), "--version"], stdout=write, stderr=subprocess.PIPE,
+    done = _without_reader("stdout", [str(BIN / "flatshare-node"), "--version"], stderr=subprocess.PIPE,
                               text=True, timeout=60)
-    finally:
-        os.close(write)
     assert (done.returncode, done.stderr) == (141, ""), done
 
 
 def test_profiles_verify_json_with_stderr_gone_writes_its_document():
-    import os
     import subprocess
 
     from conftest import BIN
 
-    reader, write = os.pipe()
-    os.close(reader)
-    try:
-        done = subprocess.run([str(BIN / "flatshare"), "profiles", "verify", "--json", "--root", str(REPO)],
-                              stdout=subprocess.PIPE, stderr=write, text=True, timeout=120)
-    finally:
-        os.close(write)
+    done = _without_reader("stderr", [str(BIN / "flatshare"), "profiles", "verify", "--json", "--root", str(REPO)],
+                              stdout=subprocess.PIPE, text=True, timeout=120)
     assert done.returncode == 0 and json.loads(done.stdout)["ok"] is True, done.returncode
 
 
